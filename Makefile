@@ -1,0 +1,66 @@
+# Materializer — `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+JARS := jvm/lib/.resolved
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed ## create .venv and install the package with its dev extra
+
+$(JARS): jvm/pom.xml jvm/spark/pom.xml jvm/kafka/pom.xml
+	@command -v mvn >/dev/null || { echo "Maven (mvn) is needed to resolve the JVM jars: install it (Debian: apt-get install maven)"; exit 1; }
+	rm -rf jvm/lib
+	mvn -q -B -s jvm/settings.xml -f jvm/pom.xml package
+	touch $@
+
+jars: $(JARS) ## resolve Spark's Kafka/Delta/Avro jars and Kafka's broker jars into jvm/lib
+
+java: ## check that Java 17 or newer is the default java
+	@command -v java >/dev/null || { echo "Java 17 is needed (Debian: apt-get install openjdk-17-jre-headless)"; exit 1; }
+	@v=$$(java -version 2>&1 | sed -nE 's/.*version "([0-9]+).*/\1/p' | head -1); \
+	  if [ "$${v:-0}" -lt 17 ]; then echo "Java 17 or newer is needed, found $$v"; exit 1; fi
+
+redis: ## make sure redis-server is installed (apt-get as root)
+	@if ! command -v redis-server >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \
+	  else echo "redis-server is missing: install it (sudo apt-get install redis-server) or set REDIS_URL to a running server"; exit 1; fi; \
+	fi
+
+setup: venv jars java redis ## everything the tests and the demo need
+
+proto: venv ## regenerate the gRPC Python code from proto/
+	$(BIN)/python -m query_service.codegen
+
+lint: venv ## ruff and mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: venv ## apply ruff's formatting and fixes
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+test: setup lint ## set up, lint, and run every test against real services
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+bench: setup ## run the benchmarks (JSON lines on stdout)
+	$(BIN)/python bench/ingest.py
+
+clean: ## remove the venv, resolved jars and local data
+	rm -rf $(VENV) jvm/lib warehouse checkpoints
+
+.PHONY: help venv jars java redis setup proto lint format test bench clean

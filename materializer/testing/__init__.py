@@ -1,0 +1,11 @@
+"""Real services for tests and the demo: a Kafka broker, a Redis server, topics.
+
+Each service is a context manager that owns its process and stops it on exit,
+even when the body raised. Users reuse them for their own integration tests.
+"""
+
+from materializer.testing.kafka import KafkaBroker, create_topic, produce
+from materializer.testing.ports import free_port
+from materializer.testing.redis import RedisServer
+
+__all__ = ["KafkaBroker", "RedisServer", "create_topic", "free_port", "produce"]

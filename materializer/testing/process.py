@@ -1,0 +1,59 @@
+"""A child process that is always stopped, whatever happens to its parent's body."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import IO
+
+
+class ManagedProcess:
+    """A process in its own session, so stopping it stops everything it started."""
+
+    def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
+        self.args = args
+        self.log_path = log_path
+        self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            args,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+        )
+
+    def alive(self) -> bool:
+        """Whether the process is still running."""
+        return self.proc.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """SIGTERM the process group, then SIGKILL what is left after ``timeout``."""
+        if self.alive():
+            self._signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self._signal(signal.SIGKILL)
+                self.proc.wait()
+        self._log.close()
+
+    def kill(self) -> None:
+        """SIGKILL the process group at once: a crash, as tests need one."""
+        self._signal(signal.SIGKILL)
+        self.proc.wait()
+
+    def tail(self, lines: int = 40) -> str:
+        """The end of the process's log, for error messages."""
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def _signal(self, sig: signal.Signals) -> None:
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
