@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import TYPE_CHECKING
 
 from materializer.config import SparkConfig
@@ -37,6 +39,9 @@ def build_spark_session(config: SparkConfig, app_name: str = "materializer") -> 
     """Get or create the process's session with Materializer's settings."""
     from pyspark.sql import SparkSession
 
+    # Python workers must import the same packages as the driver (redis for the
+    # Redis sink), so they run this interpreter unless the deployment says otherwise.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(config.master).appName(app_name)
     for key, value in spark_conf(config).items():
         builder = builder.config(key, value)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import shutil
+import socket
 import tempfile
 import uuid
 from collections.abc import Iterable
@@ -32,6 +33,11 @@ appender.file.layout.pattern = [%d] %p %m (%c)%n
 rootLogger.level = WARN
 rootLogger.appenderRef.file.ref = file
 """
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 class KafkaBroker:
@@ -100,9 +106,11 @@ class KafkaBroker:
         fmt.stop()
         self._proc = ManagedProcess(self._java("kafka.Kafka", str(props), log=log4j),
                                     work / "stdout.log")
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
         proc = self._proc
         try:
+            # A client made before the port opens logs every refused connection: wait for it first.
+            wait_until("kafka broker port", lambda: _port_open(self.port), timeout, proc.alive)
+            admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
             wait_until("kafka broker",
                        lambda: len(admin.list_topics(timeout=2).brokers) == 1,
                        timeout, proc.alive)

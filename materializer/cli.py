@@ -1,0 +1,85 @@
+"""The ``materializer`` command."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from materializer.config import AppConfig, load_config
+from materializer.errors import MaterializerError
+
+app = typer.Typer(help="Fold Kafka topics into Delta tables and Redis maps.", no_args_is_help=True)
+err = Console(stderr=True)
+
+ConfigOption = Annotated[
+    Path, typer.Option("--config", "-c", help="The YAML file that declares the maps.")
+]
+
+
+def _load(path: Path) -> AppConfig:
+    try:
+        return load_config(path)
+    except MaterializerError as exc:
+        err.print(f"[red]{exc}[/red]", highlight=False)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def validate(config: ConfigOption) -> None:
+    """Check a configuration file; every problem is printed with its key path."""
+    cfg = _load(config)
+    typer.echo(f"{config}: ok ({len(cfg.maps)} map{'s' if len(cfg.maps) != 1 else ''})")
+
+
+@app.command()
+def run(
+    config: ConfigOption,
+    map_names: Annotated[
+        list[str] | None, typer.Option("--map", "-m", help="Run only these maps.")
+    ] = None,
+) -> None:
+    """Run the streaming jobs of every map (or the named ones) until SIGTERM or Ctrl-C."""
+    from materializer.pipeline.job import start_map
+    from materializer.spark.session import build_spark_session
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    cfg = _load(config)
+    names = map_names or sorted(cfg.maps)
+    try:
+        for name in names:
+            cfg.map(name)
+    except MaterializerError as exc:
+        err.print(f"[red]{exc}[/red]", highlight=False)
+        raise typer.Exit(2) from None
+    if not names:
+        err.print("no maps declared: nothing to run")
+        raise typer.Exit(2)
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+
+    spark = build_spark_session(cfg.spark)
+    running = [start_map(spark, cfg, name) for name in names]
+    failed = False
+    while not stop.is_set():
+        for queries in running:
+            for query in queries.queries:
+                exc = query.exception()
+                if exc is not None and not query.isActive:
+                    err.print(f"[red]query {query.name} failed: {exc}[/red]", highlight=False)
+                    failed = True
+        if failed:
+            break
+        stop.wait(1.0)
+    for queries in running:
+        queries.stop()
+    spark.stop()
+    if failed:
+        raise typer.Exit(1)

@@ -1,0 +1,1 @@
+"""The streaming side: Kafka source, decoding, the fold, and the queries that run them."""

@@ -1,0 +1,48 @@
+"""Records that cannot be folded, sent to the map's dead-letter topic.
+
+Each keeps its original key, value and headers and gains ``x-error-stage``,
+``x-error-message``, ``x-source-topic``, ``x-source-partition`` and
+``x-source-offset`` headers. Delivery is at-least-once (Spark's ``kafka`` sink
+with an idempotent producer): after a crash a dead letter may appear twice,
+never zero times.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from materializer.pipeline import columns as c
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+ERROR_HEADERS = (
+    ("x-error-stage", c.ERROR_STAGE),
+    ("x-error-message", c.ERROR_MESSAGE),
+    ("x-source-topic", c.TOPIC),
+    ("x-source-partition", c.PARTITION),
+    ("x-source-offset", c.OFFSET),
+)
+
+
+def _header(name: str, column: str) -> Column:
+    from pyspark.sql import functions as F
+
+    return F.struct(
+        F.lit(name).alias("key"), F.col(column).cast("string").cast("binary").alias("value")
+    )
+
+
+def dead_letters(bad: DataFrame) -> DataFrame:
+    """The Kafka sink's columns (key, value, headers) for records that failed."""
+    from pyspark.sql import functions as F
+
+    original = F.coalesce(
+        F.col(c.HEADERS), F.array().cast("array<struct<key:string,value:binary>>")
+    )
+    added = F.array(*[_header(name, col) for name, col in ERROR_HEADERS])
+    return bad.select(
+        F.col(c.KAFKA_KEY).alias("key"),
+        F.col(c.VALUE).alias("value"),
+        F.concat(original, added).alias("headers"),
+    )

@@ -1,0 +1,143 @@
+"""The streaming queries of one map, and the foreachBatch step that projects each batch.
+
+Each map runs two queries over its topics, each with its own checkpoint under
+``<checkpoint_root>/<map>/``:
+
+- ``fold``: decode, fold in the state store, and project every micro-batch into
+  Delta then Redis (exactly-once in effect: both writes are idempotent per batch);
+- ``dead_letter``: the records that cannot be folded, to the dead-letter topic.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from materializer.config import AppConfig
+from materializer.pipeline import decode as dec
+from materializer.pipeline.checkpoint import Checkpoint
+from materializer.pipeline.dead_letter import dead_letters
+from materializer.pipeline.fold import fold_latest
+from materializer.pipeline.source import read_source
+from materializer.sinks.base import Batch, Sink
+from materializer.sinks.delta import DeltaSink
+from materializer.sinks.redis import RedisSink
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+log = logging.getLogger(__name__)
+
+
+def dead_letter_topic(config: AppConfig, map_name: str) -> str:
+    """The configured dead-letter topic, or ``<map>.dlq``."""
+    dead_letter = config.map(map_name).dead_letter
+    return dead_letter.topic if dead_letter else f"{map_name}.dlq"
+
+
+def table_path(config: AppConfig, map_name: str) -> str:
+    """Where the map's Delta table lives."""
+    return f"{config.delta.root.rstrip('/')}/{map_name}"
+
+
+def checkpoint_path(config: AppConfig, map_name: str, query: str) -> str:
+    """One checkpoint folder per query of a map."""
+    return f"{config.spark.checkpoint_root.rstrip('/')}/{map_name}/{query}"
+
+
+class Projector:
+    """The ``foreachBatch`` callback: runs on the driver, once per micro-batch (and per replay)."""
+
+    def __init__(self, map_name: str, sinks: list[Sink], checkpoint: Checkpoint) -> None:
+        self.map_name = map_name
+        self.sinks = sinks
+        self.checkpoint = checkpoint
+        self._app_id: str | None = None
+
+    def app_id(self) -> str:
+        """The streaming query id plus the map name: new with every new checkpoint."""
+        if self._app_id is None:
+            self._app_id = f"{self.checkpoint.query_id()}:{self.map_name}"
+        return self._app_id
+
+    def __call__(self, rows: DataFrame, batch_id: int) -> None:
+        """Project one batch into every sink, in order."""
+        started = time.monotonic()
+        # The batch is read by each sink; caching it computes the fold once.
+        rows.persist()
+        try:
+            count = rows.count()
+            batch = Batch(rows=rows, batch_id=batch_id, app_id=self.app_id())
+            for sink in self.sinks:
+                sink.write(batch)
+        finally:
+            rows.unpersist()
+        log.info(
+            "map=%s batch=%d rows_out=%d duration_ms=%d",
+            self.map_name, batch_id, count, (time.monotonic() - started) * 1000,
+        )
+
+
+@dataclass
+class MapQueries:
+    """The running queries of one map."""
+
+    name: str
+    fold: StreamingQuery
+    dead_letter: StreamingQuery
+
+    @property
+    def queries(self) -> list[StreamingQuery]:
+        """Both queries, fold first."""
+        return [self.fold, self.dead_letter]
+
+    def process_all_available(self) -> None:
+        """Block until everything in the topics right now is folded and dead-lettered."""
+        for query in self.queries:
+            query.processAllAvailable()
+
+    def stop(self) -> None:
+        """Stop both queries."""
+        for query in self.queries:
+            query.stop()
+
+
+def start_map(spark: SparkSession, config: AppConfig, map_name: str) -> MapQueries:
+    """Start the fold and dead-letter queries of one map."""
+    map_config = config.map(map_name)
+    decoded = dec.decode(read_source(spark, config, map_config), map_config)
+    trigger = {"processingTime": config.spark.trigger_interval}
+
+    fold_checkpoint = checkpoint_path(config, map_name, "fold")
+    checkpoint = Checkpoint(spark, fold_checkpoint)
+    sinks: list[Sink] = [
+        DeltaSink(table_path(config, map_name), dec.value_schema(map_config)),
+        RedisSink(config.redis.url, map_name, checkpoint.end_offsets),
+    ]
+    fold = (
+        fold_latest(dec.good(decoded))
+        .writeStream.queryName(f"{map_name}.fold")
+        .outputMode("update")
+        .option("checkpointLocation", fold_checkpoint)
+        .trigger(**trigger)
+        .foreachBatch(Projector(map_name, sinks, checkpoint))
+        .start()
+    )
+
+    writer = (
+        dead_letters(dec.bad(decoded))
+        .writeStream.queryName(f"{map_name}.dead_letter")
+        .format("kafka")
+        .option("kafka.bootstrap.servers", config.kafka.bootstrap_servers)
+        .option("topic", dead_letter_topic(config, map_name))
+        .option("kafka.enable.idempotence", "true")
+        .option("kafka.acks", "all")
+        .option("checkpointLocation", checkpoint_path(config, map_name, "dead_letter"))
+        .trigger(**trigger)
+    )
+    for key, value in config.kafka.properties.items():
+        writer = writer.option(f"kafka.{key}", value)
+    return MapQueries(name=map_name, fold=fold, dead_letter=writer.start())

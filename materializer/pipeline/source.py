@@ -1,0 +1,34 @@
+"""Spark's ``kafka`` source, configured from a map's source block."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from materializer.config import AppConfig, MapConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+def kafka_options(config: AppConfig, source_topics: list[str], starting_offsets: str) -> dict[str, str]:
+    """Options for ``readStream.format("kafka")``; ``kafka.properties`` pass through prefixed."""
+    options = {
+        "kafka.bootstrap.servers": config.kafka.bootstrap_servers,
+        "subscribe": ",".join(source_topics),
+        "startingOffsets": starting_offsets,
+        "includeHeaders": "true",
+    }
+    if config.spark.max_offsets_per_trigger is not None:
+        options["maxOffsetsPerTrigger"] = str(config.spark.max_offsets_per_trigger)
+    for key, value in config.kafka.properties.items():
+        options[f"kafka.{key}"] = value
+    return options
+
+
+def read_source(spark: SparkSession, config: AppConfig, map_config: MapConfig) -> DataFrame:
+    """The map's topics as a stream of raw records (key, value, topic, partition, offset, ...)."""
+    src = map_config.source
+    reader = spark.readStream.format("kafka")
+    for key, value in kafka_options(config, src.topics, src.starting_offsets).items():
+        reader = reader.option(key, value)
+    return reader.load()

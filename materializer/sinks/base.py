@@ -1,0 +1,36 @@
+"""The contract every projection honours."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One micro-batch of folded rows (``_key``, ``_deleted``, ``_entity``, ...).
+
+    ``app_id`` changes whenever the checkpoint does, so that a fresh checkpoint,
+    whose batch ids restart at 0, is never mistaken for a replay.
+    """
+
+    rows: DataFrame
+    batch_id: int
+    app_id: str
+
+
+class Sink(ABC):
+    """A store that the fold projects into.
+
+    ``write`` runs on the Spark driver inside ``foreachBatch`` and must be
+    idempotent: the same ``(app_id, batch_id)`` with the same rows, written
+    again after a crash, leaves the store exactly as the first write did.
+    """
+
+    @abstractmethod
+    def write(self, batch: Batch) -> None:
+        """Project the batch's rows."""

@@ -1,0 +1,1 @@
+"""Generated from proto/ by ``python -m query_service.codegen``: do not edit."""

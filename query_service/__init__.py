@@ -1,0 +1,1 @@
+"""The gRPC query service: lookups in the maps the materializer keeps in Redis."""

@@ -1,0 +1,45 @@
+"""Errors the query service raises on purpose; each one owns its gRPC status code.
+
+Handlers raise these and never catch broadly: the one server interceptor
+(``query_service.interceptors``) turns them into a status with their message,
+and anything else into ``INTERNAL`` — never ``UNKNOWN``. The message goes to
+the client as the status details, so it must help the caller and must not leak
+secrets (a Redis URL may hold a password: name the host, never the URL).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import ClassVar
+
+import grpc
+
+
+class QueryServiceError(Exception):
+    """Root of the query service's errors; ``code`` is the status the client sees."""
+
+    code: ClassVar[grpc.StatusCode] = grpc.StatusCode.INTERNAL
+
+
+class MapNotFound(QueryServiceError):
+    """The request names a map the configuration does not declare."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+    def __init__(self, map_name: str, known: Iterable[str]) -> None:
+        self.map_name = map_name
+        self.known = sorted(known)
+        listed = ", ".join(self.known) or "none"
+        super().__init__(f"no such map {map_name!r} (known maps: {listed})")
+
+
+class InvalidArgument(QueryServiceError):
+    """A request field is malformed; the message names the field."""
+
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class StoreUnavailable(QueryServiceError):
+    """The backing store cannot be reached; the call may succeed if retried."""
+
+    code = grpc.StatusCode.UNAVAILABLE

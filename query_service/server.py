@@ -1,0 +1,109 @@
+"""Assemble the gRPC server, and run it until SIGTERM/SIGINT.
+
+``create_server`` only builds and binds, so tests (and an embedded demo) start
+it on port 0 and call it through a real channel; ``serve`` is the process's
+main loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from materializer.config import AppConfig
+from materializer.v1 import map_service_pb2 as pb
+from materializer.v1 import map_service_pb2_grpc as pb_grpc
+from query_service.interceptors import ErrorInterceptor
+from query_service.services.map_service import MapServicer
+from query_service.stores.base import MapStore
+from query_service.stores.redis import RedisMapStore
+
+log = logging.getLogger(__name__)
+
+MAP_SERVICE = pb.DESCRIPTOR.services_by_name["MapService"].full_name
+GRACE_SECONDS = 5.0
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+"""Both directions; gRPC's default is 4 MiB in. Larger requests get RESOURCE_EXHAUSTED."""
+
+SERVER_OPTIONS: list[tuple[str, int]] = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # Ping idle clients so half-open connections (a vanished pod, a NAT that
+    # dropped the flow) are noticed within ~80 s instead of never.
+    ("grpc.keepalive_time_ms", 60_000),
+    ("grpc.keepalive_timeout_ms", 20_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    # Accept client keepalive pings down to every 10 s (the default, 5 min,
+    # answers a client that pings more often with GOAWAY "too_many_pings").
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
+]
+
+
+async def create_server(
+    config: AppConfig, address: str = "127.0.0.1:0", store: MapStore | None = None
+) -> tuple[grpc.aio.Server, int]:
+    """A server bound to ``address`` but not started, and the port it got.
+
+    Registers ``MapService`` over the maps of ``config``, ``grpc.health.v1``
+    (overall and per-service status SERVING, visible once the server starts)
+    and server reflection, behind ``ErrorInterceptor``.
+
+    Without ``store``, a ``RedisMapStore`` on ``config.redis.url`` is created
+    and lives as long as the process; pass your own to close it when the
+    server is done (``serve`` does). Port 0 picks a free port.
+    """
+    if store is None:
+        store = RedisMapStore.from_url(config.redis.url)
+    server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
+    pb_grpc.add_MapServiceServicer_to_server(MapServicer(config.maps, store), server)
+
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    for service in (health.OVERALL_HEALTH, MAP_SERVICE):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+
+    reflection.enable_server_reflection(
+        [MAP_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+    )
+    port: int = server.add_insecure_port(address)
+    return server, port
+
+
+async def serve(config: AppConfig, address: str, *, grace: float = GRACE_SECONDS) -> None:
+    """Serve until SIGTERM or SIGINT (or cancellation), then stop gracefully.
+
+    On a signal the server stops accepting calls, lets running ones finish for
+    up to ``grace`` seconds, cancels the rest, and only then closes the Redis
+    pool, so no call in flight loses its store.
+    """
+    store = RedisMapStore.from_url(config.redis.url)
+    try:
+        server, port = await create_server(config, address, store)
+        await server.start()
+        host = address.rpartition(":")[0]
+        log.info(
+            "query service listening on %s:%d (maps: %s)",
+            host,
+            port,
+            ", ".join(sorted(config.maps)) or "none",
+        )
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        signals = (signal.SIGTERM, signal.SIGINT)
+        for sig in signals:
+            loop.add_signal_handler(sig, stopping.set)
+        try:
+            await stopping.wait()
+            log.info("stopping: up to %.1f s for calls in flight", grace)
+        finally:
+            for sig in signals:
+                loop.remove_signal_handler(sig)
+            await server.stop(grace)
+    finally:
+        await store.close()
+    log.info("query service stopped")

@@ -1,0 +1,1 @@
+"""gRPC servicers: request validation and message conversion, no storage logic."""

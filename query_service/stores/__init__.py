@@ -1,0 +1,1 @@
+"""Backends the query service reads maps from; ``base.MapStore`` is the boundary."""

@@ -1,0 +1,93 @@
+"""Maps read from the Redis layout the materializer writes (``materializer.layout``)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from materializer.layout import Watermark, entity_key, meta_key
+from query_service.errors import StoreUnavailable
+from query_service.stores.base import Lookup, MapStore
+
+log = logging.getLogger(__name__)
+
+# Defaults for a lookup service: fail fast and let the client's retry policy
+# (it sees UNAVAILABLE) decide, rather than hold an RPC for seconds while
+# redis-py retries. Query parameters in the URL (``?socket_timeout=1``) win.
+_CLIENT_DEFAULTS: dict[str, Any] = {
+    "socket_connect_timeout": 2.0,
+    "socket_timeout": 5.0,
+    "health_check_interval": 30,
+    # One quick retry covers a pooled connection that Redis closed meanwhile.
+    "retry": Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.1), retries=1),
+}
+
+
+class RedisMapStore(MapStore):
+    """One shared ``redis.asyncio`` client (a connection pool) for the whole process.
+
+    Replies are parsed by hiredis, which redis-py picks by itself when it is
+    installed (the ``redis[hiredis]`` extra). Connection failures and timeouts
+    raise ``StoreUnavailable`` naming the host, never the URL, which may hold
+    a password.
+    """
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._client = client
+        kwargs = client.connection_pool.connection_kwargs
+        self._where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
+
+    @classmethod
+    def from_url(cls, url: str) -> RedisMapStore:
+        """A store on ``redis://`` / ``rediss://`` / ``unix://`` URL; connects lazily."""
+        return cls(aioredis.Redis.from_url(url, **_CLIENT_DEFAULTS))
+
+    @asynccontextmanager
+    async def _unavailable_on_connection_errors(self) -> AsyncIterator[None]:
+        try:
+            yield
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            log.warning("redis at %s unavailable: %s", self._where, exc)
+            raise StoreUnavailable(
+                f"redis at {self._where} is unavailable ({type(exc).__name__})"
+            ) from exc
+
+    async def get(self, map_name: str, key: str) -> bytes | None:
+        """``GET <map>:<key>``."""
+        async with self._unavailable_on_connection_errors():
+            value: bytes | None = await self._client.get(entity_key(map_name, key))
+        return value
+
+    async def watermark(self, map_name: str) -> Watermark | None:
+        """``HGETALL <map>:__meta__``."""
+        async with self._unavailable_on_connection_errors():
+            raw: dict[bytes, bytes] = await self._client.hgetall(meta_key(map_name))  # type: ignore[misc]
+        return Watermark.from_hash(raw)
+
+    async def get_with_watermark(self, map_name: str, key: str) -> Lookup:
+        """``HGETALL`` then ``GET`` in one pipeline: one round trip, no ``MULTI``.
+
+        A ``MULTI`` would give an exact snapshot but fails on Redis Cluster, where
+        ``<map>:<key>`` and ``<map>:__meta__`` live in different slots; reading
+        the watermark first gives the lower bound ``MapStore`` promises instead.
+        """
+        async with (
+            self._unavailable_on_connection_errors(),
+            self._client.pipeline(transaction=False) as pipe,
+        ):
+            pipe.hgetall(meta_key(map_name))
+            pipe.get(entity_key(map_name, key))
+            raw, entity = await pipe.execute()
+        return Lookup(entity=entity, watermark=Watermark.from_hash(raw))
+
+    async def close(self) -> None:
+        """Close the pool's connections."""
+        await self._client.aclose()
