@@ -71,9 +71,9 @@ def run(
     while not stop.is_set():
         for queries in running:
             for query in queries.queries:
-                exc = query.exception()
-                if exc is not None and not query.isActive:
-                    err.print(f"[red]query {query.name} failed: {exc}[/red]", highlight=False)
+                error = query.exception()
+                if error is not None and not query.isActive:
+                    err.print(f"[red]query {query.name} failed: {error}[/red]", highlight=False)
                     failed = True
         if failed:
             break

@@ -25,19 +25,27 @@ class _Model(BaseModel):
 
 
 class KafkaConfig(_Model):
+    """Where the brokers are; ``properties`` pass to every Kafka client (security, timeouts)."""
+
     bootstrap_servers: str = "localhost:9092"
     properties: dict[str, str] = Field(default_factory=dict)
 
 
 class RedisConfig(_Model):
+    """The Redis server holding the maps."""
+
     url: str = "redis://localhost:6379/0"
 
 
 class DeltaConfig(_Model):
+    """Where the Delta tables live: ``<root>/<map>``."""
+
     root: str = "./warehouse"
 
 
 class SparkConfig(_Model):
+    """The Spark session and the streaming queries' cadence and checkpoints."""
+
     master: str = "local[*]"
     checkpoint_root: str = "./checkpoints"
     trigger_interval: str = "1 second"
@@ -47,6 +55,8 @@ class SparkConfig(_Model):
 
 
 class SourceConfig(_Model):
+    """The topics a map folds and how their values decode."""
+
     topics: Annotated[list[str], Field(min_length=1)]
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     format: Literal["json"] = "json"
@@ -57,14 +67,20 @@ class SourceConfig(_Model):
 
 
 class FoldConfig(_Model):
+    """How events of one key combine into the entity."""
+
     mode: Literal["latest"] = "latest"
 
 
 class DeadLetterConfig(_Model):
+    """Where records that cannot be folded go."""
+
     topic: Annotated[str, Field(min_length=1)]
 
 
 class MapConfig(_Model):
+    """One materialized map: its source, key, fold and error handling."""
+
     source: SourceConfig
     key: Annotated[str, Field(min_length=1)]
     """A top-level field of the decoded value, or ``$kafka_key``."""
@@ -73,6 +89,8 @@ class MapConfig(_Model):
 
 
 class AppConfig(_Model):
+    """The whole file."""
+
     kafka: KafkaConfig = KafkaConfig()
     redis: RedisConfig = RedisConfig()
     delta: DeltaConfig = DeltaConfig()

@@ -19,6 +19,9 @@ from dataclasses import dataclass, field
 import orjson
 
 META_SUFFIX = "__meta__"
+CHANGES_SUFFIX = "__changes__"
+RESERVED_KEYS = frozenset({META_SUFFIX, CHANGES_SUFFIX})
+"""Entity keys that would collide with a map's own bookkeeping keys."""
 
 
 def entity_key(map_name: str, key: str) -> str:

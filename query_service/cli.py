@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -13,7 +14,17 @@ from materializer.config import load_config
 from materializer.errors import ConfigError
 from query_service.server import serve as serve_forever
 
-app = typer.Typer(help=__doc__, no_args_is_help=True, add_completion=False)
+
+class LogLevel(StrEnum):
+    """Levels offered on the command line."""
+
+    DEBUG = "DEBUG"
+    INFO = "INFO"
+    WARNING = "WARNING"
+    ERROR = "ERROR"
+
+
+app = typer.Typer(no_args_is_help=True, add_completion=False)
 
 
 @app.callback()
@@ -30,7 +41,7 @@ def serve(
     ],
     host: Annotated[str, typer.Option(help="interface to listen on")] = "0.0.0.0",  # noqa: S104
     port: Annotated[int, typer.Option(min=0, max=65535, help="TCP port, 0 for any")] = 50051,
-    log_level: Annotated[str, typer.Option(help="logging level")] = "INFO",
+    log_level: Annotated[LogLevel, typer.Option(case_sensitive=False)] = LogLevel.INFO,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop gracefully."""
     try:
@@ -39,7 +50,7 @@ def serve(
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
     logging.basicConfig(
-        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        level=log_level.value, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     asyncio.run(serve_forever(app_config, address))

@@ -60,7 +60,8 @@ async def create_server(
     if store is None:
         store = RedisMapStore.from_url(config.redis.url)
     server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
-    pb_grpc.add_MapServiceServicer_to_server(MapServicer(config.maps, store), server)
+    servicer = MapServicer(config.maps, store)
+    pb_grpc.add_MapServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
 
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)

@@ -62,8 +62,10 @@ def spark_config(tmp_path_factory: pytest.TempPathFactory) -> SparkConfig:
         master="local[2]",
         checkpoint_root=str(root / "checkpoints"),
         shuffle_partitions=2,
-        conf={"spark.sql.warehouse.dir": str(root / "spark-warehouse"),
-              "spark.driver.memory": "2g"},
+        conf={
+            "spark.sql.warehouse.dir": str(root / "spark-warehouse"),
+            "spark.driver.memory": "2g",
+        },
     )
 
 

@@ -25,6 +25,8 @@ class Checkpoint:
 
     def _read(self, relative: str) -> str:
         jvm = self._spark.sparkContext._jvm
+        if jvm is None:
+            raise RuntimeError("the Spark session is stopped")
         path = jvm.org.apache.hadoop.fs.Path(f"{self.location}/{relative}")
         fs = path.getFileSystem(self._spark.sparkContext._jsc.hadoopConfiguration())
         stream = fs.open(path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from materializer.config import KAFKA_KEY, MapConfig
+from materializer.layout import RESERVED_KEYS
 from materializer.pipeline import columns as c
 
 if TYPE_CHECKING:
@@ -65,13 +66,16 @@ def decode(raw: DataFrame, map_config: MapConfig) -> DataFrame:
         .withColumn(c.ENTITY, F.when(tombstone, F.lit(None)).otherwise(entity))
         .withColumn(
             c.ERROR_STAGE,
-            F.when(bad_json, F.lit("decode")).when(F.col(c.KEY).isNull(), F.lit("key")),
+            F.when(bad_json, F.lit("decode")).when(
+                F.col(c.KEY).isNull() | F.col(c.KEY).isin(*RESERVED_KEYS), F.lit("key")
+            ),
         )
         .withColumn(
             c.ERROR_MESSAGE,
             F.when(bad_json, F.lit("value is not JSON matching the declared schema"))
             .when(tombstone & F.col(c.KEY).isNull(), F.lit("tombstone without a Kafka key"))
-            .when(F.col(c.KEY).isNull(), F.lit(f"no key: {key_source} is missing or null")),
+            .when(F.col(c.KEY).isNull(), F.lit(f"no key: {key_source} is missing or null"))
+            .when(F.col(c.KEY).isin(*RESERVED_KEYS), F.lit("key is reserved by the Redis layout")),
         )
         .drop("_parsed")
     )

@@ -30,8 +30,4 @@ def fold_latest(records: DataFrame) -> DataFrame:
         ),
         F.struct(F.col(c.PARTITION), F.col(c.OFFSET)),
     )
-    return (
-        records.groupBy(c.KEY)
-        .agg(last.alias("_last"))
-        .select(c.KEY, "_last.*")
-    )
+    return records.groupBy(c.KEY).agg(last.alias("_last")).select(c.KEY, "_last.*")

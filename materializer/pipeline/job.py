@@ -27,7 +27,7 @@ from materializer.sinks.redis import RedisSink
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,10 @@ class Projector:
             rows.unpersist()
         log.info(
             "map=%s batch=%d rows_out=%d duration_ms=%d",
-            self.map_name, batch_id, count, (time.monotonic() - started) * 1000,
+            self.map_name,
+            batch_id,
+            count,
+            (time.monotonic() - started) * 1000,
         )
 
 

@@ -10,7 +10,9 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
-def kafka_options(config: AppConfig, source_topics: list[str], starting_offsets: str) -> dict[str, str]:
+def kafka_options(
+    config: AppConfig, source_topics: list[str], starting_offsets: str
+) -> dict[str, str]:
     """Options for ``readStream.format("kafka")``; ``kafka.properties`` pass through prefixed."""
     options = {
         "kafka.bootstrap.servers": config.kafka.bootstrap_servers,

@@ -15,7 +15,7 @@ from materializer.pipeline import columns as c
 from materializer.sinks.base import Batch, Sink
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import Column, SparkSession
     from pyspark.sql.types import StructType
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
@@ -59,7 +59,9 @@ class DeltaSink(Sink):
         self.ensure_table(spark)
         fields = [f.name for f in self.entity_schema.fields]
         source = batch.rows.select(c.KEY, c.DELETED, *[f"{c.ENTITY}.{_quote(f)}" for f in fields])
-        assignments = {_quote(n): f"s.{_quote(n)}" for n in [c.KEY, *fields]}
+        assignments: dict[str, str | Column] = {
+            _quote(n): f"s.{_quote(n)}" for n in [c.KEY, *fields]
+        }
         spark.conf.set(TXN_APP_ID, batch.app_id)
         spark.conf.set(TXN_VERSION, str(batch.batch_id))
         try:

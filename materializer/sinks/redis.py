@@ -77,4 +77,5 @@ class RedisSink(Sink):
             offsets=self._end_offsets(batch.batch_id),
             updated_at_ms=int(time.time() * 1000),
         )
-        client_for(self.url).hset(meta_key(self.map_name), mapping=watermark.to_hash())
+        fields: dict[Any, Any] = dict(watermark.to_hash())
+        client_for(self.url).hset(meta_key(self.map_name), mapping=fields)

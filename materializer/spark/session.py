@@ -12,9 +12,7 @@ from materializer.jvm import jars
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-ROCKSDB_PROVIDER = (
-    "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-)
+ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
 def spark_conf(config: SparkConfig) -> dict[str, str]:

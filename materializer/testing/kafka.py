@@ -7,6 +7,7 @@ listening on free loopback ports. Topics get uuid names so tests never share one
 from __future__ import annotations
 
 import base64
+import functools
 import shutil
 import socket
 import tempfile
@@ -15,8 +16,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import KafkaError, Message
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic, Producer
 
 from materializer.errors import SetupError
 from materializer.jvm import jars
@@ -53,37 +55,48 @@ class KafkaBroker:
         self._proc: ManagedProcess | None = None
 
     def _properties(self, data_dir: Path) -> str:
-        return "\n".join([
-            "process.roles=broker,controller",
-            "node.id=1",
-            f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
-            f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
-            "controller.listener.names=CONTROLLER",
-            "inter.broker.listener.name=PLAINTEXT",
-            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
-            f"log.dirs={data_dir}",
-            "num.partitions=1",
-            "offsets.topic.replication.factor=1",
-            "offsets.topic.num.partitions=4",
-            "transaction.state.log.replication.factor=1",
-            "transaction.state.log.min.isr=1",
-            "transaction.state.log.num.partitions=4",
-            "share.coordinator.state.topic.replication.factor=1",
-            "group.initial.rebalance.delay.ms=0",
-            "auto.create.topics.enable=true",
-            "message.max.bytes=16777216",
-            "log.flush.interval.messages=9223372036854775807",
-            "",
-        ])
+        return "\n".join(
+            [
+                "process.roles=broker,controller",
+                "node.id=1",
+                f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
+                f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
+                f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+                "controller.listener.names=CONTROLLER",
+                "inter.broker.listener.name=PLAINTEXT",
+                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                f"log.dirs={data_dir}",
+                "num.partitions=1",
+                "offsets.topic.replication.factor=1",
+                "offsets.topic.num.partitions=4",
+                "transaction.state.log.replication.factor=1",
+                "transaction.state.log.min.isr=1",
+                "transaction.state.log.num.partitions=4",
+                "share.coordinator.state.topic.replication.factor=1",
+                "group.initial.rebalance.delay.ms=0",
+                "auto.create.topics.enable=true",
+                "message.max.bytes=16777216",
+                "log.flush.interval.messages=9223372036854775807",
+                "",
+            ]
+        )
 
     def _java(self, main: str, *args: str, log: Path) -> list[str]:
         java = shutil.which("java")
         if java is None:
             raise SetupError("java not found: Java 17 or newer is needed to run the Kafka broker")
         classpath = ":".join(str(p) for p in jars("kafka"))
-        return [java, f"-Xmx{self._heap}", "-XX:+UseG1GC", "-Djava.awt.headless=true",
-                f"-Dlog4j2.configurationFile={log}", "-cp", classpath, main, *args]
+        return [
+            java,
+            f"-Xmx{self._heap}",
+            "-XX:+UseG1GC",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log}",
+            "-cp",
+            classpath,
+            main,
+            *args,
+        ]
 
     def start(self, timeout: float = 90.0) -> KafkaBroker:
         """Format the storage, start the broker, wait until it serves metadata."""
@@ -97,23 +110,28 @@ class KafkaBroker:
         log4j.write_text(_LOG4J2.format(log=work / "broker.log"))
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         fmt = ManagedProcess(
-            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props),
-                       log=log4j),
+            self._java(
+                "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), log=log4j
+            ),
             work / "format.log",
         )
         if fmt.proc.wait(120) != 0:
             raise SetupError(f"formatting Kafka storage failed:\n{fmt.tail()}")
         fmt.stop()
-        self._proc = ManagedProcess(self._java("kafka.Kafka", str(props), log=log4j),
-                                    work / "stdout.log")
+        self._proc = ManagedProcess(
+            self._java("kafka.Kafka", str(props), log=log4j), work / "stdout.log"
+        )
         proc = self._proc
         try:
             # A client made before the port opens logs every refused connection: wait for it first.
             wait_until("kafka broker port", lambda: _port_open(self.port), timeout, proc.alive)
             admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
-            wait_until("kafka broker",
-                       lambda: len(admin.list_topics(timeout=2).brokers) == 1,
-                       timeout, proc.alive)
+            wait_until(
+                "kafka broker",
+                lambda: len(admin.list_topics(timeout=2).brokers) == 1,
+                timeout,
+                proc.alive,
+            )
         except Exception as exc:
             tail = proc.tail()
             self.stop()
@@ -132,8 +150,9 @@ class KafkaBroker:
     def __enter__(self) -> KafkaBroker:
         return self.start()
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
 
@@ -141,7 +160,9 @@ def create_topic(bootstrap_servers: str, partitions: int = 1, name: str | None =
     """Create a topic (uuid-named unless ``name`` is given) and wait until it exists."""
     topic = name or f"t-{uuid.uuid4().hex[:12]}"
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
-    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    futures = admin.create_topics(
+        [NewTopic(topic, num_partitions=partitions, replication_factor=1)]
+    )
     futures[topic].result(30)
     return topic
 
@@ -149,28 +170,38 @@ def create_topic(bootstrap_servers: str, partitions: int = 1, name: str | None =
 Record = tuple[bytes | None, bytes | None]
 
 
-def produce(bootstrap_servers: str, topic: str, records: Iterable[Record],
-            partition: int | None = None) -> list[tuple[int, int]]:
-    """Produce ``(key, value)`` records in order, idempotently; returns (partition, offset) of each."""
-    producer = Producer({"bootstrap.servers": bootstrap_servers, "enable.idempotence": True,
-                         "linger.ms": 5, "compression.type": "lz4"})
+def produce(
+    bootstrap_servers: str, topic: str, records: Iterable[Record], partition: int | None = None
+) -> list[tuple[int, int]]:
+    """Produce ``(key, value)`` records in order, idempotently; (partition, offset) of each."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "compression.type": "lz4",
+        }
+    )
     positions: list[tuple[int, int] | None] = []
     errors: list[str] = []
 
-    def delivered(index: int):  # type: ignore[no-untyped-def]
-        def callback(err, msg):  # type: ignore[no-untyped-def]
-            if err is not None:
-                errors.append(str(err))
-            else:
-                positions[index] = (msg.partition(), msg.offset())
-        return callback
+    def delivered(index: int, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            errors.append(str(err))
+        else:
+            positions[index] = (msg.partition() or 0, msg.offset() or 0)
 
     for i, (key, value) in enumerate(records):
         positions.append(None)
-        kwargs = {} if partition is None else {"partition": partition}
         while True:
             try:
-                producer.produce(topic, value=value, key=key, on_delivery=delivered(i), **kwargs)
+                producer.produce(
+                    topic,
+                    value=value,
+                    key=key,
+                    partition=-1 if partition is None else partition,
+                    on_delivery=functools.partial(delivered, i),
+                )
                 break
             except BufferError:
                 producer.poll(0.1)

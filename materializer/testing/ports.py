@@ -14,7 +14,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(what: str, ready: Callable[[], bool], timeout: float, alive: Callable[[], bool]) -> None:
+def wait_until(
+    what: str, ready: Callable[[], bool], timeout: float, alive: Callable[[], bool]
+) -> None:
     """Poll ``ready`` until it holds; fail fast when ``alive`` says the process died."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -53,7 +54,5 @@ class ManagedProcess:
             return ""
 
     def _signal(self, sig: signal.Signals) -> None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass

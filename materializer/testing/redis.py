@@ -28,12 +28,25 @@ class RedisServer:
         """Start the server and wait until it answers PING."""
         exe = shutil.which("redis-server")
         if exe is None:
-            raise SetupError("redis-server not found: `apt-get install redis-server` or set REDIS_URL")
+            raise SetupError(
+                "redis-server not found: `apt-get install redis-server` or set REDIS_URL"
+            )
         if self._workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="materializer-redis-")
             self._workdir = Path(self._tmp.name)
-        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                "--appendonly", "no", "--dir", str(self._workdir)]
+        args = [
+            exe,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self._workdir),
+        ]
         self._proc = ManagedProcess(args, self._workdir / "redis.log")
         client = redis.Redis.from_url(self.url, socket_timeout=1)
         try:
@@ -57,6 +70,7 @@ class RedisServer:
     def __enter__(self) -> RedisServer:
         return self.start()
 
-    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()

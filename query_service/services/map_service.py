@@ -6,16 +6,13 @@ from collections.abc import Iterable
 
 import grpc
 
-from materializer.layout import META_SUFFIX, Watermark
+from materializer.layout import RESERVED_KEYS, Watermark
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
 from query_service.errors import InvalidArgument, MapNotFound
 from query_service.stores.base import MapStore
 
 MAX_KEY_BYTES = 4096
-# Keys the layout uses for a map's own bookkeeping, next to its entities:
-# looking them up as entities would read the wrong Redis type.
-RESERVED_KEYS = frozenset({META_SUFFIX, "__changes__"})
 
 
 class MapServicer(pb_grpc.MapServiceServicer):

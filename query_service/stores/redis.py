@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -19,16 +19,19 @@ from query_service.stores.base import Lookup, MapStore
 
 log = logging.getLogger(__name__)
 
+
 # Defaults for a lookup service: fail fast and let the client's retry policy
 # (it sees UNAVAILABLE) decide, rather than hold an RPC for seconds while
-# redis-py retries. Query parameters in the URL (``?socket_timeout=1``) win.
-_CLIENT_DEFAULTS: dict[str, Any] = {
-    "socket_connect_timeout": 2.0,
-    "socket_timeout": 5.0,
-    "health_check_interval": 30,
-    # One quick retry covers a pooled connection that Redis closed meanwhile.
-    "retry": Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.1), retries=1),
-}
+# redis-py retries (its default: 10 times). Query parameters in the URL
+# (``?socket_timeout=1``) win over these.
+def _client_defaults() -> dict[str, Any]:
+    return {
+        "socket_connect_timeout": 2.0,
+        "socket_timeout": 5.0,
+        "health_check_interval": 30,
+        # One quick retry covers a pooled connection that Redis closed meanwhile.
+        "retry": Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.1), retries=1),
+    }
 
 
 class RedisMapStore(MapStore):
@@ -48,7 +51,7 @@ class RedisMapStore(MapStore):
     @classmethod
     def from_url(cls, url: str) -> RedisMapStore:
         """A store on ``redis://`` / ``rediss://`` / ``unix://`` URL; connects lazily."""
-        return cls(aioredis.Redis.from_url(url, **_CLIENT_DEFAULTS))
+        return cls(aioredis.Redis.from_url(url, **_client_defaults()))
 
     @asynccontextmanager
     async def _unavailable_on_connection_errors(self) -> AsyncIterator[None]:
@@ -63,14 +66,14 @@ class RedisMapStore(MapStore):
     async def get(self, map_name: str, key: str) -> bytes | None:
         """``GET <map>:<key>``."""
         async with self._unavailable_on_connection_errors():
-            value: bytes | None = await self._client.get(entity_key(map_name, key))
-        return value
+            value = await self._client.get(entity_key(map_name, key))
+        return cast("bytes | None", value)  # bytes: the client does not decode replies
 
     async def watermark(self, map_name: str) -> Watermark | None:
         """``HGETALL <map>:__meta__``."""
         async with self._unavailable_on_connection_errors():
-            raw: dict[bytes, bytes] = await self._client.hgetall(meta_key(map_name))  # type: ignore[misc]
-        return Watermark.from_hash(raw)
+            raw = await self._client.hgetall(meta_key(map_name))
+        return Watermark.from_hash(cast("dict[bytes, bytes]", raw))
 
     async def get_with_watermark(self, map_name: str, key: str) -> Lookup:
         """``HGETALL`` then ``GET`` in one pipeline: one round trip, no ``MULTI``.

@@ -1,0 +1,91 @@
+"""Shared helpers of the pipeline tests: config, reading stores back, waiting."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+
+from materializer.config import AppConfig, parse_config
+from materializer.layout import META_SUFFIX, Watermark, meta_key
+
+SCHEMA = "id STRING, name STRING, age INT, tags ARRAY<STRING>"
+FIELDS = ["id", "name", "age", "tags"]
+
+
+def slice_config(
+    tmp: Path, kafka: str, redis_url: str, topic: str, map_name: str = "users", **extra: Any
+) -> dict[str, Any]:
+    """A one-map config document (plain data, so tests can also dump it to YAML)."""
+    return {
+        "kafka": {"bootstrap_servers": kafka},
+        "redis": {"url": redis_url},
+        "delta": {"root": str(tmp / "warehouse")},
+        "spark": {
+            "master": "local[2]",
+            "checkpoint_root": str(tmp / "checkpoints"),
+            "trigger_interval": "200 milliseconds",
+            "shuffle_partitions": 2,
+            **extra.pop("spark", {}),
+        },
+        "maps": {map_name: {"source": {"topics": [topic], "schema": SCHEMA}, "key": "id", **extra}},
+    }
+
+
+def config(doc: dict[str, Any]) -> AppConfig:
+    return parse_config(doc)
+
+
+def redis_map(client: redis.Redis, map_name: str) -> dict[str, Any]:
+    """Every entity of a map in Redis, decoded."""
+    out: dict[str, Any] = {}
+    for key in client.scan_iter(match=f"{map_name}:*", count=1000):
+        name = key.decode().split(":", 1)[1]
+        if name in (META_SUFFIX,):
+            continue
+        out[name] = orjson.loads(client.get(key))
+    return out
+
+
+def _drop_nulls(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if v is not None}
+
+
+def delta_map_rs(path: Path) -> dict[str, Any]:
+    """The Delta table read with delta-rs (no JVM), keyed by ``_key``."""
+    from deltalake import DeltaTable
+
+    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return {r.pop("_key"): _drop_nulls(r) for r in rows}
+
+
+def delta_map_spark(spark: Any, path: Path) -> dict[str, Any]:
+    """The Delta table read with Spark, keyed by ``_key``."""
+    rows = [r.asDict(recursive=True) for r in spark.read.format("delta").load(str(path)).collect()]
+    return {r.pop("_key"): _drop_nulls(r) for r in rows}
+
+
+def watermark(client: redis.Redis, map_name: str) -> Watermark | None:
+    return Watermark.from_hash(client.hgetall(meta_key(map_name)))
+
+
+def wait_for(what: str, condition: Callable[[], bool], timeout: float = 180.0) -> None:
+    """Poll until ``condition`` holds; a bounded wait, not a timing assertion."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.25)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def end_offsets(positions: list[tuple[int, int]]) -> dict[int, int]:
+    """Next offset per partition after the produced records."""
+    ends: dict[int, int] = {}
+    for partition, offset in positions:
+        ends[partition] = max(ends.get(partition, 0), offset + 1)
+    return ends

@@ -1,0 +1,181 @@
+"""Exactly-once in effect: replayed batches and crashed runs change nothing twice."""
+
+from __future__ import annotations
+
+import random
+import sys
+import threading
+from pathlib import Path
+
+import orjson
+import pytest
+import yaml
+from slice_helpers import (
+    FIELDS,
+    delta_map_rs,
+    delta_map_spark,
+    end_offsets,
+    redis_map,
+    slice_config,
+    wait_for,
+    watermark,
+)
+
+from materializer.pipeline import columns as c
+from materializer.sinks.base import Batch
+from materializer.sinks.delta import DeltaSink
+from materializer.testing import produce
+from materializer.testing.process import ManagedProcess
+from materializer.testing.reference import fold_latest
+
+pytestmark = pytest.mark.integration
+
+
+def _latest_version(spark, path: str) -> int:
+    from delta.tables import DeltaTable
+
+    return int(DeltaTable.forPath(spark, path).history(1).select("version").first()[0])
+
+
+def test_replayed_batch_adds_no_delta_commit(spark, warehouse: Path):
+    from pyspark.sql.types import BooleanType, StringType, StructField, StructType
+
+    entity = StructType([StructField("id", StringType()), StructField("name", StringType())])
+    rows_schema = StructType(
+        [
+            StructField(c.KEY, StringType()),
+            StructField(c.DELETED, BooleanType()),
+            StructField(c.ENTITY, entity),
+        ]
+    )
+    path = str(warehouse / "replay")
+    sink = DeltaSink(path, entity)
+    first = spark.createDataFrame(
+        [("a", False, ("a", "Ann")), ("b", False, ("b", "Bob"))], rows_schema
+    )
+    sink.write(Batch(first, batch_id=0, app_id="query-1:replay"))
+    after_first = _latest_version(spark, path)
+
+    # The same batch again, as after a crash between the Delta commit and the checkpoint commit.
+    changed = spark.createDataFrame([("a", False, ("a", "Changed"))], rows_schema)
+    sink.write(Batch(changed, batch_id=0, app_id="query-1:replay"))
+    assert _latest_version(spark, path) == after_first
+    assert delta_map_spark(spark, Path(path)) == {
+        "a": {"id": "a", "name": "Ann"},
+        "b": {"id": "b", "name": "Bob"},
+    }
+
+    # The next batch id commits, and deletes remove rows.
+    delete_b = spark.createDataFrame([("b", True, None)], rows_schema)
+    sink.write(Batch(delete_b, batch_id=1, app_id="query-1:replay"))
+    assert _latest_version(spark, path) == after_first + 1
+    assert delta_map_spark(spark, Path(path)) == {"a": {"id": "a", "name": "Ann"}}
+
+    # A new checkpoint restarts batch ids at 0 under a new app id: that write is real.
+    sink.write(Batch(changed, batch_id=0, app_id="query-2:replay"))
+    assert _latest_version(spark, path) == after_first + 2
+    assert delta_map_spark(spark, Path(path)) == {"a": {"id": "a", "name": "Changed"}}
+
+
+def _txn_versions(table: Path) -> list[tuple[str, int]]:
+    """Every (app id, version) transaction recorded in the Delta log, in commit order."""
+    found = []
+    for commit in sorted((table / "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            action = orjson.loads(line)
+            if "txn" in action:
+                found.append((action["txn"]["appId"], int(action["txn"]["version"])))
+    return found
+
+
+def _events(start: int, n: int, keys: int, rng: random.Random):
+    out = []
+    for i in range(start, start + n):
+        uid = f"k{rng.randrange(keys)}"
+        if rng.random() < 0.08:
+            out.append((uid.encode(), None))
+        else:
+            out.append((uid.encode(), orjson.dumps({"id": uid, "name": f"v{i}", "age": i % 90})))
+    return out
+
+
+def test_kill_9_mid_stream_then_restart_matches_reference(
+    kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
+):
+    topic = new_topic(2)
+    doc = slice_config(
+        tmp_path,
+        kafka_bootstrap,
+        redis_url,
+        topic,
+        map_name="crash",
+        spark={"conf": {"spark.driver.memory": "1g"}},
+    )
+    config_file = tmp_path / "maps.yaml"
+    config_file.write_text(yaml.safe_dump(doc))
+    rng = random.Random(7)
+    records = _events(0, 2000, 60, rng)
+    positions = produce(kafka_bootstrap, topic, records)
+
+    produced_lock = threading.Lock()
+    stop_producing = threading.Event()
+
+    def keep_producing() -> None:
+        start = len(records)
+        while not stop_producing.is_set():
+            batch = _events(start, 100, 60, rng)
+            done = produce(kafka_bootstrap, topic, batch)
+            with produced_lock:
+                records.extend(batch)
+                positions.extend(done)
+            start += len(batch)
+            stop_producing.wait(0.1)
+
+    def run() -> ManagedProcess:
+        args = [sys.executable, "-m", "materializer", "run", "-c", str(config_file)]
+        return ManagedProcess(args, tmp_path / "run.log")
+
+    producer = threading.Thread(target=keep_producing, daemon=True)
+    producer.start()
+    proc = run()
+    try:
+        for _ in range(2):
+            before = watermark(redis_client, "crash")
+            wait_for(
+                "a new batch",
+                lambda b=before: (
+                    (w := watermark(redis_client, "crash")) is not None
+                    and (b is None or w.batch_id > b.batch_id)
+                ),
+            )
+            proc.kill()  # kill -9 of the whole process group, driver JVM included
+            proc = run()
+        stop_producing.set()
+        producer.join(30)
+        with produced_lock:
+            expected_ends = end_offsets(positions)
+        wait_for(
+            "the restarted run to catch up",
+            lambda: (
+                (w := watermark(redis_client, "crash")) is not None
+                and w.offsets.get(topic) == expected_ends
+            ),
+            timeout=300,
+        )
+    finally:
+        stop_producing.set()
+        proc.stop(timeout=60)
+        assert proc.proc.returncode is not None, proc.tail()
+
+    events = [(p, o, k, v) for (p, o), (k, v) in zip(positions, records, strict=True)]
+    reference = fold_latest(events, "id", FIELDS)
+    table = tmp_path / "warehouse" / "crash"
+    assert redis_map(redis_client, "crash") == reference
+    assert delta_map_rs(table) == reference
+
+    # No batch id was committed twice to Delta, and all came from one checkpoint's app id.
+    txns = _txn_versions(table)
+    versions = [v for _, v in txns]
+    assert len(set(versions)) == len(versions)
+    assert versions == sorted(versions)
+    assert len({app for app, _ in txns}) == 1

@@ -1,0 +1,357 @@
+"""MapService.Get end to end: a real redis-server, a real server on port 0, a real channel."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TypeVar
+
+import grpc
+import pytest
+import redis
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from materializer.config import AppConfig, parse_config
+from materializer.layout import Watermark, entity_key, meta_key
+from materializer.testing import free_port
+from materializer.v1 import map_service_pb2 as pb
+from materializer.v1 import map_service_pb2_grpc as pb_grpc
+from query_service.interceptors import INTERNAL_DETAILS
+from query_service.server import create_server
+from query_service.stores.redis import RedisMapStore
+
+pytestmark = pytest.mark.integration
+
+T = TypeVar("T")
+ENTITY = b'{"id":"u1","name":"Ann"}'
+DEADLINE = 10.0
+
+
+def map_doc(name: str) -> dict[str, object]:
+    return {
+        "source": {"topics": [f"{name}-events"], "schema": "id STRING, name STRING"},
+        "key": "id",
+    }
+
+
+def make_config(redis_url: str, *maps: str) -> AppConfig:
+    return parse_config({"redis": {"url": redis_url}, "maps": {m: map_doc(m) for m in maps}})
+
+
+@asynccontextmanager
+async def serving(config: AppConfig) -> AsyncIterator[grpc.aio.Channel]:
+    store = RedisMapStore.from_url(config.redis.url)
+    server, port = await create_server(config, store=store)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield channel
+    finally:
+        await server.stop(None)
+        await store.close()
+
+
+def run(config: AppConfig, body: Callable[[grpc.aio.Channel], Awaitable[T]]) -> T:
+    """Run ``body`` against a freshly started server (pytest-asyncio is not used)."""
+
+    async def main() -> T:
+        async with serving(config) as channel:
+            return await body(channel)
+
+    return asyncio.run(main())
+
+
+def get(config: AppConfig, map_name: str, key: str) -> pb.GetResponse:
+    async def body(channel: grpc.aio.Channel) -> pb.GetResponse:
+        stub = pb_grpc.MapServiceStub(channel)
+        return await stub.Get(pb.GetRequest(map=map_name, key=key), timeout=DEADLINE)
+
+    return run(config, body)
+
+
+def get_error(config: AppConfig, map_name: str, key: str) -> grpc.aio.AioRpcError:
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        get(config, map_name, key)
+    return info.value
+
+
+def new_map_name() -> str:
+    return f"qs-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture()
+def map_name(redis_client: redis.Redis) -> Iterator[str]:
+    """A map no other test uses; every key under it is deleted afterwards."""
+    name = new_map_name()
+    yield name
+    keys = list(redis_client.scan_iter(match=f"{name}:*"))
+    if keys:
+        redis_client.delete(*keys)
+
+
+def write_watermark(client: redis.Redis, map_name: str, watermark: Watermark) -> None:
+    client.hset(meta_key(map_name), mapping=watermark.to_hash())
+
+
+def test_get_returns_entity_and_watermark(
+    redis_url: str, redis_client: redis.Redis, map_name: str
+) -> None:
+    redis_client.set(entity_key(map_name, "u1"), ENTITY)
+    write_watermark(
+        redis_client,
+        map_name,
+        Watermark(
+            batch_id=7,
+            offsets={"users-b": {1: 5, 0: 42}, "users-a": {0: 3}},
+            updated_at_ms=1_700_000_000_123,
+        ),
+    )
+
+    response = get(make_config(redis_url, map_name), map_name, "u1")
+
+    assert response.found
+    assert response.entity == ENTITY
+    assert response.HasField("watermark")
+    wm = response.watermark
+    assert wm.batch_id == 7
+    assert [(o.topic, o.partition, o.offset) for o in wm.offsets] == [
+        ("users-a", 0, 3),
+        ("users-b", 0, 42),
+        ("users-b", 1, 5),
+    ]
+    assert wm.HasField("updated_at")
+    assert wm.updated_at.ToMilliseconds() == 1_700_000_000_123
+
+
+def test_missing_key_is_not_found_but_carries_the_watermark(
+    redis_url: str, redis_client: redis.Redis, map_name: str
+) -> None:
+    redis_client.set(entity_key(map_name, "u1"), ENTITY)
+    write_watermark(redis_client, map_name, Watermark(batch_id=3, offsets={"t": {0: 10}}))
+
+    response = get(make_config(redis_url, map_name), map_name, "nobody")
+
+    assert not response.found
+    assert response.entity == b""
+    assert response.watermark.batch_id == 3
+    assert [(o.topic, o.partition, o.offset) for o in response.watermark.offsets] == [("t", 0, 10)]
+    # updated_at_ms 0 means "not recorded": left unset rather than 1970.
+    assert not response.watermark.HasField("updated_at")
+
+
+def test_map_without_a_batch_has_no_watermark(
+    redis_url: str, redis_client: redis.Redis, map_name: str
+) -> None:
+    redis_client.set(entity_key(map_name, "u1"), ENTITY)
+
+    response = get(make_config(redis_url, map_name), map_name, "u1")
+
+    assert response.found
+    assert response.entity == ENTITY
+    assert not response.HasField("watermark")
+
+
+def test_unknown_map_is_not_found_naming_the_map(redis_url: str, map_name: str) -> None:
+    other = new_map_name()
+
+    error = get_error(make_config(redis_url, map_name), other, "u1")
+
+    assert error.code() == grpc.StatusCode.NOT_FOUND
+    assert other in error.details()
+    assert map_name in error.details()  # the known maps are listed
+
+
+@pytest.mark.parametrize(
+    ("key", "mentions"),
+    [
+        ("", "empty"),
+        ("k" * 4097, "4097 bytes"),
+        ("é" * 2049, "4098 bytes"),  # 2049 characters, but the limit is in UTF-8 bytes
+        ("__meta__", "reserved"),
+    ],
+    ids=["empty", "too-long", "too-long-utf8", "reserved"],
+)
+def test_bad_key_is_invalid_argument(
+    redis_url: str, map_name: str, key: str, mentions: str
+) -> None:
+    error = get_error(make_config(redis_url, map_name), map_name, key)
+
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "key" in error.details()
+    assert mentions in error.details()
+
+
+def test_key_of_exactly_the_limit_is_accepted(
+    redis_url: str, redis_client: redis.Redis, map_name: str
+) -> None:
+    key = "k" * 4096
+    redis_client.set(entity_key(map_name, key), ENTITY)
+
+    response = get(make_config(redis_url, map_name), map_name, key)
+
+    assert response.found
+    assert response.entity == ENTITY
+
+
+def test_oversized_request_is_resource_exhausted(redis_url: str, map_name: str) -> None:
+    error = get_error(make_config(redis_url, map_name), map_name, "k" * (17 * 1024 * 1024))
+
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_redis_down_is_unavailable(map_name: str) -> None:
+    config = make_config(f"redis://127.0.0.1:{free_port()}/0", map_name)
+
+    error = get_error(config, map_name, "u1")
+
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "redis" in error.details()
+
+
+def test_unexpected_failure_is_internal_without_leaking_it(
+    redis_url: str, redis_client: redis.Redis, map_name: str
+) -> None:
+    # A watermark the layout cannot parse: a bug on the writer's side, not the caller's.
+    redis_client.hset(meta_key(map_name), mapping={"batch_id": "not-a-number"})
+
+    error = get_error(make_config(redis_url, map_name), map_name, "u1")
+
+    assert error.code() == grpc.StatusCode.INTERNAL
+    assert error.details() == INTERNAL_DETAILS
+
+
+def test_health_reports_serving(redis_url: str, map_name: str) -> None:
+    async def body(channel: grpc.aio.Channel) -> list[int]:
+        stub = health_pb2_grpc.HealthStub(channel)
+        statuses = []
+        for service in ("", "materializer.v1.MapService"):
+            reply = await stub.Check(
+                health_pb2.HealthCheckRequest(service=service), timeout=DEADLINE
+            )
+            statuses.append(reply.status)
+        return statuses
+
+    statuses = run(make_config(redis_url, map_name), body)
+
+    assert statuses == [health_pb2.HealthCheckResponse.SERVING] * 2
+
+
+def test_aborts_made_by_a_handler_pass_the_interceptor_untouched(
+    redis_url: str, map_name: str
+) -> None:
+    async def body(channel: grpc.aio.Channel) -> None:
+        stub = health_pb2_grpc.HealthStub(channel)
+        await stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=DEADLINE)
+
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        run(make_config(redis_url, map_name), body)
+
+    assert info.value.code() == grpc.StatusCode.NOT_FOUND  # the health servicer's own abort
+
+
+def test_reflection_lists_the_map_service(redis_url: str, map_name: str) -> None:
+    async def body(channel: grpc.aio.Channel) -> list[str]:
+        stub = reflection_pb2_grpc.ServerReflectionStub(channel)
+        request = reflection_pb2.ServerReflectionRequest(list_services="")
+        call = stub.ServerReflectionInfo(iter([request]), timeout=DEADLINE)
+        names = []
+        async for reply in call:
+            names.extend(s.name for s in reply.list_services_response.service)
+        return names
+
+    names = run(make_config(redis_url, map_name), body)
+
+    assert "materializer.v1.MapService" in names
+    assert "grpc.health.v1.Health" in names
+
+
+# --- the command line: `query-service serve` as a real process ---------------------------
+
+
+def query_service_command() -> list[str]:
+    script = Path(sys.executable).with_name("query-service")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from query_service.cli import app; app()"]
+
+
+def test_cli_serve_answers_then_stops_gracefully_on_sigterm(
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, map_name: str
+) -> None:
+    redis_client.set(entity_key(map_name, "u1"), ENTITY)
+    config_file = tmp_path / "maps.yaml"
+    config_file.write_text(
+        yaml.safe_dump({"redis": {"url": redis_url}, "maps": {map_name: map_doc(map_name)}})
+    )
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MATERIALIZER_")}
+    proc = subprocess.Popen(
+        [
+            *query_service_command(),
+            "serve",
+            "-c",
+            str(config_file),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    try:
+
+        async def lookup() -> pb.GetResponse:
+            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+                await asyncio.wait_for(channel.channel_ready(), timeout=30)
+                stub = pb_grpc.MapServiceStub(channel)
+                return await stub.Get(pb.GetRequest(map=map_name, key="u1"), timeout=DEADLINE)
+
+        response = asyncio.run(lookup())
+        assert response.found
+        assert response.entity == ENTITY
+
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, output.decode()
+    assert time.monotonic() - started < 10
+    assert b"query service stopped" in output
+
+
+def test_cli_bad_config_exits_2(tmp_path: Path) -> None:
+    config_file = tmp_path / "maps.yaml"
+    config_file.write_text("maps: {bad: {key: id}}\n")  # no source
+
+    proc = subprocess.run(
+        [*query_service_command(), "serve", "-c", str(config_file)],
+        capture_output=True,
+        timeout=60,
+    )
+
+    assert proc.returncode == 2
+    assert b"maps.bad.source" in proc.stderr
+
+
+def test_cli_serve_help() -> None:
+    proc = subprocess.run(
+        [*query_service_command(), "serve", "--help"], capture_output=True, timeout=60
+    )
+
+    assert proc.returncode == 0
+    assert b"--config" in proc.stdout

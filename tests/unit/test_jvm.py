@@ -1,0 +1,50 @@
+"""The JVM jars and the Python packages must carry the same Spark and Delta versions."""
+
+from __future__ import annotations
+
+import xml.etree.ElementTree as ET
+from importlib.metadata import version
+from pathlib import Path
+
+from materializer.config import SparkConfig
+from materializer.jvm import jars
+from materializer.spark.session import spark_conf
+
+ROOT = Path(__file__).resolve().parents[2]
+NS = {"m": "http://maven.apache.org/POM/4.0.0"}
+
+
+def _property(name: str) -> str:
+    tree = ET.parse(ROOT / "jvm" / "pom.xml")
+    node = tree.find(f"m:properties/m:{name}", NS)
+    assert node is not None and node.text
+    return node.text
+
+
+def test_pom_versions_match_installed_python_packages():
+    assert _property("spark.version") == version("pyspark")
+    assert _property("delta.version") == version("delta-spark")
+
+
+def test_resolved_jars_carry_the_pinned_versions():
+    names = [p.name for p in jars("spark")]
+    spark_version, delta_version = version("pyspark"), version("delta-spark")
+    assert f"spark-sql-kafka-0-10_2.13-{spark_version}.jar" in names
+    assert f"spark-avro_2.13-{spark_version}.jar" in names
+    assert f"delta-spark_2.13-{delta_version}.jar" in names
+    # pyspark ships Scala and Hadoop itself; a second copy on the classpath breaks Spark.
+    assert not [n for n in names if n.startswith(("scala-library", "hadoop-client"))]
+    kafka = [p.name for p in jars("kafka")]
+    assert f"kafka_2.13-{_property('kafka.version')}.jar" in kafka
+
+
+def test_session_conf_uses_local_jars_and_delta():
+    conf = spark_conf(SparkConfig())
+    assert all(Path(j).is_file() for j in conf["spark.jars"].split(","))
+    assert "spark.jars.packages" not in conf
+    assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
+    assert conf["spark.sql.catalog.spark_catalog"].endswith("DeltaCatalog")
+    assert conf["spark.sql.streaming.stateStore.providerClass"].endswith(
+        "RocksDBStateStoreProvider"
+    )
+    assert spark_conf(SparkConfig(conf={"spark.ui.enabled": "true"}))["spark.ui.enabled"] == "true"

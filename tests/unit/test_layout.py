@@ -1,0 +1,27 @@
+"""Golden tests of the Redis layout: the contract the query service reads."""
+
+from __future__ import annotations
+
+from materializer.layout import Watermark, entity_key, meta_key
+
+
+def test_key_names_are_the_contract():
+    assert entity_key("users", "u-1") == "users:u-1"
+    assert entity_key("users", "a:b") == "users:a:b"
+    assert meta_key("users") == "users:__meta__"
+
+
+def test_watermark_hash_fields_are_the_contract():
+    mark = Watermark(batch_id=12, offsets={"user-events": {1: 40, 0: 7}}, updated_at_ms=1700)
+    assert mark.to_hash() == {
+        "batch_id": "12",
+        "offsets": '{"user-events":{"0":7,"1":40}}',
+        "updated_at_ms": "1700",
+    }
+
+
+def test_watermark_round_trips_through_redis_bytes():
+    mark = Watermark(batch_id=3, offsets={"a": {0: 1}, "b": {2: 9}}, updated_at_ms=5)
+    raw = {k.encode(): v.encode() for k, v in mark.to_hash().items()}
+    assert Watermark.from_hash(raw) == mark
+    assert Watermark.from_hash({}) is None
