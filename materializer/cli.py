@@ -26,7 +26,7 @@ def _load(path: Path) -> AppConfig:
     try:
         return load_config(path)
     except MaterializerError as exc:
-        err.print(f"[red]{exc}[/red]", highlight=False)
+        err.print(f"[red]{exc}[/red]", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
 
 
@@ -55,7 +55,7 @@ def run(
         for name in names:
             cfg.map(name)
     except MaterializerError as exc:
-        err.print(f"[red]{exc}[/red]", highlight=False)
+        err.print(f"[red]{exc}[/red]", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     if not names:
         err.print("no maps declared: nothing to run")

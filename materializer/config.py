@@ -12,7 +12,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from materializer.errors import ConfigError
 
@@ -55,21 +62,229 @@ class SparkConfig(_Model):
 
 
 class SourceConfig(_Model):
-    """The topics a map folds and how their values decode."""
+    """The topics a map folds and how their values decode.
 
-    topics: Annotated[list[str], Field(min_length=1)]
-    starting_offsets: Literal["earliest", "latest"] = "earliest"
-    format: Literal["json"] = "json"
-    schema_: Annotated[str, Field(alias="schema", min_length=1)]
-    """Spark SQL DDL of the value, e.g. ``id STRING, name STRING, age INT``."""
+    ``format`` picks the decoder: ``json`` (``schema`` as Spark SQL DDL),
+    ``avro`` (``schema_file``, or ``schema_registry_url`` for Confluent's wire
+    format), ``protobuf`` (``descriptor_file`` and ``message``, or
+    ``schema_registry_url``), or ``string`` (the value as one string field).
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    topics: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
+    starting_offsets: Literal["earliest", "latest"] = "earliest"
+    format: Literal["json", "avro", "protobuf", "string"] = "json"
+    schema_: Annotated[str | None, Field(alias="schema", min_length=1)] = None
+    """Spark SQL DDL of a JSON value, e.g. ``id STRING, name STRING, age INT``."""
+    schema_file: str | None = None
+    descriptor_file: str | None = None
+    message: str | None = None
+    schema_registry_url: str | None = None
+    string_field: str = "value"
+
+    @model_validator(mode="after")
+    def _format_options(self) -> SourceConfig:
+        fmt = self.format
+        given = {
+            name
+            for name in (
+                "schema_",
+                "schema_file",
+                "descriptor_file",
+                "message",
+                "schema_registry_url",
+            )
+            if getattr(self, name) is not None
+        }
+        allowed = {
+            "json": {"schema_"},
+            "avro": {"schema_file", "schema_registry_url"},
+            "protobuf": {"descriptor_file", "message", "schema_registry_url"},
+            "string": set(),
+        }[fmt]
+        extra = given - allowed
+        if extra:
+            names = ", ".join(sorted(n.rstrip("_") for n in extra))
+            raise ValueError(f"{names} does not apply to format {fmt}")
+        if fmt == "json" and self.schema_ is None:
+            raise ValueError("format json needs schema (Spark SQL DDL of the value)")
+        if fmt == "avro" and len(given) != 1:
+            raise ValueError("format avro needs exactly one of schema_file, schema_registry_url")
+        if fmt == "protobuf" and not (
+            "schema_registry_url" in given or {"descriptor_file", "message"} <= given
+        ):
+            raise ValueError(
+                "format protobuf needs descriptor_file and message, or schema_registry_url"
+            )
+        return self
+
+
+class FilterTransform(_Model):
+    """Keep records for which a Spark SQL condition holds."""
+
+    type: Literal["filter"]
+    condition: Annotated[str, Field(min_length=1)]
+
+
+class RenameTransform(_Model):
+    """Rename fields: ``{old: new}``."""
+
+    type: Literal["rename"]
+    fields: Annotated[dict[str, str], Field(min_length=1)]
+
+
+class DropTransform(_Model):
+    """Remove the listed fields."""
+
+    type: Literal["drop"]
+    fields: Annotated[list[str], Field(min_length=1)]
+
+
+class KeepTransform(_Model):
+    """Keep only the listed fields."""
+
+    type: Literal["keep"]
+    fields: Annotated[list[str], Field(min_length=1)]
+
+
+class MaskTransform(_Model):
+    """Replace values with the empty value of their type ("" , 0, false, empty array)."""
+
+    type: Literal["mask"]
+    fields: Annotated[list[str], Field(min_length=1)]
+
+
+class CastTransform(_Model):
+    """Cast fields to Spark SQL types: ``{field: type}``; a failed cast is a transform error."""
+
+    type: Literal["cast"]
+    fields: Annotated[dict[str, str], Field(min_length=1)]
+
+
+class FlattenTransform(_Model):
+    """Nested structs become top-level fields joined by ``delimiter``."""
+
+    type: Literal["flatten"]
+    delimiter: str = "."
+
+
+class TimestampConvertTransform(_Model):
+    """Convert a field between epoch milliseconds, formatted strings and timestamps."""
+
+    type: Literal["timestamp_convert"]
+    field: str
+    target: Literal["timestamp", "string", "unix_millis", "date"] = "timestamp"
+    format: str | None = None
+    """A datetime pattern, used to parse strings and to format ``string`` targets."""
+
+
+class ValueToKeyTransform(_Model):
+    """The record key becomes the listed value field (or a JSON object of several)."""
+
+    type: Literal["value_to_key"]
+    fields: Annotated[list[str], Field(min_length=1)]
+
+
+class ExtractFieldTransform(_Model):
+    """The value becomes the fields of one struct field."""
+
+    type: Literal["extract_field"]
+    field: str
+
+
+class InsertFieldTransform(_Model):
+    """Add a field with a static value or the record's topic/partition/offset/timestamp."""
+
+    type: Literal["insert_field"]
+    field: str
+    value: str | int | float | bool | None = None
+    from_: Annotated[
+        Literal["topic", "partition", "offset", "timestamp"] | None, Field(alias="from")
+    ] = None
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> InsertFieldTransform:
+        if (self.value is None) == (self.from_ is None):
+            raise ValueError("give exactly one of value, from")
+        return self
+
+
+class ComputeTransform(_Model):
+    """Set fields from Spark SQL expressions: ``{field: expression}``."""
+
+    type: Literal["compute"]
+    fields: Annotated[dict[str, str], Field(min_length=1)]
+
+
+Transform = Annotated[
+    FilterTransform
+    | RenameTransform
+    | DropTransform
+    | KeepTransform
+    | MaskTransform
+    | CastTransform
+    | FlattenTransform
+    | TimestampConvertTransform
+    | ValueToKeyTransform
+    | ExtractFieldTransform
+    | InsertFieldTransform
+    | ComputeTransform,
+    Field(discriminator="type"),
+]
+TRANSFORM_TYPES = frozenset(
+    t.model_fields["type"].annotation.__args__[0]  # type: ignore[union-attr]
+    for t in (
+        FilterTransform,
+        RenameTransform,
+        DropTransform,
+        KeepTransform,
+        MaskTransform,
+        CastTransform,
+        FlattenTransform,
+        TimestampConvertTransform,
+        ValueToKeyTransform,
+        ExtractFieldTransform,
+        InsertFieldTransform,
+        ComputeTransform,
+    )
+)
+
+
+class AggregateSpec(_Model):
+    """One aggregate column of an ``aggregate`` fold."""
+
+    fn: Literal["count", "sum", "min", "max", "first", "last"]
+    field: str | None = None
+
+    @model_validator(mode="after")
+    def _field_needed(self) -> AggregateSpec:
+        if self.fn != "count" and self.field is None:
+            raise ValueError(f"{self.fn} needs field")
+        return self
 
 
 class FoldConfig(_Model):
     """How events of one key combine into the entity."""
 
-    mode: Literal["latest"] = "latest"
+    mode: Literal["latest", "merge", "aggregate"] = "latest"
+    event_time: str | None = None
+    """``latest`` only: order by this field, the offset breaking ties."""
+    aggregates: dict[str, AggregateSpec] = Field(default_factory=dict)
+    delete_when: str | None = None
+    """A Spark SQL condition on an event that deletes the entity."""
+
+    @model_validator(mode="after")
+    def _mode_options(self) -> FoldConfig:
+        if self.mode == "aggregate" and not self.aggregates:
+            raise ValueError("mode aggregate needs aggregates")
+        if self.mode != "aggregate" and self.aggregates:
+            raise ValueError(f"aggregates do not apply to mode {self.mode}")
+        if self.mode != "latest" and self.event_time is not None:
+            raise ValueError(f"event_time does not apply to mode {self.mode}")
+        return self
 
 
 class DeadLetterConfig(_Model):
@@ -78,14 +293,25 @@ class DeadLetterConfig(_Model):
     topic: Annotated[str, Field(min_length=1)]
 
 
+class ChangesConfig(_Model):
+    """The capped change stream ``<map>:__changes__``."""
+
+    max_len: Annotated[int, Field(ge=1)] = 100_000
+
+
 class MapConfig(_Model):
     """One materialized map: its source, key, fold and error handling."""
 
     source: SourceConfig
     key: Annotated[str, Field(min_length=1)]
     """A top-level field of the decoded value, or ``$kafka_key``."""
+    transforms: list[Transform] = Field(default_factory=list)
     fold: FoldConfig = FoldConfig()
+    on_error: Literal["dead_letter", "fail", "skip"] = "dead_letter"
     dead_letter: DeadLetterConfig | None = None
+    history: bool = False
+    """Also append every folded event to ``<root>/<map>__events``."""
+    changes: ChangesConfig = ChangesConfig()
 
 
 class AppConfig(_Model):
@@ -126,7 +352,30 @@ ENV_OVERRIDES: dict[str, tuple[str, str]] = {
 
 
 def _key_path(loc: tuple[int | str, ...]) -> str:
-    return ".".join(str(p) for p in loc)
+    """``maps.users.transforms.0.fields``: the union tag pydantic inserts is left out."""
+    parts: list[str] = []
+    for i, part in enumerate(loc):
+        if i and isinstance(loc[i - 1], int) and part in TRANSFORM_TYPES:
+            continue
+        parts.append(str(part))
+    return ".".join(parts).replace("schema_", "schema")
+
+
+def _message(error: Any) -> str:
+    """Pydantic's message in the words of a config file's reader."""
+    kind = error["type"]
+    if kind == "literal_error":
+        choices = error["ctx"]["expected"].replace("'", "").replace(" or ", ", ")
+        return f"must be one of {choices}"
+    if kind == "union_tag_invalid":
+        choices = error["ctx"]["expected_tags"].replace("'", "")
+        return f"unknown type {error['ctx']['tag']!r}: must be one of {choices}"
+    if kind == "extra_forbidden":
+        return "unknown key"
+    if kind == "missing":
+        return "required"
+    message = str(error["msg"])
+    return message.removeprefix("Value error, ")
 
 
 def parse_config(data: Any, source: str = "<config>") -> AppConfig:
@@ -143,7 +392,7 @@ def parse_config(data: Any, source: str = "<config>") -> AppConfig:
     try:
         return AppConfig.model_validate(data)
     except ValidationError as exc:
-        problems = [f"{_key_path(e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()]
+        problems = [f"{_key_path(e['loc']) or '<root>'}: {_message(e)}" for e in exc.errors()]
         raise ConfigError(source, problems) from None
 
 

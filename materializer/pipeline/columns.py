@@ -1,22 +1,42 @@
 """Names of the internal columns that flow between the pipeline's stages.
 
-Decoded records carry these beside the entity; the fold's output (one row per
-key per batch) carries ``KEY``, ``DELETED``, ``ENTITY``, ``PARTITION`` and ``OFFSET``.
+Records keep the entity's fields as top-level columns, so that transforms and
+SQL conditions name fields as users write them; everything the pipeline adds
+starts with ``__``. The fold's output (one row per key per batch) carries
+``KEY``, ``DELETED`` and ``ENTITY`` (a struct of the entity's fields).
 """
 
-KEY = "_key"
-"""The entity key as a string: the Redis key suffix and the Delta merge key."""
-DELETED = "_deleted"
-ENTITY = "_entity"
-ERROR_STAGE = "_error_stage"
-ERROR_MESSAGE = "_error_message"
-CORRUPT = "_corrupt_record"
+PREFIX = "__"
 
-# Spark's kafka source columns.
-TOPIC = "topic"
-PARTITION = "partition"
-OFFSET = "offset"
-KAFKA_KEY = "key"
-VALUE = "value"
-HEADERS = "headers"
-TIMESTAMP = "timestamp"
+# Spark's kafka source columns, renamed on read.
+KAFKA_KEY = "__kafka_key"
+VALUE = "__value"
+HEADERS = "__headers"
+TOPIC = "__topic"
+PARTITION = "__partition"
+OFFSET = "__offset"
+TIMESTAMP = "__timestamp"
+SOURCE_COLUMNS = {
+    "key": KAFKA_KEY,
+    "value": VALUE,
+    "headers": HEADERS,
+    "topic": TOPIC,
+    "partition": PARTITION,
+    "offset": OFFSET,
+    "timestamp": TIMESTAMP,
+}
+
+KEY = "__key"
+"""The entity key as a string: the Redis key suffix and the Delta merge key."""
+DELETED = "__deleted"
+ENTITY = "__entity"
+ERROR_STAGE = "__error_stage"
+ERROR_MESSAGE = "__error_message"
+
+TABLE_KEY = "_key"
+"""The key column of a map's Delta table."""
+
+
+def is_internal(name: str) -> bool:
+    """Whether a column is the pipeline's own rather than an entity field."""
+    return name.startswith(PREFIX)

@@ -33,6 +33,27 @@ def _header(name: str, column: str) -> Column:
     )
 
 
+def fail_on_error(records: DataFrame) -> DataFrame:
+    """For ``on_error: fail``: the good records, and a query failure at the first bad one.
+
+    The check runs inside the fold's own query, so the batch holding a bad
+    record never commits: after a fix and a restart it is read again.
+    """
+    from pyspark.sql import functions as F
+
+    message = F.format_string(
+        "record %s/%d@%d failed at %s: %s",
+        F.col(c.TOPIC),
+        F.col(c.PARTITION),
+        F.col(c.OFFSET),
+        F.col(c.ERROR_STAGE),
+        F.col(c.ERROR_MESSAGE),
+    )
+    return records.where(
+        F.when(F.col(c.ERROR_STAGE).isNull(), F.lit(True)).otherwise(F.raise_error(message))
+    )
+
+
 def dead_letters(bad: DataFrame) -> DataFrame:
     """The Kafka sink's columns (key, value, headers) for records that failed."""
     from pyspark.sql import functions as F

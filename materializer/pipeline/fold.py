@@ -1,33 +1,49 @@
 """The fold: entity state per key, kept in Spark's state store.
 
-``latest`` is a streaming aggregation: per key, the record with the greatest
-(partition, offset) wins, deletes included, so a tombstone that comes last
-removes the entity. In ``update`` output mode each micro-batch emits one row per
-key it touched — exactly the rows to project — and the aggregation state is
-checkpointed together with the source offsets.
+``latest`` is a streaming aggregation: per key, the event with the greatest
+order (the event-time field if declared, then partition and offset) wins,
+deletes included, so a tombstone that comes last removes the entity. In
+``update`` output mode each micro-batch emits one row per key it touched —
+exactly the rows to project — and the aggregation state is checkpointed
+together with the source offsets.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from materializer.config import FoldConfig
 from materializer.pipeline import columns as c
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 
-def fold_latest(records: DataFrame) -> DataFrame:
-    """One row per key: ``_key``, ``_deleted``, ``_entity``, ``partition``, ``offset``."""
+def entity_fields(records: DataFrame) -> list[str]:
+    """The entity's fields: every column that is not the pipeline's own."""
+    return [n for n in records.columns if not c.is_internal(n)]
+
+
+def fold_latest(records: DataFrame, fold: FoldConfig) -> DataFrame:
+    """One row per key touched: ``__key``, ``__deleted``, ``__entity``."""
     from pyspark.sql import functions as F
 
+    order = [F.col(c.PARTITION), F.col(c.OFFSET)]
+    if fold.event_time:
+        order.insert(0, F.col(fold.event_time))
+    entity = F.struct(*[F.col(f) for f in entity_fields(records)])
     last = F.max_by(
         F.struct(
             F.col(c.DELETED).alias(c.DELETED),
-            F.col(c.ENTITY).alias(c.ENTITY),
-            F.col(c.PARTITION).alias(c.PARTITION),
-            F.col(c.OFFSET).alias(c.OFFSET),
+            F.when(F.col(c.DELETED), F.lit(None)).otherwise(entity).alias(c.ENTITY),
         ),
-        F.struct(F.col(c.PARTITION), F.col(c.OFFSET)),
+        F.struct(*order),
     )
-    return records.groupBy(c.KEY).agg(last.alias("_last")).select(c.KEY, "_last.*")
+    return records.groupBy(c.KEY).agg(last.alias("__last")).select(c.KEY, "__last.*")
+
+
+def fold(records: DataFrame, config: FoldConfig) -> DataFrame:
+    """The map's fold, by mode."""
+    if config.mode == "latest":
+        return fold_latest(records, config)
+    raise NotImplementedError(f"fold mode {config.mode}")

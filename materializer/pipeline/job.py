@@ -1,11 +1,13 @@
 """The streaming queries of one map, and the foreachBatch step that projects each batch.
 
-Each map runs two queries over its topics, each with its own checkpoint under
-``<checkpoint_root>/<map>/``:
+Each map runs its own queries over its topics, each with its own checkpoint
+under ``<checkpoint_root>/<map>/``, so one map's failure leaves the others running:
 
 - ``fold``: decode, fold in the state store, and project every micro-batch into
   Delta then Redis (exactly-once in effect: both writes are idempotent per batch);
-- ``dead_letter``: the records that cannot be folded, to the dead-letter topic.
+- ``dead_letter`` (with ``on_error: dead_letter``): the records that cannot be
+  folded, to the dead-letter topic. With ``skip`` they are dropped; with
+  ``fail`` the fold query itself fails at the first one.
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from materializer.config import AppConfig
-from materializer.pipeline import decode as dec
 from materializer.pipeline.checkpoint import Checkpoint
-from materializer.pipeline.dead_letter import dead_letters
-from materializer.pipeline.fold import fold_latest
+from materializer.pipeline.dead_letter import dead_letters, fail_on_error
+from materializer.pipeline.decode import decode
+from materializer.pipeline.fold import fold
+from materializer.pipeline.keys import assign_keys, bad, good
 from materializer.pipeline.source import read_source
+from materializer.pipeline.transforms import apply_transforms
 from materializer.sinks.base import Batch, Sink
 from materializer.sinks.delta import DeltaSink
 from materializer.sinks.redis import RedisSink
@@ -86,16 +90,16 @@ class Projector:
 
 @dataclass
 class MapQueries:
-    """The running queries of one map."""
+    """The running queries of one map: the fold, and the dead-letter query if the policy has one."""
 
     name: str
     fold: StreamingQuery
-    dead_letter: StreamingQuery
+    dead_letter: StreamingQuery | None = None
 
     @property
     def queries(self) -> list[StreamingQuery]:
-        """Both queries, fold first."""
-        return [self.fold, self.dead_letter]
+        """The map's queries, fold first."""
+        return [q for q in (self.fold, self.dead_letter) if q is not None]
 
     def process_all_available(self) -> None:
         """Block until everything in the topics right now is folded and dead-lettered."""
@@ -103,25 +107,33 @@ class MapQueries:
             query.processAllAvailable()
 
     def stop(self) -> None:
-        """Stop both queries."""
+        """Stop the map's queries."""
         for query in self.queries:
             query.stop()
 
 
-def start_map(spark: SparkSession, config: AppConfig, map_name: str) -> MapQueries:
-    """Start the fold and dead-letter queries of one map."""
+def records(spark: SparkSession, config: AppConfig, map_name: str) -> DataFrame:
+    """The map's records decoded and keyed, errors marked but not yet removed."""
     map_config = config.map(map_name)
-    decoded = dec.decode(read_source(spark, config, map_config), map_config)
+    decoded = decode(read_source(spark, config, map_config), map_config)
+    return assign_keys(apply_transforms(decoded, map_config.transforms), map_config)
+
+
+def start_map(spark: SparkSession, config: AppConfig, map_name: str) -> MapQueries:
+    """Start the fold query (and the dead-letter query) of one map."""
+    map_config = config.map(map_name)
+    keyed = records(spark, config, map_name)
     trigger = {"processingTime": config.spark.trigger_interval}
 
     fold_checkpoint = checkpoint_path(config, map_name, "fold")
     checkpoint = Checkpoint(spark, fold_checkpoint)
     sinks: list[Sink] = [
-        DeltaSink(table_path(config, map_name), dec.value_schema(map_config)),
+        DeltaSink(table_path(config, map_name)),
         RedisSink(config.redis.url, map_name, checkpoint.end_offsets),
     ]
-    fold = (
-        fold_latest(dec.good(decoded))
+    folding = fail_on_error(keyed) if map_config.on_error == "fail" else good(keyed)
+    fold_query = (
+        fold(folding, map_config.fold)
         .writeStream.queryName(f"{map_name}.fold")
         .outputMode("update")
         .option("checkpointLocation", fold_checkpoint)
@@ -129,9 +141,11 @@ def start_map(spark: SparkSession, config: AppConfig, map_name: str) -> MapQueri
         .foreachBatch(Projector(map_name, sinks, checkpoint))
         .start()
     )
+    if map_config.on_error != "dead_letter":
+        return MapQueries(name=map_name, fold=fold_query)
 
     writer = (
-        dead_letters(dec.bad(decoded))
+        dead_letters(bad(keyed))
         .writeStream.queryName(f"{map_name}.dead_letter")
         .format("kafka")
         .option("kafka.bootstrap.servers", config.kafka.bootstrap_servers)
@@ -143,4 +157,4 @@ def start_map(spark: SparkSession, config: AppConfig, map_name: str) -> MapQueri
     )
     for key, value in config.kafka.properties.items():
         writer = writer.option(f"kafka.{key}", value)
-    return MapQueries(name=map_name, fold=fold, dead_letter=writer.start())
+    return MapQueries(name=map_name, fold=fold_query, dead_letter=writer.start())

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from materializer.config import AppConfig, MapConfig
+from materializer.pipeline import columns as c
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -28,9 +29,10 @@ def kafka_options(
 
 
 def read_source(spark: SparkSession, config: AppConfig, map_config: MapConfig) -> DataFrame:
-    """The map's topics as a stream of raw records (key, value, topic, partition, offset, ...)."""
+    """The map's topics as a stream of raw records, columns renamed to ``__key``, ``__value``..."""
     src = map_config.source
     reader = spark.readStream.format("kafka")
     for key, value in kafka_options(config, src.topics, src.starting_offsets).items():
         reader = reader.option(key, value)
-    return reader.load()
+    raw = reader.load()
+    return raw.select(*[raw[name].alias(alias) for name, alias in c.SOURCE_COLUMNS.items()])

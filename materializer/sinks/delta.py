@@ -5,6 +5,10 @@ Idempotency comes from Delta's own transaction ids: the MERGE runs with
 skips a MERGE whose (app id, version) it has already committed. The settings go
 on the batch DataFrame's own session, since each streaming query runs on a
 cloned session.
+
+The table's columns are ``_key`` then the entity's fields. A field that first
+appears in a later batch is added to the table (ADD COLUMNS, itself idempotent)
+before that batch's MERGE.
 """
 
 from __future__ import annotations
@@ -22,45 +26,52 @@ TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 
 
-def _quote(name: str) -> str:
+def quote(name: str) -> str:
+    """A column name as a backquoted SQL identifier."""
     return "`" + name.replace("`", "``") + "`"
 
 
 class DeltaSink(Sink):
-    """MERGE of each batch into a table keyed by ``_key``, with the entity's fields as columns."""
+    """MERGE of each batch into a table keyed by ``_key``."""
 
-    def __init__(self, path: str, entity_schema: StructType) -> None:
+    def __init__(self, path: str) -> None:
         self.path = path
-        self.entity_schema = entity_schema
-        self._created = False
+        self._columns: set[str] | None = None
 
-    def table_schema(self) -> StructType:
-        """``_key`` first, then the entity's fields."""
+    def ensure_table(self, spark: SparkSession, entity: StructType) -> None:
+        """Create the table, or add the entity fields it lacks."""
+        from delta.tables import DeltaTable
         from pyspark.sql.types import StringType, StructField, StructType
 
-        return StructType([StructField(c.KEY, StringType(), False), *self.entity_schema.fields])
-
-    def ensure_table(self, spark: SparkSession) -> None:
-        """Create the table on first use, so readers find it even before data arrives."""
-        from delta.tables import DeltaTable
-
-        if self._created:
-            return
-        DeltaTable.createIfNotExists(spark).location(self.path).addColumns(
-            self.table_schema()
-        ).execute()
-        self._created = True
+        if self._columns is None:
+            schema = StructType([StructField(c.TABLE_KEY, StringType(), False), *entity.fields])
+            table = DeltaTable.createIfNotExists(spark).location(self.path).addColumns(schema)
+            table.execute()
+            self._columns = set(DeltaTable.forPath(spark, self.path).toDF().columns)
+        missing = [f for f in entity.fields if f.name not in self._columns]
+        if missing:
+            columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}" for f in missing)
+            spark.sql(f"ALTER TABLE delta.{quote(self.path)} ADD COLUMNS ({columns})")
+            self._columns.update(f.name for f in missing)
 
     def write(self, batch: Batch) -> None:
         """MERGE the batch; a replayed (app id, batch id) commits nothing."""
         from delta.tables import DeltaTable
 
         spark = batch.rows.sparkSession
-        self.ensure_table(spark)
-        fields = [f.name for f in self.entity_schema.fields]
-        source = batch.rows.select(c.KEY, c.DELETED, *[f"{c.ENTITY}.{_quote(f)}" for f in fields])
+        entity = batch.rows.schema[c.ENTITY].dataType
+        self.ensure_table(spark, entity)  # type: ignore[arg-type]
+        fields = [f.name for f in entity.fields]  # type: ignore[attr-defined]
+        source = batch.rows.select(
+            batch.rows[c.KEY].alias(c.TABLE_KEY),
+            c.DELETED,
+            *[batch.rows[c.ENTITY].getField(f).alias(f) for f in fields],
+        )
+        # A column this batch's entities lack (an older field) is cleared, not kept.
+        known = sorted((self._columns or set()) - {c.TABLE_KEY, *fields})
         assignments: dict[str, str | Column] = {
-            _quote(n): f"s.{_quote(n)}" for n in [c.KEY, *fields]
+            **{quote(n): f"s.{quote(n)}" for n in [c.TABLE_KEY, *fields]},
+            **{quote(n): "NULL" for n in known},
         }
         spark.conf.set(TXN_APP_ID, batch.app_id)
         spark.conf.set(TXN_VERSION, str(batch.batch_id))
@@ -68,7 +79,7 @@ class DeltaSink(Sink):
             (
                 DeltaTable.forPath(spark, self.path)
                 .alias("t")
-                .merge(source.alias("s"), f"t.{c.KEY} = s.{c.KEY}")
+                .merge(source.alias("s"), f"t.{c.TABLE_KEY} = s.{c.TABLE_KEY}")
                 .whenMatchedDelete(condition=f"s.{c.DELETED}")
                 .whenMatchedUpdate(condition=f"NOT s.{c.DELETED}", set=assignments)
                 .whenNotMatchedInsert(condition=f"NOT s.{c.DELETED}", values=assignments)

@@ -49,7 +49,7 @@ def test_replayed_batch_adds_no_delta_commit(spark, warehouse: Path):
         ]
     )
     path = str(warehouse / "replay")
-    sink = DeltaSink(path, entity)
+    sink = DeltaSink(path)
     first = spark.createDataFrame(
         [("a", False, ("a", "Ann")), ("b", False, ("b", "Bob"))], rows_schema
     )

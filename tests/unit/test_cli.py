@@ -26,7 +26,7 @@ def test_validate_names_each_bad_key_and_exits_non_zero(tmp_path: Path):
     )
     result = runner.invoke(app, ["validate", "-c", str(bad)])
     assert result.exit_code == 2
-    assert "maps.users.source.schema" in result.output
+    assert "maps.users.source: format json needs schema" in result.output
     assert "maps.users.fold.mode" in result.output
 
 

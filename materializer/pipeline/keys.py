@@ -1,0 +1,63 @@
+"""Each record's entity key and whether it deletes the entity."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from materializer.config import KAFKA_KEY, MapConfig
+from materializer.layout import RESERVED_KEYS
+from materializer.pipeline import columns as c
+from materializer.pipeline.decode import with_error
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+
+def assign_keys(records: DataFrame, map_config: MapConfig) -> DataFrame:
+    """Add ``__key`` and ``__deleted``; records without a usable key get a ``key`` error.
+
+    A tombstone has no value, so its key can only be the record's Kafka key.
+    ``fold.delete_when`` marks events that delete the entity they are keyed to.
+    """
+    from pyspark.sql import functions as F
+
+    kafka_key = F.col(c.KAFKA_KEY).cast("string")
+    tombstone = F.col(c.VALUE).isNull()
+    if map_config.key == KAFKA_KEY:
+        key = kafka_key
+        source = "the Kafka key"
+    else:
+        key = F.when(tombstone, kafka_key).otherwise(F.col(map_config.key).cast("string"))
+        source = f"field {map_config.key!r}"
+    deleted = tombstone
+    if map_config.fold.delete_when:
+        deleted = tombstone | F.coalesce(F.expr(map_config.fold.delete_when), F.lit(False))
+    df = records.withColumns({c.KEY: key, c.DELETED: deleted})
+    df = with_error(
+        df,
+        "key",
+        F.col(c.KEY).isNull(),
+        F.when(tombstone, F.lit("tombstone without a Kafka key")).otherwise(
+            F.lit(f"no key: {source} is missing or null")
+        ),
+    )
+    return with_error(
+        df,
+        "key",
+        F.col(c.KEY).isin(*RESERVED_KEYS),
+        F.lit("key is reserved by the Redis layout"),
+    )
+
+
+def good(records: DataFrame) -> DataFrame:
+    """Records that fold: decoded (or tombstones) with a key."""
+    from pyspark.sql import functions as F
+
+    return records.where(F.col(c.ERROR_STAGE).isNull())
+
+
+def bad(records: DataFrame) -> DataFrame:
+    """Records the error policy handles."""
+    from pyspark.sql import functions as F
+
+    return records.where(F.col(c.ERROR_STAGE).isNotNull())
