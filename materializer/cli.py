@@ -45,8 +45,7 @@ def run(
     ] = None,
 ) -> None:
     """Run the streaming jobs of every map (or the named ones) until SIGTERM or Ctrl-C."""
-    from materializer.pipeline.job import start_map
-    from materializer.spark.session import build_spark_session
+    from materializer.pipeline.runner import run_maps
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     cfg = _load(config)
@@ -64,22 +63,7 @@ def run(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-
-    spark = build_spark_session(cfg.spark)
-    running = [start_map(spark, cfg, name) for name in names]
-    failed = False
-    while not stop.is_set():
-        for queries in running:
-            for query in queries.queries:
-                error = query.exception()
-                if error is not None and not query.isActive:
-                    err.print(f"[red]query {query.name} failed: {error}[/red]", highlight=False)
-                    failed = True
-        if failed:
-            break
-        stop.wait(1.0)
-    for queries in running:
-        queries.stop()
-    spark.stop()
+    failed = run_maps(cfg, names, stop)
     if failed:
+        err.print(f"[red]failed maps: {', '.join(failed)}[/red]", highlight=False, soft_wrap=True)
         raise typer.Exit(1)

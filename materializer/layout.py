@@ -5,7 +5,9 @@ Written down in docs/redis-layout.md and pinned by tests/unit/test_layout.py.
 - ``<map>:<key>``     string, the entity as compact JSON (UTF-8);
 - ``<map>:__meta__``  hash, the watermark of the last batch written:
   ``batch_id`` (decimal), ``offsets`` (JSON ``{"topic": {"partition": next_offset}}``),
-  ``updated_at_ms`` (UTC epoch milliseconds).
+  ``updated_at_ms`` (UTC epoch milliseconds), ``app_id`` (the writing query);
+- ``<map>:__changes__`` stream (capped), one entry per key a batch wrote:
+  ``key``, ``op`` (``upsert`` | ``delete``), ``batch_id``.
 
 Offsets in the watermark are *next* offsets (exclusive ends, as Kafka commits
 them): a record at offset ``o`` is reflected once the watermark's offset for its
@@ -14,7 +16,9 @@ partition is greater than ``o``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import orjson
 
@@ -29,6 +33,16 @@ def entity_key(map_name: str, key: str) -> str:
     return f"{map_name}:{key}"
 
 
+def changes_key(map_name: str) -> str:
+    """The capped stream of a map's changes: one entry per key written, per batch."""
+    return f"{map_name}:{CHANGES_SUFFIX}"
+
+
+def change_entry(key: str, deleted: bool, batch_id: int) -> dict[str, str]:
+    """The fields of one ``<map>:__changes__`` entry."""
+    return {"key": key, "op": "delete" if deleted else "upsert", "batch_id": str(batch_id)}
+
+
 def meta_key(map_name: str) -> str:
     """The Redis hash that holds a map's watermark."""
     return f"{map_name}:{META_SUFFIX}"
@@ -41,6 +55,8 @@ class Watermark:
     batch_id: int
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)
     updated_at_ms: int = 0
+    app_id: str = ""
+    """The writer's streaming query and map: tells a replayed batch from a new checkpoint's."""
 
     def to_hash(self) -> dict[str, str]:
         """The fields of ``<map>:__meta__``."""
@@ -49,10 +65,11 @@ class Watermark:
             "batch_id": str(self.batch_id),
             "offsets": orjson.dumps(offsets, option=orjson.OPT_SORT_KEYS).decode(),
             "updated_at_ms": str(self.updated_at_ms),
+            "app_id": self.app_id,
         }
 
     @classmethod
-    def from_hash(cls, raw: dict[bytes, bytes] | dict[str, str]) -> Watermark | None:
+    def from_hash(cls, raw: Mapping[Any, Any]) -> Watermark | None:
         """Parse ``HGETALL <map>:__meta__``; ``None`` when the map has no batch yet."""
         fields = {
             (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
@@ -65,4 +82,5 @@ class Watermark:
             batch_id=int(fields["batch_id"]),
             offsets={t: {int(p): int(o) for p, o in ps.items()} for t, ps in offsets.items()},
             updated_at_ms=int(fields.get("updated_at_ms", "0")),
+            app_id=fields.get("app_id", ""),
         )

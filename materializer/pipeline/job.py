@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,6 +24,7 @@ from materializer.pipeline.dead_letter import dead_letters, fail_on_error
 from materializer.pipeline.decode import decode
 from materializer.pipeline.fold import fold
 from materializer.pipeline.keys import assign_keys, bad, good
+from materializer.pipeline.progress import BatchLog
 from materializer.pipeline.source import read_source
 from materializer.pipeline.transforms import apply_transforms
 from materializer.sinks.base import Batch, Sink
@@ -55,10 +57,17 @@ def checkpoint_path(config: AppConfig, map_name: str, query: str) -> str:
 class Projector:
     """The ``foreachBatch`` callback: runs on the driver, once per micro-batch (and per replay)."""
 
-    def __init__(self, map_name: str, sinks: list[Sink], checkpoint: Checkpoint) -> None:
+    def __init__(
+        self,
+        map_name: str,
+        sinks: list[Sink],
+        checkpoint: Checkpoint,
+        on_rows_out: Callable[[str, int, int], None] | None = None,
+    ) -> None:
         self.map_name = map_name
         self.sinks = sinks
         self.checkpoint = checkpoint
+        self._on_rows_out = on_rows_out
         self._app_id: str | None = None
 
     def app_id(self) -> str:
@@ -79,8 +88,10 @@ class Projector:
                 sink.write(batch)
         finally:
             rows.unpersist()
-        log.info(
-            "map=%s batch=%d rows_out=%d duration_ms=%d",
+        if self._on_rows_out is not None:
+            self._on_rows_out(f"{self.map_name}.fold", batch_id, count)
+        log.debug(
+            "map=%s batch=%d rows_out=%d projected_ms=%d",
             self.map_name,
             batch_id,
             count,
@@ -119,7 +130,12 @@ def records(spark: SparkSession, config: AppConfig, map_name: str) -> DataFrame:
     return assign_keys(apply_transforms(decoded, map_config.transforms), map_config)
 
 
-def start_map(spark: SparkSession, config: AppConfig, map_name: str) -> MapQueries:
+def start_map(
+    spark: SparkSession,
+    config: AppConfig,
+    map_name: str,
+    batch_log: BatchLog | None = None,
+) -> MapQueries:
     """Start the fold query (and the dead-letter query) of one map."""
     map_config = config.map(map_name)
     keyed = records(spark, config, map_name)
@@ -129,7 +145,7 @@ def start_map(spark: SparkSession, config: AppConfig, map_name: str) -> MapQueri
     checkpoint = Checkpoint(spark, fold_checkpoint)
     sinks: list[Sink] = [
         DeltaSink(table_path(config, map_name)),
-        RedisSink(config.redis.url, map_name, checkpoint.end_offsets),
+        RedisSink(config.redis.url, map_name, checkpoint.end_offsets, map_config.changes.max_len),
     ]
     folding = fail_on_error(keyed) if map_config.on_error == "fail" else good(keyed)
     fold_query = (
@@ -138,7 +154,9 @@ def start_map(spark: SparkSession, config: AppConfig, map_name: str) -> MapQueri
         .outputMode("update")
         .option("checkpointLocation", fold_checkpoint)
         .trigger(**trigger)
-        .foreachBatch(Projector(map_name, sinks, checkpoint))
+        .foreachBatch(
+            Projector(map_name, sinks, checkpoint, batch_log.rows_out if batch_log else None)
+        )
         .start()
     )
     if map_config.on_error != "dead_letter":

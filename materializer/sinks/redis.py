@@ -1,4 +1,4 @@
-"""The Redis map: ``<map>:<key>`` per entity, then the batch watermark.
+"""The Redis map: ``<map>:<key>`` per entity, then the watermark and change entries.
 
 Entity writes run on the executors, one pipelined round trip per chunk of a
 partition, so the driver never collects the batch. They write final state
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
-from materializer.layout import Watermark, entity_key, meta_key
+from materializer.layout import Watermark, change_entry, changes_key, entity_key, meta_key
 from materializer.pipeline import columns as c
 from materializer.sinks.base import Batch, Sink
 
@@ -61,13 +61,15 @@ class RedisSink(Sink):
         url: str,
         map_name: str,
         end_offsets: Callable[[int], dict[str, dict[int, int]]],
+        changes_max_len: int = 100_000,
     ) -> None:
         self.url = url
         self.map_name = map_name
+        self.changes_max_len = changes_max_len
         self._end_offsets = end_offsets
 
     def write(self, batch: Batch) -> None:
-        """Write the batch's entities, then its watermark."""
+        """Write the batch's entities, then its watermark and change entries together."""
         from pyspark.sql import functions as F
 
         rows = batch.rows.select(c.KEY, c.DELETED, F.to_json(c.ENTITY))
@@ -76,6 +78,32 @@ class RedisSink(Sink):
             batch_id=batch.batch_id,
             offsets=self._end_offsets(batch.batch_id),
             updated_at_ms=int(time.time() * 1000),
+            app_id=batch.app_id,
         )
-        fields: dict[Any, Any] = dict(watermark.to_hash())
-        client_for(self.url).hset(meta_key(self.map_name), mapping=fields)
+        changes = [(r[0], bool(r[1])) for r in batch.rows.select(c.KEY, c.DELETED).collect()]
+        self.commit(watermark, changes)
+
+    def commit(self, watermark: Watermark, changes: list[tuple[str, bool]]) -> None:
+        """The watermark and the change entries in one MULTI, once per (app id, batch id).
+
+        The entity writes before it are final-state and may run twice; the
+        change stream must not get a replayed batch's entries twice, so a
+        watermark already at this batch of this app id skips the commit.
+        """
+        meta, stream = meta_key(self.map_name), changes_key(self.map_name)
+        with client_for(self.url).pipeline(transaction=True) as pipe:
+            pipe.watch(meta)  # type: ignore[no-untyped-call]
+            current = Watermark.from_hash(pipe.hgetall(meta))
+            if (
+                current is not None
+                and current.app_id == watermark.app_id
+                and current.batch_id >= watermark.batch_id
+            ):
+                return
+            pipe.multi()
+            fields: dict[Any, Any] = dict(watermark.to_hash())
+            pipe.hset(meta, mapping=fields)
+            for key, deleted in changes:
+                entry: dict[Any, Any] = change_entry(key, deleted, watermark.batch_id)
+                pipe.xadd(stream, entry, maxlen=self.changes_max_len, approximate=True)
+            pipe.execute()

@@ -11,7 +11,7 @@ import orjson
 import redis
 
 from materializer.config import AppConfig, parse_config
-from materializer.layout import META_SUFFIX, Watermark, meta_key
+from materializer.layout import RESERVED_KEYS, Watermark, meta_key
 
 SCHEMA = "id STRING, name STRING, age INT, tags ARRAY<STRING>"
 FIELDS = ["id", "name", "age", "tags"]
@@ -45,7 +45,7 @@ def redis_map(client: redis.Redis, map_name: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key in client.scan_iter(match=f"{map_name}:*", count=1000):
         name = key.decode().split(":", 1)[1]
-        if name in (META_SUFFIX,):
+        if name in RESERVED_KEYS:
             continue
         out[name] = orjson.loads(client.get(key))
     return out

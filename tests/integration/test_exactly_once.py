@@ -21,9 +21,11 @@ from slice_helpers import (
     watermark,
 )
 
+from materializer.layout import Watermark, changes_key, meta_key
 from materializer.pipeline import columns as c
 from materializer.sinks.base import Batch
 from materializer.sinks.delta import DeltaSink
+from materializer.sinks.redis import RedisSink
 from materializer.testing import produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_latest
@@ -75,6 +77,21 @@ def test_replayed_batch_adds_no_delta_commit(spark, warehouse: Path):
     sink.write(Batch(changed, batch_id=0, app_id="query-2:replay"))
     assert _latest_version(spark, path) == after_first + 2
     assert delta_map_spark(spark, Path(path)) == {"a": {"id": "a", "name": "Changed"}}
+
+
+def test_replayed_batch_adds_no_change_entries(redis_url, redis_client):
+    sink = RedisSink(redis_url, "replayed", lambda _: {}, changes_max_len=1000)
+    first = Watermark(batch_id=0, offsets={"t": {0: 2}}, updated_at_ms=1, app_id="q1:replayed")
+    sink.commit(first, [("a", False), ("b", True)])
+    sink.commit(first, [("a", False), ("b", True)])  # the same batch after a crash
+    assert redis_client.xlen(changes_key("replayed")) == 2
+    sink.commit(Watermark(batch_id=1, app_id="q1:replayed"), [("a", True)])
+    assert redis_client.xlen(changes_key("replayed")) == 3
+    # A new checkpoint's batch 0 is a new batch, not a replay.
+    sink.commit(Watermark(batch_id=0, app_id="q2:replayed"), [("c", False)])
+    assert redis_client.xlen(changes_key("replayed")) == 4
+    mark = Watermark.from_hash(redis_client.hgetall(meta_key("replayed")))
+    assert mark == Watermark(batch_id=0, app_id="q2:replayed")
 
 
 def _txn_versions(table: Path) -> list[tuple[str, int]]:

@@ -21,6 +21,7 @@ from slice_helpers import (
     watermark,
 )
 
+from materializer.layout import changes_key
 from materializer.pipeline.job import dead_letter_topic, start_map, table_path
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
@@ -81,6 +82,15 @@ def test_slice_matches_reference_in_redis_and_delta(
     assert mark is not None
     assert mark.offsets == {topic: end_offsets(positions)}
     assert mark.updated_at_ms > 0
+
+    # The change stream holds one entry per key per batch; its last state per key matches.
+    entries = [
+        {k.decode(): v.decode() for k, v in fields.items()}
+        for _, fields in redis_client.xrange(changes_key("slice"))
+    ]
+    last_op = {e["key"]: e["op"] for e in entries}
+    assert {k for k, op in last_op.items() if op == "upsert"} == set(reference)
+    assert int(entries[-1]["batch_id"]) == mark.batch_id
 
     # The query service serves what the pipeline wrote, through a real channel.
     some_key = sorted(reference)[0]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from materializer.layout import Watermark, entity_key, meta_key
+from materializer.layout import Watermark, change_entry, changes_key, entity_key, meta_key
 
 
 def test_key_names_are_the_contract():
@@ -12,12 +12,21 @@ def test_key_names_are_the_contract():
 
 
 def test_watermark_hash_fields_are_the_contract():
-    mark = Watermark(batch_id=12, offsets={"user-events": {1: 40, 0: 7}}, updated_at_ms=1700)
+    mark = Watermark(
+        batch_id=12, offsets={"user-events": {1: 40, 0: 7}}, updated_at_ms=1700, app_id="q:users"
+    )
     assert mark.to_hash() == {
         "batch_id": "12",
         "offsets": '{"user-events":{"0":7,"1":40}}',
         "updated_at_ms": "1700",
+        "app_id": "q:users",
     }
+
+
+def test_change_entries_are_the_contract():
+    assert changes_key("users") == "users:__changes__"
+    assert change_entry("u1", False, 4) == {"key": "u1", "op": "upsert", "batch_id": "4"}
+    assert change_entry("u1", True, 5) == {"key": "u1", "op": "delete", "batch_id": "5"}
 
 
 def test_watermark_round_trips_through_redis_bytes():
