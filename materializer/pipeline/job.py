@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from materializer.config import AppConfig
 from materializer.pipeline.checkpoint import Checkpoint
+from materializer.pipeline.crash import CrashDrill
 from materializer.pipeline.dead_letter import dead_letters, fail_on_error
 from materializer.pipeline.decode import decode
 from materializer.pipeline.fold import fold
@@ -69,6 +70,7 @@ class Projector:
         self.checkpoint = checkpoint
         self._on_rows_out = on_rows_out
         self._app_id: str | None = None
+        self._drill = CrashDrill()
 
     def app_id(self) -> str:
         """The streaming query id plus the map name: new with every new checkpoint."""
@@ -84,8 +86,10 @@ class Projector:
         try:
             count = rows.count()
             batch = Batch(rows=rows, batch_id=batch_id, app_id=self.app_id())
+            self._drill.batch_started()
             for sink in self.sinks:
                 sink.write(batch)
+                self._drill.sink_written(sink.name)
         finally:
             rows.unpersist()
         if self._on_rows_out is not None:

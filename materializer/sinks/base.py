@@ -26,10 +26,13 @@ class Batch:
 class Sink(ABC):
     """A store that the fold projects into.
 
-    ``write`` runs on the Spark driver inside ``foreachBatch`` and must be
+    ``name`` identifies the sink in logs and crash drills. ``write`` runs on
+    the Spark driver inside ``foreachBatch`` and must be
     idempotent: the same ``(app_id, batch_id)`` with the same rows, written
     again after a crash, leaves the store exactly as the first write did.
     """
+
+    name: str
 
     @abstractmethod
     def write(self, batch: Batch) -> None:

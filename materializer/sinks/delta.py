@@ -34,6 +34,8 @@ def quote(name: str) -> str:
 class DeltaSink(Sink):
     """MERGE of each batch into a table keyed by ``_key``."""
 
+    name = "delta"
+
     def __init__(self, path: str) -> None:
         self.path = path
         self._columns: set[str] | None = None

@@ -56,6 +56,8 @@ def write_partition(url: str, map_name: str, rows: Iterable[Any]) -> None:
 class RedisSink(Sink):
     """Entities on the executors, then ``<map>:__meta__`` from the driver."""
 
+    name = "redis"
+
     def __init__(
         self,
         url: str,

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import orjson
@@ -23,6 +26,7 @@ from slice_helpers import (
 
 from materializer.layout import Watermark, changes_key, meta_key
 from materializer.pipeline import columns as c
+from materializer.pipeline.crash import CRASH_ENV
 from materializer.sinks.base import Batch
 from materializer.sinks.delta import DeltaSink
 from materializer.sinks.redis import RedisSink
@@ -148,25 +152,40 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
             start += len(batch)
             stop_producing.wait(0.1)
 
-    def run() -> ManagedProcess:
+    def run(crash_after: str | None = None) -> ManagedProcess:
         args = [sys.executable, "-m", "materializer", "run", "-c", str(config_file)]
-        return ManagedProcess(args, tmp_path / "run.log")
+        env = dict(os.environ)
+        if crash_after:
+            env[CRASH_ENV] = crash_after
+        return ManagedProcess(args, tmp_path / "run.log", env=env)
+
+    def next_batch() -> None:
+        before = watermark(redis_client, "crash")
+        wait_for(
+            "a new batch",
+            lambda: (
+                (w := watermark(redis_client, "crash")) is not None
+                and (before is None or w.batch_id > before.batch_id)
+            ),
+        )
 
     producer = threading.Thread(target=keep_producing, daemon=True)
     producer.start()
     proc = run()
     try:
-        for _ in range(2):
-            before = watermark(redis_client, "crash")
-            wait_for(
-                "a new batch",
-                lambda b=before: (
-                    (w := watermark(redis_client, "crash")) is not None
-                    and (b is None or w.batch_id > b.batch_id)
-                ),
-            )
-            proc.kill()  # kill -9 of the whole process group, driver JVM included
+        for round_ in range(5):
+            if round_ % 2:
+                # The process kills itself between the Delta commit and the Redis writes.
+                proc.stop()
+                proc = run(crash_after=f"delta:{rng.randint(1, 3)}")
+                proc.proc.wait(300)
+                assert proc.proc.returncode == -signal.SIGKILL, proc.tail()
+            else:
+                next_batch()
+                time.sleep(rng.uniform(0, 1.5))  # anywhere inside the next batch
+                proc.kill()  # kill -9 of the whole process group, driver JVM included
             proc = run()
+        next_batch()
         stop_producing.set()
         producer.join(30)
         with produced_lock:
