@@ -7,7 +7,9 @@ under ``<checkpoint_root>/<map>/``, so one map's failure leaves the others runni
   Delta then Redis (exactly-once in effect: both writes are idempotent per batch);
 - ``dead_letter`` (with ``on_error: dead_letter``): the records that cannot be
   folded, to the dead-letter topic. With ``skip`` they are dropped; with
-  ``fail`` the fold query itself fails at the first one.
+  ``fail`` the fold query itself fails at the first one;
+- ``history`` (with ``history: true``): every folded event appended to
+  ``<root>/<map>__events``.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from materializer.config import AppConfig
+from materializer.pipeline import columns as c
 from materializer.pipeline.checkpoint import Checkpoint
 from materializer.pipeline.crash import CrashDrill
 from materializer.pipeline.dead_letter import dead_letters, fail_on_error
@@ -105,19 +108,19 @@ class Projector:
 
 @dataclass
 class MapQueries:
-    """The running queries of one map: the fold, and the dead-letter query if the policy has one."""
+    """The running queries of one map: the fold, then its side queries (dead letters, history)."""
 
     name: str
     fold: StreamingQuery
-    dead_letter: StreamingQuery | None = None
+    side: list[StreamingQuery] = field(default_factory=list)
 
     @property
     def queries(self) -> list[StreamingQuery]:
         """The map's queries, fold first."""
-        return [q for q in (self.fold, self.dead_letter) if q is not None]
+        return [self.fold, *self.side]
 
     def process_all_available(self) -> None:
-        """Block until everything in the topics right now is folded and dead-lettered."""
+        """Block until everything in the topics right now is folded, dead-lettered, recorded."""
         for query in self.queries:
             query.processAllAvailable()
 
@@ -163,11 +166,19 @@ def start_map(
         )
         .start()
     )
-    if map_config.on_error != "dead_letter":
-        return MapQueries(name=map_name, fold=fold_query)
+    side = []
+    if map_config.on_error == "dead_letter":
+        side.append(_start_dead_letters(config, map_name, bad(keyed), trigger))
+    if map_config.history:
+        side.append(_start_history(config, map_name, good(keyed), trigger))
+    return MapQueries(name=map_name, fold=fold_query, side=side)
 
+
+def _start_dead_letters(
+    config: AppConfig, map_name: str, failed: DataFrame, trigger: dict[str, str]
+) -> StreamingQuery:
     writer = (
-        dead_letters(bad(keyed))
+        dead_letters(failed)
         .writeStream.queryName(f"{map_name}.dead_letter")
         .format("kafka")
         .option("kafka.bootstrap.servers", config.kafka.bootstrap_servers)
@@ -179,4 +190,38 @@ def start_map(
     )
     for key, value in config.kafka.properties.items():
         writer = writer.option(f"kafka.{key}", value)
-    return MapQueries(name=map_name, fold=fold_query, dead_letter=writer.start())
+    return writer.start()
+
+
+def history_path(config: AppConfig, map_name: str) -> str:
+    """The raw-event history table of a map."""
+    return f"{table_path(config, map_name)}__events"
+
+
+def _start_history(
+    config: AppConfig, map_name: str, folded: DataFrame, trigger: dict[str, str]
+) -> StreamingQuery:
+    """Every folded event, appended; Delta's streaming sink commits each batch exactly once."""
+    from pyspark.sql import functions as F
+
+    meta = {
+        c.KEY: "_key",
+        c.DELETED: "_deleted",
+        c.TOPIC: "_topic",
+        c.PARTITION: "_partition",
+        c.OFFSET: "_offset",
+        c.TIMESTAMP: "_timestamp",
+    }
+    events = folded.select(
+        *[F.col(n).alias(alias) for n, alias in meta.items()],
+        *[F.col(n) for n in folded.columns if not c.is_internal(n)],
+    )
+    return (
+        events.writeStream.queryName(f"{map_name}.history")
+        .format("delta")
+        .outputMode("append")
+        .option("checkpointLocation", checkpoint_path(config, map_name, "history"))
+        .option("mergeSchema", "true")
+        .trigger(**trigger)
+        .start(history_path(config, map_name))
+    )

@@ -22,7 +22,7 @@ from slice_helpers import (
 )
 
 from materializer.layout import changes_key
-from materializer.pipeline.job import dead_letter_topic, start_map, table_path
+from materializer.pipeline.job import dead_letter_topic, history_path, start_map, table_path
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from materializer.v1 import map_service_pb2 as pb
@@ -189,3 +189,46 @@ def test_poison_records_go_to_dead_letter_topic_and_stream_goes_on(
         assert headers["x-error-message"]
     mark = watermark(redis_client, "poison")
     assert mark is not None and mark.offsets == {topic: {0: len(records)}}
+
+
+def test_skip_policy_and_event_history(
+    spark, kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
+):
+    from confluent_kafka.admin import AdminClient
+    from deltalake import DeltaTable
+
+    topic = new_topic(2)
+    cfg = config(
+        slice_config(
+            tmp_path,
+            kafka_bootstrap,
+            redis_url,
+            topic,
+            map_name="hist",
+            on_error="skip",
+            history=True,
+        )
+    )
+    records = user_events(120, 10, seed=3) + [(b"bad", b"[1, 2"), (b"nokey", b"{}")]
+    positions = produce(kafka_bootstrap, topic, records)
+    queries = start_map(spark, cfg, "hist")
+    try:
+        queries.process_all_available()
+        assert len(queries.queries) == 2  # the fold and the history, no dead-letter query
+    finally:
+        queries.stop()
+
+    events = [(p, o, k, v) for (p, o), (k, v) in zip(positions, records, strict=True)]
+    assert redis_map(redis_client, "hist") == fold_latest(events, "id", FIELDS)
+    history = DeltaTable(history_path(cfg, "hist")).to_pyarrow_table().to_pylist()
+    good = {
+        (p, o)
+        for (p, o), (_, v) in zip(positions, records, strict=True)
+        if v is None or (v.startswith(b"{") and b'"id"' in v)
+    }
+    assert {(r["_partition"], r["_offset"]) for r in history} == good
+    assert len(history) == len(good)
+    tombstones = [r for r in history if r["_deleted"]]
+    assert tombstones and all(r["id"] is None for r in tombstones)
+    topics = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
+    assert dead_letter_topic(cfg, "hist") not in topics
