@@ -56,6 +56,9 @@ class SparkConfig(_Model):
     master: str = "local[*]"
     checkpoint_root: str = "./checkpoints"
     trigger_interval: str = "1 second"
+    side_trigger_interval: str = "5 seconds"
+    """Cadence of each map's side queries (dead letters, history): they may lag the fold,
+    and running them less often leaves the cores to the fold."""
     shuffle_partitions: Annotated[int, Field(ge=1)] = 4
     max_offsets_per_trigger: Annotated[int, Field(ge=1)] | None = None
     conf: dict[str, str] = Field(default_factory=dict)

@@ -1,9 +1,9 @@
 """Crash drills: kill the whole run at a chosen point, to prove recovery.
 
-``MATERIALIZER_CRASH_AFTER=<sink>:<n>`` (``delta:3``, say) makes the process
+``MATERIALIZER_CRASH_AFTER=<sink>:<n>`` (``redis:3``, say) makes the process
 kill its own process group with SIGKILL right after the named sink wrote the
 n-th batch this process projected — the moment a crash is most harmful, with
-Delta committed and Redis not yet written. Operators use it to rehearse
+one store holding the batch and the other not. Operators use it to rehearse
 recovery; the crash tests use it to hit that window for certain.
 """
 

@@ -8,6 +8,7 @@ runs in the JVM.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from materializer.config import MapConfig
@@ -73,9 +74,46 @@ def _decode_json(raw: DataFrame, schema: StructType) -> DataFrame:
     bad = F.col(c.VALUE).isNotNull() & (
         F.col("__parsed").isNull() | F.col("__parsed").getField(CORRUPT).isNotNull()
     )
-    df = with_error(df, "decode", bad, F.lit("value is not JSON matching the declared schema"))
-    fields = [F.col("__parsed").getField(f.name).alias(f.name) for f in schema.fields]
+    df = _with_struct_fields(df, bad, "value is not JSON matching the declared schema")
+    return df.drop(CORRUPT)
+
+
+def _with_struct_fields(df: DataFrame, bad: Column, message: str) -> DataFrame:
+    """Mark ``bad`` rows as decode errors and spread ``__parsed`` into top-level fields."""
+    from pyspark.sql import functions as F
+
+    df = with_error(df, "decode", bad, F.lit(message))
+    parsed = df.schema["__parsed"].dataType
+    fields = [F.col("__parsed").getField(f.name).alias(f.name) for f in parsed.fields]  # type: ignore[attr-defined]
     return df.select(*[F.col(n) for n in df.columns if n != "__parsed"], *fields)
+
+
+def avro_schema(map_config: MapConfig) -> str:
+    """The Avro schema file's JSON text; a top-level record is required."""
+    import orjson
+
+    path = map_config.source.schema_file or ""
+    try:
+        text = Path(path).read_text()
+        doc = orjson.loads(text)
+    except OSError as exc:
+        raise ConfigError("", [f"source.schema_file: cannot read {path}: {exc.strerror}"]) from None
+    except orjson.JSONDecodeError as exc:
+        raise ConfigError("", [f"source.schema_file: {path} is not JSON: {exc}"]) from None
+    if not isinstance(doc, dict) or doc.get("type") != "record":
+        raise ConfigError("", [f"source.schema_file: {path} must hold an Avro record schema"])
+    return text
+
+
+def _decode_avro(raw: DataFrame, schema: str) -> DataFrame:
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import from_avro
+
+    df = _no_errors(raw).withColumn(
+        "__parsed", from_avro(F.col(c.VALUE), schema, {"mode": "PERMISSIVE"})
+    )
+    bad = F.col(c.VALUE).isNotNull() & F.col("__parsed").isNull()
+    return _with_struct_fields(df, bad, "value is not Avro of the declared schema")
 
 
 def _decode_string(raw: DataFrame, field: str) -> DataFrame:
@@ -92,6 +130,8 @@ def decode(raw: DataFrame, map_config: MapConfig) -> DataFrame:
     src = map_config.source
     if src.format == "json":
         return _decode_json(raw, json_schema(map_config))
+    if src.format == "avro" and src.schema_file:
+        return _decode_avro(raw, avro_schema(map_config))
     if src.format == "string":
         return _decode_string(raw, src.string_field)
     raise ConfigError("", [f"source.format: {src.format} decoding is not available yet"])

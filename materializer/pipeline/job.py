@@ -4,7 +4,7 @@ Each map runs its own queries over its topics, each with its own checkpoint
 under ``<checkpoint_root>/<map>/``, so one map's failure leaves the others running:
 
 - ``fold``: decode, fold in the state store, and project every micro-batch into
-  Delta then Redis (exactly-once in effect: both writes are idempotent per batch);
+  Redis then Delta (exactly-once in effect: both writes are idempotent per batch);
 - ``dead_letter`` (with ``on_error: dead_letter``): the records that cannot be
   folded, to the dead-letter topic. With ``skip`` they are dropped; with
   ``fail`` the fold query itself fails at the first one;
@@ -150,9 +150,12 @@ def start_map(
 
     fold_checkpoint = checkpoint_path(config, map_name, "fold")
     checkpoint = Checkpoint(spark, fold_checkpoint)
+    # Redis first: lookups see a batch as soon as possible, while the slower Delta
+    # MERGE follows. Both are idempotent per batch, so a crash between them is
+    # repaired by the replay of the batch.
     sinks: list[Sink] = [
-        DeltaSink(table_path(config, map_name)),
         RedisSink(config.redis.url, map_name, checkpoint.end_offsets, map_config.changes.max_len),
+        DeltaSink(table_path(config, map_name)),
     ]
     folding = fail_on_error(keyed) if map_config.on_error == "fail" else good(keyed)
     fold_query = (
@@ -167,10 +170,11 @@ def start_map(
         .start()
     )
     side = []
+    side_trigger = {"processingTime": config.spark.side_trigger_interval}
     if map_config.on_error == "dead_letter":
-        side.append(_start_dead_letters(config, map_name, bad(keyed), trigger))
+        side.append(_start_dead_letters(config, map_name, bad(keyed), side_trigger))
     if map_config.history:
-        side.append(_start_history(config, map_name, good(keyed), trigger))
+        side.append(_start_history(config, map_name, good(keyed), side_trigger))
     return MapQueries(name=map_name, fold=fold_query, side=side)
 
 

@@ -111,7 +111,12 @@ class KafkaBroker:
         cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
         fmt = ManagedProcess(
             self._java(
-                "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(props), log=log4j
+                "kafka.tools.StorageTool",
+                "format",
+                f"--cluster-id={cluster_id}",
+                "-c",
+                str(props),
+                log=log4j,
             ),
             work / "format.log",
         )

@@ -175,9 +175,9 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
     try:
         for round_ in range(5):
             if round_ % 2:
-                # The process kills itself between the Delta commit and the Redis writes.
+                # The process kills itself between the Redis writes and the Delta commit.
                 proc.stop()
-                proc = run(crash_after=f"delta:{rng.randint(1, 3)}")
+                proc = run(crash_after=f"redis:{rng.randint(1, 3)}")
                 proc.proc.wait(300)
                 assert proc.proc.returncode == -signal.SIGKILL, proc.tail()
             else:
