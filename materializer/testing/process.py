@@ -31,14 +31,21 @@ class ManagedProcess:
         return self.proc.poll() is None
 
     def stop(self, timeout: float = 15.0) -> None:
-        """SIGTERM the process group, then SIGKILL what is left after ``timeout``."""
+        """SIGTERM the process itself, as an orchestrator would; SIGKILL the group after.
+
+        Only the leader gets SIGTERM so that it can shut its children down in
+        order (``materializer run`` finishes its batch before its JVM goes);
+        whatever is left of the group after ``timeout`` is killed.
+        """
         if self.alive():
-            self._signal(signal.SIGTERM)
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
                 self._signal(signal.SIGKILL)
                 self.proc.wait()
+        self._signal(signal.SIGKILL)  # children the leader left behind
         self._log.close()
 
     def kill(self) -> None:

@@ -200,7 +200,7 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
         )
     finally:
         stop_producing.set()
-        proc.stop(timeout=60)
+        proc.stop(timeout=150)
         assert proc.proc.returncode is not None, proc.tail()
 
     events = [(p, o, k, v) for (p, o), (k, v) in zip(positions, records, strict=True)]
