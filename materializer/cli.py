@@ -63,7 +63,11 @@ def run(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    failed = run_maps(cfg, names, stop)
+    try:
+        failed = run_maps(cfg, names, stop)
+    except MaterializerError as exc:
+        err.print(f"[red]{exc}[/red]", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
     if failed:
         err.print(f"[red]failed maps: {', '.join(failed)}[/red]", highlight=False, soft_wrap=True)
         raise typer.Exit(1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from materializer.config import FoldConfig
+from materializer.errors import ConfigError
 from materializer.pipeline import columns as c
 
 if TYPE_CHECKING:
@@ -46,4 +47,4 @@ def fold(records: DataFrame, config: FoldConfig) -> DataFrame:
     """The map's fold, by mode."""
     if config.mode == "latest":
         return fold_latest(records, config)
-    raise NotImplementedError(f"fold mode {config.mode}")
+    raise ConfigError("", [f"fold.mode: {config.mode} is not available yet (use latest)"])

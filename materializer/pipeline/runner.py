@@ -36,9 +36,11 @@ def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> 
     spark = build_spark_session(config.spark)
     batch_log = BatchLog()
     spark.streams.addListener(batch_log)
-    running = {name: start_map(spark, config, name, batch_log) for name in names}
+    running: dict[str, MapQueries] = {}
     failed: list[str] = []
     try:
+        for name in names:
+            running[name] = start_map(spark, config, name, batch_log)
         while not stop.is_set() and running:
             for name, queries in list(running.items()):
                 broken = [q for q in queries.queries if not q.isActive]

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from materializer.config import Transform
+from materializer.errors import ConfigError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -14,5 +15,5 @@ if TYPE_CHECKING:
 def apply_transforms(records: DataFrame, transforms: Sequence[Transform]) -> DataFrame:
     """Each transform in turn; records already marked with an error pass through untouched."""
     if transforms:
-        raise NotImplementedError("transforms")
+        raise ConfigError("", ["transforms: not available yet"])
     return records
