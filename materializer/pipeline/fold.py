@@ -44,7 +44,18 @@ def fold_latest(records: DataFrame, fold: FoldConfig) -> DataFrame:
 
 
 def fold(records: DataFrame, config: FoldConfig) -> DataFrame:
-    """The map's fold, by mode."""
+    """The map's fold, by mode: ``latest`` here, ``merge`` and ``aggregate`` in ``fold_state``.
+
+    Every mode returns one row per key touched by a micro-batch (``__key``,
+    ``__deleted``, ``__entity``), for a query in ``update`` output mode.
+    """
     if config.mode == "latest":
         return fold_latest(records, config)
-    raise ConfigError("", [f"fold.mode: {config.mode} is not available yet (use latest)"])
+    # Imported here: the stateful folds load PySpark's stateful processor API.
+    from materializer.pipeline import fold_state
+
+    if config.mode == "merge":
+        return fold_state.fold_merge(records, config)
+    if config.mode == "aggregate":
+        return fold_state.fold_aggregate(records, config)
+    raise ConfigError("", [f"fold.mode: unknown mode {config.mode!r}"])

@@ -38,17 +38,3 @@ def test_run_rejects_an_unknown_map_before_starting_spark(tmp_path: Path):
     result = runner.invoke(app, ["run", "-c", str(cfg), "--map", "orders"])
     assert result.exit_code == 2
     assert "maps.orders: no such map" in result.output
-
-
-def test_a_fold_mode_that_is_not_available_is_named():
-    import pytest
-
-    from materializer.config import parse_config
-    from materializer.errors import ConfigError
-    from materializer.pipeline.fold import fold
-
-    source = {"topics": ["t"], "schema": "id STRING"}
-    cfg = parse_config({"maps": {"m": {"source": source, "key": "id", "fold": {"mode": "merge"}}}})
-    with pytest.raises(ConfigError) as info:
-        fold(None, cfg.maps["m"].fold)  # type: ignore[arg-type]
-    assert info.value.problems == ["fold.mode: merge is not available yet (use latest)"]
