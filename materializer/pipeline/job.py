@@ -30,6 +30,7 @@ from materializer.pipeline.fold import fold
 from materializer.pipeline.keys import assign_keys, bad, good
 from materializer.pipeline.progress import BatchLog
 from materializer.pipeline.source import read_source
+from materializer.pipeline.topics import ensure_dead_letter_topic
 from materializer.pipeline.transforms import apply_transforms
 from materializer.sinks.base import Batch, Sink
 from materializer.sinks.delta import DeltaSink
@@ -181,14 +182,17 @@ def start_map(
 def _start_dead_letters(
     config: AppConfig, map_name: str, failed: DataFrame, trigger: dict[str, str]
 ) -> StreamingQuery:
+    topic = dead_letter_topic(config, map_name)
+    max_record_bytes = ensure_dead_letter_topic(config, map_name, topic)
     writer = (
         dead_letters(failed)
         .writeStream.queryName(f"{map_name}.dead_letter")
         .format("kafka")
         .option("kafka.bootstrap.servers", config.kafka.bootstrap_servers)
-        .option("topic", dead_letter_topic(config, map_name))
+        .option("topic", topic)
         .option("kafka.enable.idempotence", "true")
         .option("kafka.acks", "all")
+        .option("kafka.max.request.size", str(max_record_bytes))
         .option("checkpointLocation", checkpoint_path(config, map_name, "dead_letter"))
         .trigger(**trigger)
     )

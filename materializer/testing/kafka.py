@@ -12,9 +12,10 @@ import shutil
 import socket
 import tempfile
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from confluent_kafka import KafkaError, Message
 from confluent_kafka.admin import AdminClient
@@ -161,12 +162,21 @@ class KafkaBroker:
         self.stop()
 
 
-def create_topic(bootstrap_servers: str, partitions: int = 1, name: str | None = None) -> str:
+def create_topic(
+    bootstrap_servers: str,
+    partitions: int = 1,
+    name: str | None = None,
+    config: Mapping[str, str] | None = None,
+) -> str:
     """Create a topic (uuid-named unless ``name`` is given) and wait until it exists."""
     topic = name or f"t-{uuid.uuid4().hex[:12]}"
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     futures = admin.create_topics(
-        [NewTopic(topic, num_partitions=partitions, replication_factor=1)]
+        [
+            NewTopic(
+                topic, num_partitions=partitions, replication_factor=1, config=dict(config or {})
+            )
+        ]
     )
     futures[topic].result(30)
     return topic
@@ -176,15 +186,23 @@ Record = tuple[bytes | None, bytes | None]
 
 
 def produce(
-    bootstrap_servers: str, topic: str, records: Iterable[Record], partition: int | None = None
+    bootstrap_servers: str,
+    topic: str,
+    records: Iterable[Record],
+    partition: int | None = None,
+    settings: Mapping[str, Any] | None = None,
 ) -> list[tuple[int, int]]:
-    """Produce ``(key, value)`` records in order, idempotently; (partition, offset) of each."""
+    """Produce ``(key, value)`` records in order, idempotently; (partition, offset) of each.
+
+    ``settings`` adds producer properties (``message.max.bytes`` for big records, say).
+    """
     producer = Producer(
         {
             "bootstrap.servers": bootstrap_servers,
             "enable.idempotence": True,
             "linger.ms": 5,
             "compression.type": "lz4",
+            **(settings or {}),
         }
     )
     positions: list[tuple[int, int] | None] = []

@@ -1,0 +1,467 @@
+"""What the benchmarks share: services, the event generator, baselines and probes.
+
+Every benchmark produces the same ~200-byte JSON user events, measures its
+baseline (Spark's batch ``kafka`` read of the same topic) in the same run and
+prints one JSON object per line.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import functools
+import os
+import queue
+import random
+import statistics
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import redis
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
+
+from materializer.config import AppConfig, parse_config
+from materializer.layout import RESERVED_KEYS, entity_key
+from materializer.pipeline import job
+from materializer.sinks.delta import DeltaSink
+from materializer.sinks.redis import RedisSink
+from materializer.testing import KafkaBroker, RedisServer, create_topic
+
+PARTITIONS = 4
+SCHEMA = (
+    "id STRING, name STRING, email STRING, city STRING, age INT, score DOUBLE, "
+    "plan STRING, device STRING, country STRING, updated_at BIGINT, seq BIGINT"
+)
+CITIES = ["Lisbon", "Oslo", "Kyoto", "Austin", "Lagos", "Lima", "Pune", "Graz"]
+COUNTRIES = ["PT", "NO", "JP", "US", "NG", "PE", "IN", "AT"]
+
+
+def emit(**fields: Any) -> None:
+    print(orjson.dumps(fields).decode(), flush=True)
+
+
+def event(seq: int, key_index: int, rng: random.Random) -> tuple[bytes, bytes]:
+    """One ~200-byte JSON event; its Kafka key is its ``id``."""
+    uid = f"user-{key_index:06d}"
+    doc = {
+        "id": uid,
+        "name": f"Name {seq % 9973}",
+        "email": f"{uid}@example.org",
+        "city": CITIES[seq % len(CITIES)],
+        "age": 18 + seq % 60,
+        "score": round(rng.random() * 1000, 3),
+        "plan": "pro" if seq % 3 else "free",
+        "device": ("ios", "android", "web")[seq % 3] + f"-{rng.randrange(10**6):06d}",
+        "country": COUNTRIES[seq % len(COUNTRIES)],
+        "updated_at": 1_700_000_000_000 + seq,
+        "seq": seq,
+    }
+    return uid.encode(), orjson.dumps(doc)
+
+
+def key_order(n: int, keys: int, rng: random.Random) -> Iterator[int]:
+    """N key indexes: shuffled passes over all K keys, so exactly min(N, K) distinct keys."""
+    indexes = list(range(keys))
+    emitted = 0
+    while emitted < n:
+        rng.shuffle(indexes)
+        yield from indexes[: n - emitted]
+        emitted += min(keys, n - emitted)
+
+
+def bulk_producer(bootstrap: str) -> Producer:
+    return Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 50,
+            "batch.size": 4 * 1024 * 1024,
+            "batch.num.messages": 100_000,
+            "compression.type": "lz4",
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 1024 * 1024,
+            "enable.idempotence": True,
+        }
+    )
+
+
+def produce_bulk(bootstrap: str, topic: str, n: int, keys: int) -> dict[str, Any]:
+    rng = random.Random(42)
+    prod = bulk_producer(bootstrap)
+    errors: list[str] = []
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(str(err))
+
+    started = time.perf_counter()
+    size = 0
+    for seq, key_index in enumerate(key_order(n, keys, rng)):
+        key, value = event(seq, key_index, rng)
+        size += len(value)
+        while True:
+            try:
+                prod.produce(topic, value=value, key=key, on_delivery=delivered)
+                break
+            except BufferError:
+                prod.poll(0.05)
+        if seq % 5_000 == 0:
+            prod.poll(0)
+    remaining = prod.flush(120)
+    seconds = time.perf_counter() - started
+    if errors or remaining:
+        raise RuntimeError(f"produce failed: {errors[:3]} ({remaining} undelivered)")
+    return {
+        "events": n,
+        "distinct_keys": min(n, keys),
+        "seconds": round(seconds, 2),
+        "events_per_s": round(n / seconds),
+        "avg_value_bytes": round(size / n),
+        "mb_per_s": round(size / seconds / 1e6, 1),
+    }
+
+
+def spark_read_count(
+    spark: Any, bootstrap: str, topic: str, ending: str = "latest"
+) -> tuple[float, int]:
+    """Seconds for a batch read of the topic and ``count()``; checks the count when whole."""
+    started = time.perf_counter()
+    count = (
+        spark.read.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", ending)
+        .load()
+        .count()
+    )
+    return time.perf_counter() - started, count
+
+
+def confluent_consume(bootstrap: str, topic: str, n: int) -> float:
+    """Seconds to consume N records from the beginning of every partition (no group join)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{time.time_ns()}",
+            "enable.auto.commit": False,
+            "fetch.max.bytes": 64 * 1024 * 1024,
+            "max.partition.fetch.bytes": 16 * 1024 * 1024,
+            "fetch.wait.max.ms": 100,
+            "queued.min.messages": 500_000,
+            "queued.max.messages.kbytes": 512 * 1024,
+        }
+    )
+    seen = 0
+    try:
+        started = time.perf_counter()
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
+        while seen < n:
+            msgs = consumer.consume(num_messages=10_000, timeout=1.0)
+            for m in msgs:
+                if m.error() is None:
+                    seen += 1
+                else:
+                    raise RuntimeError(str(m.error()))
+        return time.perf_counter() - started
+    finally:
+        consumer.close()
+
+
+def map_config(
+    bootstrap: str,
+    redis_url: str,
+    work: Path,
+    master: str,
+    topic: str,
+    name: str,
+    fold: dict[str, Any] | None = None,
+) -> AppConfig:
+    """One map over the benchmark topic; ``fold`` defaults to ``latest``."""
+    return parse_config(
+        {
+            "kafka": {"bootstrap_servers": bootstrap},
+            "redis": {"url": redis_url},
+            "delta": {"root": str(work / "warehouse")},
+            "spark": {
+                "master": master,
+                "checkpoint_root": str(work / "checkpoints"),
+                "trigger_interval": "0 seconds",
+                "shuffle_partitions": 4,
+                "conf": {"spark.sql.streaming.numRecentProgressUpdates": "10000"},
+            },
+            "maps": {
+                name: {
+                    "source": {"topics": [topic], "format": "json", "schema": SCHEMA},
+                    "key": "id",
+                    "fold": fold or {"mode": "latest"},
+                }
+            },
+        }
+    )
+
+
+# --- per-batch timing of the projector and its sinks (benchmark-side instrumentation) ---
+
+TIMINGS: dict[tuple[str, int], dict[str, float]] = collections.defaultdict(dict)
+
+
+def timed(cls: type, attr: str, label: str, map_of: Callable[[Any, Any], str]) -> None:
+    original = getattr(cls, attr)
+
+    @functools.wraps(original)
+    def wrapper(self: Any, *args: Any) -> Any:
+        started = time.perf_counter()
+        try:
+            return original(self, *args)
+        finally:
+            batch_id = args[0].batch_id if label != "projector" else args[1]
+            TIMINGS[(map_of(self, args), batch_id)][label] = time.perf_counter() - started
+
+    setattr(cls, attr, wrapper)
+
+
+def instrument() -> None:
+    timed(job.Projector, "__call__", "projector", lambda p, _a: p.map_name)
+    timed(RedisSink, "write", "redis", lambda s, _a: s.map_name)
+    timed(DeltaSink, "write", "delta", lambda s, _a: s.path.rsplit("/", 1)[-1])
+
+
+def batch_profile(map_name: str, query: Any) -> dict[str, Any]:
+    """Where the fold query's batches spent their time, summed over its batches (seconds)."""
+    progress = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
+    totals: dict[str, float] = collections.Counter()
+    per_batch: list[float] = []
+    for p in progress:
+        d = p["durationMs"]
+        per_batch.append(d.get("triggerExecution", 0) / 1000)
+        for k in ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets"):
+            totals[k] += d.get(k, 0) / 1000
+        t = TIMINGS.get((map_name, p["batchId"]), {})
+        totals["fold_and_count"] += t.get("projector", 0) - t.get("redis", 0) - t.get("delta", 0)
+        totals["redis_sink"] += t.get("redis", 0)
+        totals["delta_merge"] += t.get("delta", 0)
+    out: dict[str, Any] = {
+        "batches": len(progress),
+        "rows_in": sum(p["numInputRows"] for p in progress),
+        "rows_out_per_batch_mean": round(
+            statistics.mean(p["stateOperators"][0]["numRowsUpdated"] for p in progress), 1
+        )
+        if progress and progress[0].get("stateOperators")
+        else None,
+        "batch_s_p50": round(statistics.median(per_batch), 2) if per_batch else None,
+        "batch_s_max": round(max(per_batch), 2) if per_batch else None,
+        "sum_trigger_s": round(sum(per_batch), 2),
+    }
+    out.update({f"sum_{k}_s": round(v, 2) for k, v in totals.items()})
+    return out
+
+
+# --- freshness ---
+
+
+class Follower:
+    """Follows sampled events until Redis shows them: ``seq`` at least theirs under their key.
+
+    Oldest first: while the oldest sample is not visible, one GET every 5 ms;
+    once it is, the waiting samples are checked in chunks of 256 until one is not.
+    """
+
+    def __init__(self, redis_url: str, map_name: str) -> None:
+        self.client = redis.Redis.from_url(redis_url)
+        self.map_name = map_name
+        self.samples: queue.SimpleQueue[tuple[bytes, int, float]] = queue.SimpleQueue()
+        self.waiting: collections.deque[tuple[bytes, int, float]] = collections.deque()
+        self.latencies: list[float] = []
+        self.producing = True
+        self.deadline = float("inf")
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _visible(self, items: list[tuple[bytes, int, float]]) -> list[bool]:
+        raw = self.client.mget([entity_key(self.map_name, k.decode()) for k, _, _ in items])
+        return [
+            r is not None and orjson.loads(r)["seq"] >= seq
+            for r, (_, seq, _) in zip(raw, items, strict=True)
+        ]
+
+    def _drain_queue(self) -> None:
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self.waiting.append(self.samples.get_nowait())
+
+    def _run(self) -> None:
+        while time.perf_counter() < self.deadline:
+            self._drain_queue()
+            if not self.waiting:
+                if not self.producing:
+                    return
+                time.sleep(0.005)
+                continue
+            if not self._visible([self.waiting[0]])[0]:
+                time.sleep(0.005)
+                continue
+            while self.waiting:
+                chunk = [self.waiting.popleft() for _ in range(min(256, len(self.waiting)))]
+                seen = self._visible(chunk)
+                now = time.perf_counter()
+                for (_, _, sent), ok in zip(chunk, seen, strict=True):
+                    if ok:
+                        self.latencies.append(now - sent)
+                late = [item for item, ok in zip(chunk, seen, strict=True) if not ok]
+                if late:
+                    self.waiting.extendleft(reversed(late))
+                    break
+
+    def finish(self, drain_seconds: float) -> int:
+        """Stop after everything is seen or ``drain_seconds``; how many were never seen."""
+        self.producing = False
+        self.deadline = time.perf_counter() + drain_seconds
+        self.thread.join(drain_seconds + 30)
+        self._drain_queue()
+        self.client.close()
+        return len(self.waiting)
+
+
+def freshness(
+    bootstrap: str,
+    redis_url: str,
+    spark: Any,
+    work: Path,
+    master: str,
+    rate: int,
+    seconds: float,
+    keys: int,
+    sample_every: int,
+    name: str = "fresh",
+    fold: dict[str, Any] | None = None,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Produce at ``rate`` into a live, caught-up map; produce-to-visible latencies.
+
+    The entity must carry the event's ``seq`` (for ``aggregate``, declare
+    ``last`` of ``seq``): a sample is visible once its key shows its seq or later.
+    """
+    topic = create_topic(bootstrap, PARTITIONS)
+    cfg = map_config(bootstrap, redis_url, work, master, topic, name, fold)
+    queries = job.start_map(spark, cfg, name)
+    try:
+        prod = Producer(
+            {
+                "bootstrap.servers": bootstrap,
+                "linger.ms": 5,
+                "compression.type": "lz4",
+                "enable.idempotence": True,
+            }
+        )
+        rng = random.Random(7)
+        # Warm up: the first batch of a new query carries its start-up cost (table creation).
+        for i in range(100):
+            k, v = event(0, i, rng)
+            prod.produce(topic, key=k, value=v)
+        prod.flush(10)
+        queries.process_all_available()
+
+        follower = Follower(redis_url, name)
+        follower.thread.start()
+        total = int(rate * seconds)
+        started = time.perf_counter()
+        sent = 0
+        while sent < total:
+            due = min(total, int(rate * (time.perf_counter() - started)))
+            while sent < due:
+                seq = sent + 1
+                k, v = event(seq, rng.randrange(keys), rng)
+                while True:
+                    try:
+                        prod.produce(topic, key=k, value=v)
+                        break
+                    except BufferError:
+                        prod.poll(0.01)
+                if seq % sample_every == 0:
+                    follower.samples.put((k, seq, time.perf_counter()))
+                sent += 1
+            prod.poll(0)
+            time.sleep(0.001)
+        sent_seconds = time.perf_counter() - started
+        prod.flush(30)
+        unresolved = follower.finish(drain_seconds=120)
+        # Redis is written before Delta in each batch: let the last MERGE finish, so the
+        # profile covers every batch and stopping interrupts nothing.
+        queries.process_all_available()
+        profile = batch_profile(name, queries.fold)
+    finally:
+        queries.stop()
+    ms = sorted(x * 1000 for x in follower.latencies)
+    q = statistics.quantiles(ms, n=100) if len(ms) >= 2 else [float("nan")] * 99
+    return {
+        "offered_events_per_s": rate,
+        "achieved_events_per_s": round(sent / sent_seconds),
+        "seconds": round(sent_seconds, 1),
+        "events": sent,
+        "sample_every": sample_every,
+        "samples": len(ms),
+        "unresolved": unresolved,
+        "p50_ms": round(q[49], 1),
+        "p90_ms": round(q[89], 1),
+        "p99_ms": round(q[98], 1),
+        "max_ms": round(ms[-1], 1) if ms else None,
+        "target_p99_ms": 1000,
+    }, profile
+
+
+def entities_in_redis(redis_url: str, map_name: str) -> int:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        reserved = sum(client.exists(f"{map_name}:{r}") for r in RESERVED_KEYS)
+        return int(client.dbsize()) - reserved
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def services() -> Iterator[tuple[str, str]]:
+    """(bootstrap servers, Redis URL): ``KAFKA_BOOTSTRAP_SERVERS`` / ``REDIS_URL`` or our own."""
+    with contextlib.ExitStack() as stack:
+        bootstrap = os.environ.get("KAFKA_BOOTSTRAP_SERVERS") or (
+            stack.enter_context(KafkaBroker(heap="1g")).bootstrap_servers
+        )
+        redis_url = os.environ.get("REDIS_URL") or stack.enter_context(RedisServer()).url
+        if os.environ.get("REDIS_URL"):
+            redis.Redis.from_url(redis_url).flushdb()  # entity counts need an empty db
+        yield bootstrap, redis_url
+
+
+def setup_line(master: str, events: int, keys: int) -> None:
+    emit(
+        name="setup",
+        python=sys.version.split()[0],
+        cpus=os.cpu_count(),
+        loadavg_1m=round(os.getloadavg()[0], 2),
+        master=master,
+        shuffle_partitions=4,
+        events=events,
+        keys=keys,
+        partitions=PARTITIONS,
+    )
+
+
+def baseline_read(spark: Any, bootstrap: str, topic: str, events: int) -> float:
+    """Events/s of Spark's batch ``kafka`` read + count: warm-up, then the faster of two runs."""
+    small = orjson.dumps({topic: {str(p): 1000 for p in range(PARTITIONS)}}).decode()
+    spark_read_count(spark, bootstrap, topic, small)
+    runs = [spark_read_count(spark, bootstrap, topic) for _ in range(2)]
+    for _, count in runs:
+        if count != events:
+            raise RuntimeError(f"spark counted {count} records, expected {events}")
+    seconds = min(s for s, _ in runs)
+    emit(
+        name="a_spark_kafka_read_count",
+        units="s, events/s",
+        seconds=round(seconds, 2),
+        runs_s=[round(s, 2) for s, _ in runs],
+        events_per_s=round(events / seconds),
+    )
+    return events / seconds

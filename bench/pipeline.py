@@ -1,0 +1,176 @@
+"""Pipeline benchmark: each fold mode against the raw read of the same topic.
+
+All in one run, on one broker, one Redis and one Spark session:
+
+  produce     N JSON events (~200 bytes) over K keys into a 4-partition topic;
+  baseline    Spark's batch ``kafka`` read + ``count()`` of the topic;
+  fold_<mode> the whole topic through decode, the fold (``latest``, ``merge``,
+              ``aggregate``), Redis and Delta, until everything is materialized:
+              events/s and the ratio to the baseline;
+  freshness   ``merge`` and ``aggregate`` maps, live and caught up, fed at a
+              steady rate: produce-to-visible-in-Redis latency percentiles;
+  redis_memory  Redis bytes per entity (``MEMORY USAGE``) against the entity's
+              compact JSON, for each fold mode's map.
+
+    .venv/bin/python bench/pipeline.py [--events N] [--keys K] [--rate R] [--seconds S]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+from harness import (
+    PARTITIONS,
+    baseline_read,
+    batch_profile,
+    emit,
+    freshness,
+    instrument,
+    map_config,
+    produce_bulk,
+    services,
+    setup_line,
+)
+
+from materializer.layout import RESERVED_KEYS
+from materializer.pipeline import job
+from materializer.spark.session import build_spark_session
+from materializer.testing import create_topic
+
+AGGREGATES = {
+    "events": {"fn": "count"},
+    "score_total": {"fn": "sum", "field": "score"},
+    "youngest": {"fn": "min", "field": "age"},
+    "oldest": {"fn": "max", "field": "age"},
+    "first_plan": {"fn": "first", "field": "plan"},
+    "seq": {"fn": "last", "field": "seq"},
+}
+"""``last`` of ``seq`` lets the freshness probe see each event arrive."""
+
+FOLDS: dict[str, dict[str, Any]] = {
+    "latest": {"mode": "latest"},
+    "merge": {"mode": "merge"},
+    "aggregate": {"mode": "aggregate", "aggregates": AGGREGATES},
+}
+
+
+def entity_count(client: redis.Redis, map_name: str) -> int:
+    return sum(
+        1
+        for k in client.scan_iter(match=f"{map_name}:*", count=10_000)
+        if k.decode().split(":", 1)[1] not in RESERVED_KEYS
+    )
+
+
+def memory_per_entity(client: redis.Redis, map_name: str, samples: int) -> dict[str, Any]:
+    """Mean ``MEMORY USAGE`` of sampled entity keys against their JSON value length."""
+    rng = random.Random(5)
+    keys = []
+    for k in client.scan_iter(match=f"{map_name}:*", count=10_000):
+        if k.decode().split(":", 1)[1] not in RESERVED_KEYS:
+            keys.append(k)
+    picked = rng.sample(keys, min(samples, len(keys)))
+    pipe = client.pipeline(transaction=False)
+    for k in picked:
+        pipe.memory_usage(k, samples=0)
+        pipe.strlen(k)
+    answers = pipe.execute()
+    usage = answers[0::2]
+    json_bytes = answers[1::2]
+    mean_usage = sum(usage) / len(usage)
+    mean_json = sum(json_bytes) / len(json_bytes)
+    return {
+        "entities": len(keys),
+        "sampled": len(picked),
+        "redis_bytes_per_entity": round(mean_usage, 1),
+        "json_bytes_per_entity": round(mean_json, 1),
+        "overhead_ratio": round(mean_usage / mean_json, 3),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--rate", type=int, default=5_000, help="freshness: events/s offered")
+    parser.add_argument("--seconds", type=float, default=30, help="freshness: how long")
+    parser.add_argument("--sample-every", type=int, default=10, help="freshness: follow 1 in N")
+    parser.add_argument("--master", default="local[*]")
+    parser.add_argument("--modes", default="latest,merge,aggregate")
+    args = parser.parse_args()
+    modes = args.modes.split(",")
+
+    instrument()
+    work = Path(tempfile.mkdtemp(prefix="materializer-bench-"))
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, work, True)
+        bootstrap, redis_url = stack.enter_context(services())
+        client = redis.Redis.from_url(redis_url)
+        stack.callback(client.close)
+        setup_line(args.master, args.events, args.keys)
+
+        topic = create_topic(bootstrap, PARTITIONS)
+        emit(name="produce", **produce_bulk(bootstrap, topic, args.events, args.keys))
+        first = map_config(bootstrap, redis_url, work, args.master, topic, "bench_latest")
+        spark = build_spark_session(first.spark)
+        stack.callback(spark.stop)
+        a = baseline_read(spark, bootstrap, topic, args.events)
+
+        for mode in modes:
+            name = f"bench_{mode}"
+            cfg = map_config(bootstrap, redis_url, work, args.master, topic, name, FOLDS[mode])
+            started = time.perf_counter()
+            queries = job.start_map(spark, cfg, name)
+            try:
+                queries.process_all_available()
+                seconds = time.perf_counter() - started
+                profile = batch_profile(name, queries.fold)
+            finally:
+                queries.stop()
+            entities = entity_count(client, name)
+            expected = min(args.events, args.keys)
+            if entities != expected:
+                raise RuntimeError(f"{name}: {entities} entities in Redis, expected {expected}")
+            emit(
+                name=f"fold_{mode}",
+                units="s, events/s",
+                seconds=round(seconds, 2),
+                events_per_s=round(args.events / seconds),
+                ratio_to_spark_read=round(args.events / seconds / a, 3),
+                entities_in_redis=entities,
+            )
+            emit(name=f"fold_{mode}_batches", units="s (sums over batches)", **profile)
+            emit(name=f"redis_memory_{mode}", **memory_per_entity(client, name, 2_000))
+
+        for mode in ("merge", "aggregate"):
+            if mode not in modes:
+                continue
+            result, profile = freshness(
+                bootstrap,
+                redis_url,
+                spark,
+                work,
+                args.master,
+                args.rate,
+                args.seconds,
+                args.keys,
+                args.sample_every,
+                name=f"fresh_{mode}",
+                fold=FOLDS[mode],
+            )
+            emit(name=f"freshness_{mode}", units="events/s, ms", **result)
+            emit(name=f"freshness_{mode}_batches", units="s (sums over batches)", **profile)
+        emit(name="done", loadavg_1m=round(os.getloadavg()[0], 2))
+
+
+if __name__ == "__main__":
+    main()
