@@ -48,6 +48,9 @@ class DeltaConfig(_Model):
     """Where the Delta tables live: ``<root>/<map>``."""
 
     root: str = "./warehouse"
+    trigger_interval: str = "5 seconds"
+    """How often each map's table takes in the changelog: fewer, bigger MERGEs as it grows.
+    Lookups never wait for it; Redis is written by the fold itself."""
 
 
 class SparkConfig(_Model):
@@ -67,10 +70,12 @@ class SparkConfig(_Model):
 class SourceConfig(_Model):
     """The topics a map folds and how their values decode.
 
-    ``format`` picks the decoder: ``json`` (``schema`` as Spark SQL DDL),
+    ``format`` picks the decoder: ``json`` (``schema`` as Spark SQL DDL, or no
+    schema: fields inferred per micro-batch, new ones added as they appear),
     ``avro`` (``schema_file``, or ``schema_registry_url`` for Confluent's wire
     format), ``protobuf`` (``descriptor_file`` and ``message``, or
-    ``schema_registry_url``), or ``string`` (the value as one string field).
+    ``schema_registry_url`` with an optional ``message``), or ``string`` (the
+    value as one string field).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -79,7 +84,8 @@ class SourceConfig(_Model):
     starting_offsets: Literal["earliest", "latest"] = "earliest"
     format: Literal["json", "avro", "protobuf", "string"] = "json"
     schema_: Annotated[str | None, Field(alias="schema", min_length=1)] = None
-    """Spark SQL DDL of a JSON value, e.g. ``id STRING, name STRING, age INT``."""
+    """Spark SQL DDL of a JSON value, e.g. ``id STRING, name STRING, age INT``; without it
+    the fields are inferred from the values, one micro-batch at a time."""
     schema_file: str | None = None
     descriptor_file: str | None = None
     message: str | None = None
@@ -110,8 +116,6 @@ class SourceConfig(_Model):
         if extra:
             names = ", ".join(sorted(n.rstrip("_") for n in extra))
             raise ValueError(f"{names} does not apply to format {fmt}")
-        if fmt == "json" and self.schema_ is None:
-            raise ValueError("format json needs schema (Spark SQL DDL of the value)")
         if fmt == "avro" and len(given) != 1:
             raise ValueError("format avro needs exactly one of schema_file, schema_registry_url")
         if fmt == "protobuf" and not (
@@ -120,6 +124,13 @@ class SourceConfig(_Model):
             raise ValueError(
                 "format protobuf needs descriptor_file and message, or schema_registry_url"
             )
+        if fmt == "protobuf" and "schema_registry_url" in given and "descriptor_file" in given:
+            raise ValueError(
+                "format protobuf takes descriptor_file or schema_registry_url, not both"
+            )
+        url = self.schema_registry_url
+        if url is not None and not re.match(r"^https?://[^/\s]+", url):
+            raise ValueError("schema_registry_url must be an http:// or https:// URL")
         return self
 
 
@@ -296,6 +307,12 @@ class DeadLetterConfig(_Model):
     topic: Annotated[str, Field(min_length=1)]
 
 
+class ChangelogConfig(_Model):
+    """The compacted topic of entity changes that feeds the Delta table."""
+
+    topic: Annotated[str, Field(min_length=1)]
+
+
 class ChangesConfig(_Model):
     """The capped change stream ``<map>:__changes__``."""
 
@@ -312,6 +329,8 @@ class MapConfig(_Model):
     fold: FoldConfig = FoldConfig()
     on_error: Literal["dead_letter", "fail", "skip"] = "dead_letter"
     dead_letter: DeadLetterConfig | None = None
+    changelog: ChangelogConfig | None = None
+    """Defaults to ``<map>.changelog``."""
     history: bool = False
     """Also append every folded event to ``<root>/<map>__events``."""
     changes: ChangesConfig = ChangesConfig()

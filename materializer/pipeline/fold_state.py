@@ -68,18 +68,12 @@ from pyspark.sql.streaming.stateful_processor import StatefulProcessor, Stateful
 from materializer.config import FoldConfig
 from materializer.errors import ConfigError
 from materializer.pipeline import columns as c
+from materializer.sinks.encoding import JSON_OPTIONS
 
 if TYPE_CHECKING:
     import pandas as pd
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.streaming.stateful_processor import TimerValues
-
-JSON_OPTIONS = {
-    "timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX",
-    "timestampNTZFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSS",
-    "ignoreNullFields": "true",
-}
-"""``to_json`` / ``from_json`` options that round-trip every value (microseconds included)."""
 
 _PATCH = "__patch"
 _JSON = "__json"

@@ -4,7 +4,11 @@ Each map runs its own queries over its topics, each with its own checkpoint
 under ``<checkpoint_root>/<map>/``, so one map's failure leaves the others running:
 
 - ``fold``: decode, fold in the state store, and project every micro-batch into
-  Redis then Delta (exactly-once in effect: both writes are idempotent per batch);
+  Redis, then into the map's changelog topic (both idempotent per batch);
+- ``delta``: the changelog into the Delta table, one MERGE per trigger of
+  ``delta.trigger_interval`` (exactly once through Delta's transaction ids).
+  Lookups see a batch as soon as Redis has it; the table follows within a
+  trigger or so, without ever slowing the fold down;
 - ``dead_letter`` (with ``on_error: dead_letter``): the records that cannot be
   folded, to the dead-letter topic. With ``skip`` they are dropped; with
   ``fail`` the fold query itself fails at the first one;
@@ -27,18 +31,22 @@ from materializer.pipeline.crash import CrashDrill
 from materializer.pipeline.dead_letter import dead_letters, fail_on_error
 from materializer.pipeline.decode import decode
 from materializer.pipeline.fold import fold
+from materializer.pipeline.formats.batch_typing import changelog_entity, typed_batches
+from materializer.pipeline.formats.json_inferred import is_inferred
 from materializer.pipeline.keys import assign_keys, bad, good
 from materializer.pipeline.progress import BatchLog
-from materializer.pipeline.source import read_source
-from materializer.pipeline.topics import ensure_dead_letter_topic
+from materializer.pipeline.source import kafka_options, read_source
+from materializer.pipeline.topics import ensure_changelog_topic, ensure_dead_letter_topic
 from materializer.pipeline.transforms import apply_transforms
 from materializer.sinks.base import Batch, Sink
+from materializer.sinks.changelog import ChangelogSink
 from materializer.sinks.delta import DeltaSink
 from materializer.sinks.redis import RedisSink
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +55,12 @@ def dead_letter_topic(config: AppConfig, map_name: str) -> str:
     """The configured dead-letter topic, or ``<map>.dlq``."""
     dead_letter = config.map(map_name).dead_letter
     return dead_letter.topic if dead_letter else f"{map_name}.dlq"
+
+
+def changelog_topic(config: AppConfig, map_name: str) -> str:
+    """The configured changelog topic, or ``<map>.changelog``."""
+    changelog = config.map(map_name).changelog
+    return changelog.topic if changelog else f"{map_name}.changelog"
 
 
 def table_path(config: AppConfig, map_name: str) -> str:
@@ -68,10 +82,14 @@ class Projector:
         sinks: list[Sink],
         checkpoint: Checkpoint,
         on_rows_out: Callable[[str, int, int], None] | None = None,
+        query: str = "fold",
+        prepare: Callable[[DataFrame], DataFrame] | None = None,
     ) -> None:
         self.map_name = map_name
         self.sinks = sinks
         self.checkpoint = checkpoint
+        self.query = query
+        self._prepare = prepare
         self._on_rows_out = on_rows_out
         self._app_id: str | None = None
         self._drill = CrashDrill()
@@ -85,6 +103,8 @@ class Projector:
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
         """Project one batch into every sink, in order."""
         started = time.monotonic()
+        if self._prepare is not None:
+            rows = self._prepare(rows)
         # The batch is read by each sink; caching it computes the fold once.
         rows.persist()
         try:
@@ -97,10 +117,11 @@ class Projector:
         finally:
             rows.unpersist()
         if self._on_rows_out is not None:
-            self._on_rows_out(f"{self.map_name}.fold", batch_id, count)
+            self._on_rows_out(f"{self.map_name}.{self.query}", batch_id, count)
         log.debug(
-            "map=%s batch=%d rows_out=%d projected_ms=%d",
+            "query=%s.%s batch=%d rows_out=%d projected_ms=%d",
             self.map_name,
+            self.query,
             batch_id,
             count,
             (time.monotonic() - started) * 1000,
@@ -109,7 +130,10 @@ class Projector:
 
 @dataclass
 class MapQueries:
-    """The running queries of one map: the fold, then its side queries (dead letters, history)."""
+    """The running queries of one map: the fold, then its side queries (Delta, dead letters...).
+
+    The Delta query comes first among them: it takes what the fold wrote.
+    """
 
     name: str
     fold: StreamingQuery
@@ -144,39 +168,113 @@ def start_map(
     map_name: str,
     batch_log: BatchLog | None = None,
 ) -> MapQueries:
-    """Start the fold query (and the dead-letter query) of one map."""
+    """Start the fold query of one map and its side queries."""
+    from pyspark.sql.types import StructType
+
     map_config = config.map(map_name)
     keyed = records(spark, config, map_name)
     trigger = {"processingTime": config.spark.trigger_interval}
 
     fold_checkpoint = checkpoint_path(config, map_name, "fold")
     checkpoint = Checkpoint(spark, fold_checkpoint)
-    # Redis first: lookups see a batch as soon as possible, while the slower Delta
-    # MERGE follows. Both are idempotent per batch, so a crash between them is
-    # repaired by the replay of the batch.
+    changelog = changelog_topic(config, map_name)
+    max_record_bytes = ensure_changelog_topic(config, map_name, changelog)
+    # Redis first, so lookups see a batch as soon as possible. Both writes are
+    # idempotent per batch: a crash between them is repaired by the batch's replay.
     sinks: list[Sink] = [
         RedisSink(config.redis.url, map_name, checkpoint.end_offsets, map_config.changes.max_len),
-        DeltaSink(table_path(config, map_name)),
+        ChangelogSink(changelog, producer_options(config, max_record_bytes)),
     ]
     folding = fail_on_error(keyed) if map_config.on_error == "fail" else good(keyed)
+    folded = fold(folding, map_config.fold)
+    entity = folded.schema[c.ENTITY].dataType
+    if not isinstance(entity, StructType):
+        raise TypeError(f"the fold's entity must be a struct, got {entity.simpleString()}")
     fold_query = (
-        fold(folding, map_config.fold)
-        .writeStream.queryName(f"{map_name}.fold")
+        folded.writeStream.queryName(f"{map_name}.fold")
         .outputMode("update")
         .option("checkpointLocation", fold_checkpoint)
         .trigger(**trigger)
         .foreachBatch(
-            Projector(map_name, sinks, checkpoint, batch_log.rows_out if batch_log else None)
+            typed_batches(
+                Projector(map_name, sinks, checkpoint, batch_log.rows_out if batch_log else None),
+                table_path(config, map_name),
+                is_inferred(map_config),
+            )
         )
         .start()
     )
-    side = []
+    side = [_start_delta(spark, config, map_name, entity, batch_log)]
     side_trigger = {"processingTime": config.spark.side_trigger_interval}
     if map_config.on_error == "dead_letter":
         side.append(_start_dead_letters(config, map_name, bad(keyed), side_trigger))
     if map_config.history:
         side.append(_start_history(config, map_name, good(keyed), side_trigger))
     return MapQueries(name=map_name, fold=fold_query, side=side)
+
+
+def producer_options(config: AppConfig, max_record_bytes: int) -> dict[str, str]:
+    """Spark ``kafka`` writer options (without the ``kafka.`` prefix) for a map's own topics."""
+    return {
+        "bootstrap.servers": config.kafka.bootstrap_servers,
+        "enable.idempotence": "true",
+        "acks": "all",
+        "max.request.size": str(max_record_bytes),
+        **config.kafka.properties,
+    }
+
+
+def last_per_key(changes: DataFrame) -> DataFrame:
+    """The last change of each key in a batch of changelog records (a key has one partition)."""
+    from pyspark.sql import functions as F
+
+    last = F.max_by(
+        F.struct(F.col(c.DELETED).alias(c.DELETED), F.col(c.ENTITY).alias(c.ENTITY)),
+        F.struct(F.col(c.PARTITION), F.col(c.OFFSET)),
+    )
+    return changes.groupBy(c.KEY).agg(last.alias("__last")).select(c.KEY, "__last.*")
+
+
+def _start_delta(
+    spark: SparkSession,
+    config: AppConfig,
+    map_name: str,
+    entity: StructType,
+    batch_log: BatchLog | None,
+) -> StreamingQuery:
+    """The changelog into the Delta table: MERGE per batch, ``txnVersion`` = this query's batch."""
+    from pyspark.sql import functions as F
+
+    inferred = is_inferred(config.map(map_name))
+    reader = spark.readStream.format("kafka")
+    for key, value in kafka_options(
+        config, [changelog_topic(config, map_name)], "earliest"
+    ).items():
+        reader = reader.option(key, value)
+    raw = reader.load()
+    changes = raw.select(
+        raw["key"].cast("string").alias(c.KEY),
+        raw["value"].isNull().alias(c.DELETED),
+        changelog_entity(raw["value"].cast("string"), entity, inferred).alias(c.ENTITY),
+        F.col("partition").alias(c.PARTITION),
+        F.col("offset").alias(c.OFFSET),
+    )
+    delta_checkpoint = checkpoint_path(config, map_name, "delta")
+    projector = Projector(
+        map_name,
+        [DeltaSink(table_path(config, map_name))],
+        Checkpoint(spark, delta_checkpoint),
+        batch_log.rows_out if batch_log else None,
+        query="delta",
+        prepare=last_per_key,
+    )
+    return (
+        changes.writeStream.queryName(f"{map_name}.delta")
+        .option("checkpointLocation", delta_checkpoint)
+        .trigger(processingTime=config.delta.trigger_interval)
+        .foreachBatch(typed_batches(projector, table_path(config, map_name), inferred))
+        .start()
+    )
 
 
 def _start_dead_letters(
@@ -188,15 +286,11 @@ def _start_dead_letters(
         dead_letters(failed)
         .writeStream.queryName(f"{map_name}.dead_letter")
         .format("kafka")
-        .option("kafka.bootstrap.servers", config.kafka.bootstrap_servers)
         .option("topic", topic)
-        .option("kafka.enable.idempotence", "true")
-        .option("kafka.acks", "all")
-        .option("kafka.max.request.size", str(max_record_bytes))
         .option("checkpointLocation", checkpoint_path(config, map_name, "dead_letter"))
         .trigger(**trigger)
     )
-    for key, value in config.kafka.properties.items():
+    for key, value in producer_options(config, max_record_bytes).items():
         writer = writer.option(f"kafka.{key}", value)
     return writer.start()
 

@@ -1,4 +1,4 @@
-"""Topics a map writes to, made ready before its queries start.
+"""Topics a map writes to (dead letters, changelog), made ready before its queries start.
 
 A dead-letter record is its source record plus a few headers, so the
 dead-letter topic must take records as big as the largest its source topics
@@ -10,6 +10,7 @@ topic with the sources' limit (plus room for the headers) loses nothing.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, KafkaException
@@ -58,11 +59,14 @@ def source_limits(admin: AdminClient, topics: list[str]) -> TopicLimits:
     return TopicLimits(partitions, largest)
 
 
-def ensure_dead_letter_topic(config: AppConfig, map_name: str, topic: str) -> int:
-    """Create the dead-letter topic if it is missing; the record size its producer must allow.
+def ensure_topic(
+    config: AppConfig, map_name: str, topic: str, key_path: str, settings: Mapping[str, str]
+) -> int:
+    """Create a topic the map writes if it is missing; the record size its producer must allow.
 
-    An existing topic is left as the operator made it; a warning says when it
-    takes smaller records than the sources do.
+    A new topic gets the sources' partition count and record limit (plus
+    header room) and ``settings``; an existing one is left as the operator
+    made it, with a warning when it takes smaller records than the sources do.
     """
     admin = _admin(config)
     sources = config.map(map_name).source.topics
@@ -77,11 +81,12 @@ def ensure_dead_letter_topic(config: AppConfig, map_name: str, topic: str) -> in
             have = int(entries[MAX_MESSAGE_BYTES].value)
             if have < needed:
                 log.warning(
-                    "map %s: dead-letter topic %s takes records up to %d bytes, its sources "
-                    "up to %d: bigger poison records would stop the dead-letter query",
-                    map_name,
+                    "%s: topic %s takes records up to %d bytes, the sources of map %s "
+                    "up to %d: bigger records would stop the query writing it",
+                    key_path,
                     topic,
                     have,
+                    map_name,
                     limits.max_message_bytes,
                 )
             return max(have, needed)
@@ -89,16 +94,25 @@ def ensure_dead_letter_topic(config: AppConfig, map_name: str, topic: str) -> in
             topic,
             num_partitions=limits.partitions,
             replication_factor=-1,  # the broker's default.replication.factor
-            config={MAX_MESSAGE_BYTES: str(needed)},
+            config={MAX_MESSAGE_BYTES: str(needed), **settings},
         )
         try:
             admin.create_topics([new])[topic].result(TIMEOUT_S)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                 raise
-        log.info("map %s: created dead-letter topic %s", map_name, topic)
+        log.info("%s: created topic %s", key_path, topic)
         return needed
     except KafkaException as exc:
-        raise SetupError(
-            f"maps.{map_name}.dead_letter.topic: cannot prepare {topic}: {exc.args[0].str()}"
-        ) from None
+        raise SetupError(f"{key_path}: cannot prepare topic {topic}: {exc.args[0].str()}") from None
+
+
+def ensure_dead_letter_topic(config: AppConfig, map_name: str, topic: str) -> int:
+    """The dead-letter topic, ready for the biggest poison record; its record limit."""
+    return ensure_topic(config, map_name, topic, f"maps.{map_name}.dead_letter.topic", {})
+
+
+def ensure_changelog_topic(config: AppConfig, map_name: str, topic: str) -> int:
+    """The compacted changelog topic: the latest record per entity is kept for good."""
+    settings = {"cleanup.policy": "compact"}
+    return ensure_topic(config, map_name, topic, f"maps.{map_name}.changelog.topic", settings)

@@ -18,6 +18,7 @@ import redis
 from materializer.layout import Watermark, change_entry, changes_key, entity_key, meta_key
 from materializer.pipeline import columns as c
 from materializer.sinks.base import Batch, Sink
+from materializer.sinks.encoding import entity_json
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -72,9 +73,7 @@ class RedisSink(Sink):
 
     def write(self, batch: Batch) -> None:
         """Write the batch's entities, then its watermark and change entries together."""
-        from pyspark.sql import functions as F
-
-        rows = batch.rows.select(c.KEY, c.DELETED, F.to_json(c.ENTITY))
+        rows = batch.rows.select(c.KEY, c.DELETED, entity_json(batch.rows[c.ENTITY]))
         rows.foreachPartition(functools.partial(write_partition, self.url, self.map_name))
         watermark = Watermark(
             batch_id=batch.batch_id,

@@ -24,7 +24,7 @@ def slice_config(
     return {
         "kafka": {"bootstrap_servers": kafka},
         "redis": {"url": redis_url},
-        "delta": {"root": str(tmp / "warehouse")},
+        "delta": {"root": str(tmp / "warehouse"), "trigger_interval": "500 milliseconds"},
         "spark": {
             "master": "local[2]",
             "checkpoint_root": str(tmp / "checkpoints"),
@@ -90,3 +90,29 @@ def end_offsets(positions: list[tuple[int, int]]) -> dict[int, int]:
     for partition, offset in positions:
         ends[partition] = max(ends.get(partition, 0), offset + 1)
     return ends
+
+
+def read_topic(bootstrap: str, topic: str) -> list[Any]:
+    """Every record of a topic, from the beginning to its end now."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{topic}"})
+    out = []
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        for p in partitions:
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if high <= low:
+                continue
+            consumer.assign([TopicPartition(topic, p, low)])
+            while True:
+                msg = consumer.poll(5.0)
+                if msg is None:
+                    raise AssertionError(f"{topic}/{p} ended before offset {high}")
+                if msg.error() is None:
+                    out.append(msg)
+                    if msg.offset() >= high - 1:
+                        break
+    finally:
+        consumer.close()
+    return out

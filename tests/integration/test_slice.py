@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import random
 from pathlib import Path
+from typing import Any
 
 import grpc
 import orjson
@@ -16,13 +17,20 @@ from slice_helpers import (
     delta_map_rs,
     delta_map_spark,
     end_offsets,
+    read_topic,
     redis_map,
     slice_config,
     watermark,
 )
 
 from materializer.layout import changes_key
-from materializer.pipeline.job import dead_letter_topic, history_path, start_map, table_path
+from materializer.pipeline.job import (
+    changelog_topic,
+    dead_letter_topic,
+    history_path,
+    start_map,
+    table_path,
+)
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from materializer.v1 import map_service_pb2 as pb
@@ -91,6 +99,14 @@ def test_slice_matches_reference_in_redis_and_delta(
     last_op = {e["key"]: e["op"] for e in entries}
     assert {k for k, op in last_op.items() if op == "upsert"} == set(reference)
     assert int(entries[-1]["batch_id"]) == mark.batch_id
+
+    # The changelog topic holds every batch's changes: its last record per key is the map.
+    last: dict[str, Any] = {}
+    for msg in read_topic(kafka_bootstrap, changelog_topic(cfg, "slice")):
+        last[msg.key().decode()] = None if msg.value() is None else orjson.loads(msg.value())
+        assert dict(msg.headers())["x-batch-id"].isdigit()
+    assert {k: v for k, v in last.items() if v is not None} == reference
+    assert last["u1"] is None and last["u2"] is None
 
     # The query service serves what the pipeline wrote, through a real channel.
     some_key = sorted(reference)[0]
@@ -214,7 +230,8 @@ def test_skip_policy_and_event_history(
     queries = start_map(spark, cfg, "hist")
     try:
         queries.process_all_available()
-        assert len(queries.queries) == 2  # the fold and the history, no dead-letter query
+        names = [q.name for q in queries.queries]
+        assert names == ["hist.fold", "hist.delta", "hist.history"]  # no dead-letter query
     finally:
         queries.stop()
 
