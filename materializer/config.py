@@ -285,7 +285,7 @@ class FoldConfig(_Model):
 
     mode: Literal["latest", "merge", "aggregate"] = "latest"
     event_time: str | None = None
-    """``latest`` only: order by this field, the offset breaking ties."""
+    """``latest`` and ``merge``: order events by this field, the offset breaking ties."""
     aggregates: dict[str, AggregateSpec] = Field(default_factory=dict)
     delete_when: str | None = None
     """A Spark SQL condition on an event that deletes the entity."""
@@ -296,7 +296,7 @@ class FoldConfig(_Model):
             raise ValueError("mode aggregate needs aggregates")
         if self.mode != "aggregate" and self.aggregates:
             raise ValueError(f"aggregates do not apply to mode {self.mode}")
-        if self.mode != "latest" and self.event_time is not None:
+        if self.mode == "aggregate" and self.event_time is not None:
             raise ValueError(f"event_time does not apply to mode {self.mode}")
         return self
 

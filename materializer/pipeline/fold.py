@@ -55,7 +55,9 @@ def fold(records: DataFrame, config: FoldConfig) -> DataFrame:
     from materializer.pipeline import fold_state
 
     if config.mode == "merge":
-        return fold_state.fold_merge(records, config)
+        from materializer.pipeline.fold_merge import fold_merge
+
+        return fold_merge(records, config)
     if config.mode == "aggregate":
         return fold_state.fold_aggregate(records, config)
     raise ConfigError("", [f"fold.mode: unknown mode {config.mode!r}"])

@@ -126,3 +126,45 @@ def test_latest_by_event_time_across_topics(
                 latest[event["id"]] = event
     assert redis_map(redis_client, "seen") == latest
     assert delta_map_rs(Path(table_path(cfg, "seen"))) == latest
+
+
+def test_merge_by_event_time_applies_late_patches_underneath(
+    spark, kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
+):
+    topic = new_topic(2)
+    doc = slice_config(
+        tmp_path,
+        kafka_bootstrap,
+        redis_url,
+        topic,
+        map_name="late",
+        fold={"mode": "merge", "event_time": "ts"},
+    )
+    doc["maps"]["late"]["source"]["schema"] = SCHEMA
+    cfg = config(doc)
+    rng = random.Random(3)
+    stamps = rng.sample(range(1_000_000), 300)  # arrival order is not event-time order
+    records = []
+    for i, ts in enumerate(stamps):
+        uid = f"u{rng.randrange(25)}"
+        value: dict[str, Any] = {"id": uid, "ts": ts}
+        if rng.random() < 0.6:
+            value["name"] = f"n{i}"
+        if rng.random() < 0.3:
+            value["email"] = None if rng.random() < 0.3 else f"e{i}@example.com"
+        records.append((uid.encode(), orjson.dumps(value)))
+    half = len(records) // 2
+    queries = start_map(spark, cfg, "late")
+    try:
+        produce(kafka_bootstrap, topic, records[:half])
+        queries.process_all_available()
+        produce(kafka_bootstrap, topic, records[half:])
+        queries.process_all_available()
+    finally:
+        queries.stop()
+
+    # The reference folds in event-time order: (ts, arrival) stands in for (partition, offset).
+    by_time = [(orjson.loads(v)["ts"], i, k, v) for i, (k, v) in enumerate(records)]
+    expected = fold_merge(by_time, "id")
+    assert redis_map(redis_client, "late") == expected
+    assert delta_map_rs(Path(table_path(cfg, "late"))) == expected
