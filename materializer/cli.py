@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from materializer.config import AppConfig, load_config
-from materializer.errors import MaterializerError
+from materializer.errors import ConfigError, MaterializerError
 
 app = typer.Typer(help="Fold Kafka topics into Delta tables and Redis maps.", no_args_is_help=True)
 err = Console(stderr=True)
@@ -34,6 +34,20 @@ def _load(path: Path) -> AppConfig:
 def validate(config: ConfigOption) -> None:
     """Check a configuration file; every problem is printed with its key path."""
     cfg = _load(config)
+    # Checks that need more than one key at a time, as `run` makes them when a map starts.
+    from materializer.pipeline.formats.json_inferred import inferred_problems, is_inferred
+
+    problems = [
+        f"maps.{name}.{problem}"
+        for name, map_config in cfg.maps.items()
+        if is_inferred(map_config)
+        for problem in inferred_problems(map_config)
+    ]
+    if problems:
+        err.print(
+            f"[red]{ConfigError(str(config), problems)}[/red]", highlight=False, soft_wrap=True
+        )
+        raise typer.Exit(2)
     typer.echo(f"{config}: ok ({len(cfg.maps)} map{'s' if len(cfg.maps) != 1 else ''})")
 
 

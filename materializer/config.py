@@ -71,7 +71,8 @@ class SourceConfig(_Model):
     """The topics a map folds and how their values decode.
 
     ``format`` picks the decoder: ``json`` (``schema`` as Spark SQL DDL, or no
-    schema: fields inferred per micro-batch, new ones added as they appear),
+    schema: fields inferred per micro-batch, new ones added as they appear;
+    ``latest`` fold only, no transforms),
     ``avro`` (``schema_file``, or ``schema_registry_url`` for Confluent's wire
     format), ``protobuf`` (``descriptor_file`` and ``message``, or
     ``schema_registry_url`` with an optional ``message``), or ``string`` (the
@@ -379,8 +380,8 @@ def _key_path(loc: tuple[int | str, ...]) -> str:
     for i, part in enumerate(loc):
         if i and isinstance(loc[i - 1], int) and part in TRANSFORM_TYPES:
             continue
-        parts.append(str(part))
-    return ".".join(parts).replace("schema_", "schema")
+        parts.append("schema" if part == "schema_" else str(part))
+    return ".".join(parts)
 
 
 def _message(error: Any) -> str:

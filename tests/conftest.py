@@ -1,6 +1,8 @@
-"""Session-wide real services: one Kafka broker, one redis-server, one SparkSession.
+"""Session-wide real services: one Kafka broker, one redis-server, one SparkSession,
+one schema registry.
 
-Set KAFKA_BOOTSTRAP_SERVERS or REDIS_URL to use running services instead.
+Set KAFKA_BOOTSTRAP_SERVERS, REDIS_URL or SCHEMA_REGISTRY_URL to use running
+services instead.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import redis
 
 from materializer.config import SparkConfig
 from materializer.testing import KafkaBroker, RedisServer, create_topic
+from materializer.testing.schema_registry import SchemaRegistry
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -38,6 +41,16 @@ def redis_url() -> Iterator[str]:
         return
     with RedisServer() as server:
         yield server.url
+
+
+@pytest.fixture(scope="session")
+def schema_registry_url() -> Iterator[str]:
+    existing = os.environ.get("SCHEMA_REGISTRY_URL")
+    if existing:
+        yield existing
+        return
+    with SchemaRegistry() as registry:
+        yield registry.url
 
 
 @pytest.fixture()

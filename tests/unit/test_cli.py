@@ -26,8 +26,19 @@ def test_validate_names_each_bad_key_and_exits_non_zero(tmp_path: Path):
     )
     result = runner.invoke(app, ["validate", "-c", str(bad)])
     assert result.exit_code == 2
-    assert "maps.users.source: format json needs schema" in result.output
-    assert "maps.users.fold.mode" in result.output
+    assert "maps.users.fold.mode: must be one of latest, merge, aggregate" in result.output
+
+
+def test_validate_refuses_what_schemaless_json_cannot_do(tmp_path: Path):
+    bad = tmp_path / "maps.yaml"
+    bad.write_text(
+        "maps:\n  users:\n    source: {topics: [user-events]}\n    key: id\n"
+        "    transforms: [{type: drop, fields: [ssn]}]\n    fold: {mode: merge}\n"
+    )
+    result = runner.invoke(app, ["validate", "-c", str(bad)])
+    assert result.exit_code == 2
+    assert "maps.users.transforms: needs source.schema" in result.output
+    assert "maps.users.fold.mode: merge needs source.schema" in result.output
 
 
 def test_run_rejects_an_unknown_map_before_starting_spark(tmp_path: Path):

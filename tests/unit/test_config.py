@@ -62,7 +62,9 @@ def test_format_options_are_checked_per_format():
             parse_config({"maps": {"m": {"source": {"topics": ["t"], **source}, "key": "id"}}})
         return info.value.problems
 
-    assert problems({}) == ["maps.m.source: format json needs schema (Spark SQL DDL of the value)"]
+    # json without a schema is valid: its fields are inferred per micro-batch.
+    inferred = parse_config({"maps": {"m": {"source": {"topics": ["t"]}, "key": "id"}}})
+    assert inferred.maps["m"].source.schema_ is None
     assert problems({"format": "avro"}) == [
         "maps.m.source: format avro needs exactly one of schema_file, schema_registry_url"
     ]

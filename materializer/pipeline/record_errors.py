@@ -1,0 +1,40 @@
+"""The two error columns every stage may set, first failure wins.
+
+A record that fails a stage keeps flowing with ``__error_stage`` and
+``__error_message`` set; later stages leave it alone, and the map's error
+policy (dead letter, skip, fail) decides where it ends up.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from materializer.pipeline import columns as c
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+
+def with_error(df: DataFrame, stage: str, failed: Column, message: Column) -> DataFrame:
+    """Mark records where ``failed`` holds, unless an earlier stage already marked them."""
+    from pyspark.sql import functions as F
+
+    first = F.col(c.ERROR_STAGE).isNull() & F.coalesce(failed, F.lit(False))
+    return df.withColumns(
+        {
+            c.ERROR_STAGE: F.when(first, F.lit(stage)).otherwise(F.col(c.ERROR_STAGE)),
+            c.ERROR_MESSAGE: F.when(first, message).otherwise(F.col(c.ERROR_MESSAGE)),
+        }
+    )
+
+
+def without_errors(raw: DataFrame) -> DataFrame:
+    """Raw records with both error columns present and null."""
+    from pyspark.sql import functions as F
+
+    return raw.withColumns(
+        {
+            c.ERROR_STAGE: F.lit(None).cast("string"),
+            c.ERROR_MESSAGE: F.lit(None).cast("string"),
+        }
+    )

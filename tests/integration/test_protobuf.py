@@ -1,0 +1,258 @@
+"""Protobuf values end to end: from a descriptor set file, and in Confluent's wire format."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import grpc_tools
+import orjson
+import pytest
+from format_helpers import format_config, letters_of, stores
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from materializer.pipeline.job import start_map
+from materializer.testing import produce
+from materializer.testing.reference import fold_latest
+from materializer.testing.schema_registry import register, serialized_descriptor, wire_value
+
+pytestmark = pytest.mark.integration
+
+ORDER_V1 = """
+syntax = "proto3";
+package shop.v1;
+
+enum Status { STATUS_UNKNOWN = 0; PAID = 1; SHIPPED = 2; }
+message Customer { string name = 1; Status tier = 2; }
+message Order {
+  string id = 1;
+  int64 total = 2;
+  optional int32 qty = 3;
+  Status status = 4;
+  repeated string tags = 5;
+  Customer customer = 6;
+  uint64 big = 7;
+  double price = 8;
+}
+message Refund { string id = 1; int64 amount = 2; }
+"""
+# v2 adds a field to Order; a v1 reader skips it.
+ORDER_V2 = ORDER_V1.replace("  double price = 8;\n", "  double price = 8;\n  string note = 9;\n")
+FIELDS = ["id", "total", "qty", "status", "tags", "customer", "big", "price"]
+STATUS = ["STATUS_UNKNOWN", "PAID", "SHIPPED"]
+
+
+def descriptor_set(tmp: Path, text: str, name: str = "shop.proto") -> bytes:
+    """``protoc --descriptor_set_out --include_imports`` of ``text``, by grpc_tools."""
+    folder = tmp / f"proto-{abs(hash(text))}"
+    folder.mkdir(exist_ok=True)
+    (folder / name).write_text(text)
+    out = folder / "set.pb"
+    well_known = Path(grpc_tools.__file__).parent / "_proto"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "grpc_tools.protoc",
+            f"-I{folder}",
+            f"-I{well_known}",
+            "--include_imports",
+            f"--descriptor_set_out={out}",
+            name,
+        ],
+        check=True,
+    )
+    return out.read_bytes()
+
+
+def classes(data: bytes) -> dict[str, Any]:
+    """The generated classes of a descriptor set, by message name (independent of the decoder)."""
+    pool = descriptor_pool.DescriptorPool()
+    files = descriptor_pb2.FileDescriptorSet.FromString(data).file
+    for file in files:
+        pool.Add(file)
+    return {
+        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"shop.v1.{name}"))
+        for name in ("Order", "Refund")
+    }
+
+
+def orders(
+    rng: random.Random, order_cls: Any, count: int, start: int, with_note: bool = False
+) -> tuple[list[tuple[bytes, bytes | None]], list[dict[str, Any] | None]]:
+    """Order messages (tombstones among them) and the entity each should fold to."""
+    records: list[tuple[bytes, bytes | None]] = []
+    expected: list[dict[str, Any] | None] = []
+    for i in range(start, start + count):
+        oid = f"o{rng.randrange(15)}"
+        if rng.random() < 0.1:
+            records.append((oid.encode(), None))
+            expected.append(None)
+            continue
+        msg = order_cls(id=oid, total=i * 1000 if i % 4 else 0, status=i % 3)
+        entity: dict[str, Any] = {
+            "id": oid,
+            "total": msg.total,  # no presence: 0 when unset
+            "qty": None,  # optional: null when unset
+            "status": STATUS[i % 3],
+            "tags": [],
+            "customer": None,  # a message: null when unset
+            "big": 0,
+            "price": 0.0,
+        }
+        if i % 2:
+            msg.qty = i
+            entity["qty"] = i
+        if i % 3 == 0:
+            msg.tags.extend([f"t{i}", "x"])
+            entity["tags"] = [f"t{i}", "x"]
+        if i % 5 == 0:
+            msg.customer.name = f"c{i}"
+            entity["customer"] = {"name": f"c{i}", "tier": "STATUS_UNKNOWN"}
+        if i % 7 == 0:
+            msg.big = 2**64 - 1 - i  # beyond a signed LONG: DECIMAL(20, 0) keeps it
+            entity["big"] = 2**64 - 1 - i
+        msg.price = i + 0.5
+        entity["price"] = i + 0.5
+        if with_note:
+            msg.note = f"note {i}"
+        records.append((oid.encode(), msg.SerializeToString()))
+        expected.append(entity)
+    return records, expected
+
+
+def _reference(
+    positions: list[tuple[int, int]],
+    records: list[tuple[bytes, bytes | None]],
+    expected: list[dict[str, Any] | None],
+) -> dict[str, dict[str, Any]]:
+    """The reference fold of the entities as JSON; records expected to fail are skipped."""
+    as_json = [
+        (p, o, k, None if v is None else (orjson.dumps(e) if e is not None else b"not json"))
+        for (p, o), (k, v), e in zip(positions, records, expected, strict=True)
+    ]
+    return fold_latest(as_json, "id", FIELDS)
+
+
+def _numbers(entities: dict[str, Any]) -> dict[str, Any]:
+    """Delta's DECIMAL(20, 0) values as the integers Redis's JSON holds."""
+    return {
+        k: {f: int(v) if isinstance(v, Decimal) else v for f, v in e.items()}
+        for k, e in entities.items()
+    }
+
+
+def test_protobuf_from_a_descriptor_file(
+    spark, kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
+):
+    data = descriptor_set(tmp_path, ORDER_V1)
+    desc = tmp_path / "shop.desc"
+    desc.write_bytes(data)
+    topic = new_topic(2)
+    cfg = format_config(
+        tmp_path,
+        kafka_bootstrap,
+        redis_url,
+        topic,
+        "proto_file",
+        {"format": "protobuf", "descriptor_file": str(desc), "message": "shop.v1.Order"},
+    )
+    records, expected = orders(random.Random(9), classes(data)["Order"], 200, 0)
+    junk = [(b"junk", b"\xff\xff\xff\xff")]
+    records += junk
+    expected.append(None)
+    positions = produce(kafka_bootstrap, topic, records)
+    queries = start_map(spark, cfg, "proto_file")
+    try:
+        queries.process_all_available()
+    finally:
+        queries.stop()
+
+    reference = _reference(positions, records, expected)
+    redis, delta = stores(cfg, redis_client, "proto_file")
+    assert redis == reference
+    assert _numbers(delta) == reference
+    letters = letters_of(kafka_bootstrap, cfg, "proto_file")
+    (where,) = [pos for pos, rec in zip(positions, records, strict=True) if rec in junk]
+    assert list(letters) == [where]
+    _, value, headers = letters[where]
+    assert value == junk[0][1]
+    assert headers["x-error-stage"] == "decode"
+    assert headers["x-error-message"].startswith("value is not a protobuf shop.v1.Order")
+
+
+def test_protobuf_wire_format_via_the_registry(
+    spark, kafka_bootstrap, redis_url, redis_client, schema_registry_url, new_topic, tmp_path: Path
+):
+    topic = new_topic(2)
+    subject = f"{topic}-value"
+    # v1 as .proto source (the map compiles it), v2 as a serialized descriptor, as
+    # confluent-kafka's serializer registers it.
+    v1 = register(schema_registry_url, subject, ORDER_V1, "PROTOBUF")
+    v1_classes = classes(descriptor_set(tmp_path, ORDER_V1))
+    v2_set = descriptor_set(tmp_path, ORDER_V2)
+    v2_file = descriptor_pb2.FileDescriptorSet.FromString(v2_set).file[-1]
+    cfg = format_config(
+        tmp_path,
+        kafka_bootstrap,
+        redis_url,
+        topic,
+        "proto_reg",
+        {
+            "format": "protobuf",
+            "schema_registry_url": schema_registry_url,
+            "message": "shop.v1.Order",
+        },
+    )
+    rng = random.Random(21)
+    first, first_expected = orders(rng, v1_classes["Order"], 120, 0)
+    # Order is the schema's second message: its indexes are [1].
+    first = [(k, None if v is None else wire_value(v1, v, [1])) for k, v in first]
+    positions = produce(kafka_bootstrap, topic, first)
+    queries = start_map(spark, cfg, "proto_reg")
+    try:
+        queries.process_all_available()
+        v2 = register(
+            schema_registry_url,
+            subject,
+            serialized_descriptor(v2_file.SerializeToString()),
+            "PROTOBUF",
+        )
+        second, second_expected = orders(rng, classes(v2_set)["Order"], 120, 1000, True)
+        second = [(k, None if v is None else wire_value(v2, v, [1])) for k, v in second]
+        refund = v1_classes["Refund"](id="o1", amount=5).SerializeToString()
+        bad = [
+            (b"o1", wire_value(v2, refund, [2])),  # another message of the schema
+            (b"unknown", wire_value(9999, b"", [0])),
+            (b"magic", b"\x01" + bytes(8)),
+        ]
+        second += bad
+        second_expected += [None] * len(bad)
+        positions += produce(kafka_bootstrap, topic, second)
+        queries.process_all_available()
+    finally:
+        queries.stop()
+
+    records = first + second
+    reference = _reference(positions, records, first_expected + second_expected)
+    redis, delta = stores(cfg, redis_client, "proto_reg")
+    assert redis == reference
+    assert _numbers(delta) == reference
+
+    letters = letters_of(kafka_bootstrap, cfg, "proto_reg")
+    expected = {pos: rec for pos, rec in zip(positions, records, strict=True) if rec in bad}
+    assert set(letters) == set(expected)
+    messages = {}
+    for pos, (key, value, headers) in letters.items():
+        assert (key, value) == expected[pos]
+        assert headers["x-error-stage"] == "decode"
+        messages[key] = headers["x-error-message"]
+    assert messages[b"o1"] == (
+        f"record holds message shop.v1.Refund (schema id {v2}); the map reads shop.v1.Order"
+    )
+    assert messages[b"unknown"].startswith("writer schema id 9999:")
+    assert messages[b"magic"].startswith("not in Confluent's wire format: magic byte 0x01")
