@@ -44,20 +44,20 @@ def fold_latest(records: DataFrame, fold: FoldConfig) -> DataFrame:
 
 
 def fold(records: DataFrame, config: FoldConfig) -> DataFrame:
-    """The map's fold, by mode: ``latest`` here, ``merge`` and ``aggregate`` in ``fold_state``.
+    """The map's fold, by mode: ``latest`` here, ``merge`` and ``aggregate`` in their modules.
 
     Every mode returns one row per key touched by a micro-batch (``__key``,
     ``__deleted``, ``__entity``), for a query in ``update`` output mode.
     """
     if config.mode == "latest":
         return fold_latest(records, config)
-    # Imported here: the stateful folds load PySpark's stateful processor API.
-    from materializer.pipeline import fold_state
-
     if config.mode == "merge":
         from materializer.pipeline.fold_merge import fold_merge
 
         return fold_merge(records, config)
     if config.mode == "aggregate":
-        return fold_state.fold_aggregate(records, config)
+        # Imported here: the aggregate fold loads PySpark's pandas stateful API.
+        from materializer.pipeline.fold_aggregate import fold_aggregate
+
+        return fold_aggregate(records, config)
     raise ConfigError("", [f"fold.mode: unknown mode {config.mode!r}"])
