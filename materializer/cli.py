@@ -62,6 +62,8 @@ def run(
     from materializer.pipeline.runner import run_maps
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # py4j logs every callback from the JVM (each batch's foreachBatch) at INFO.
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     cfg = _load(config)
     names = map_names or sorted(cfg.maps)
     try:

@@ -53,12 +53,16 @@ class ManagedProcess:
         self._signal(signal.SIGKILL)
         self.proc.wait()
 
-    def tail(self, lines: int = 40) -> str:
-        """The end of the process's log, for error messages."""
+    def log(self) -> str:
+        """The process's whole log so far (empty before it writes one)."""
         try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+            return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+
+    def tail(self, lines: int = 40) -> str:
+        """The end of the process's log, for error messages."""
+        return "\n".join(self.log().splitlines()[-lines:])
 
     def _signal(self, sig: signal.Signals) -> None:
         with contextlib.suppress(ProcessLookupError):
