@@ -336,6 +336,17 @@ class MapConfig(_Model):
     """Also append every folded event to ``<root>/<map>__events``."""
     changes: ChangesConfig = ChangesConfig()
 
+    @model_validator(mode="after")
+    def _record_key_used(self) -> MapConfig:
+        """``value_to_key`` sets the record key, which only ``key: $kafka_key`` reads."""
+        for i, t in enumerate(self.transforms):
+            if isinstance(t, ValueToKeyTransform) and self.key != KAFKA_KEY:
+                raise ValueError(
+                    f"transforms.{i}: value_to_key sets the record key, "
+                    f"which the map reads only with key: {KAFKA_KEY}"
+                )
+        return self
+
 
 class AppConfig(_Model):
     """The whole file."""

@@ -19,3 +19,9 @@ class ConfigError(MaterializerError):
 
 class SetupError(MaterializerError):
     """Something the machine must provide is missing (jars, Java, redis-server)."""
+
+
+def first_line(exc: BaseException) -> str:
+    """The headline of an error (Spark's carry a plan and a stack trace below it)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__

@@ -26,6 +26,9 @@ SOURCE_COLUMNS = {
     "timestamp": TIMESTAMP,
 }
 
+VALUE_KEY = "__value_key"
+"""The record key set by a ``value_to_key`` transform; ``__kafka_key`` keeps the original."""
+
 KEY = "__key"
 """The entity key as a string: the Redis key suffix and the Delta merge key."""
 DELETED = "__deleted"
@@ -40,3 +43,13 @@ TABLE_KEY = "_key"
 def is_internal(name: str) -> bool:
     """Whether a column is the pipeline's own rather than an entity field."""
     return name.startswith(PREFIX)
+
+
+def quote(name: str) -> str:
+    """A column name as a backquoted SQL identifier, so dots and spaces stay part of it."""
+    return "`" + name.replace("`", "``") + "`"
+
+
+def entity_fields(columns: list[str]) -> list[str]:
+    """The entity's fields among a frame's columns: every column that is not the pipeline's own."""
+    return [n for n in columns if not is_internal(n)]

@@ -20,19 +20,14 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
 
-def entity_fields(records: DataFrame) -> list[str]:
-    """The entity's fields: every column that is not the pipeline's own."""
-    return [n for n in records.columns if not c.is_internal(n)]
-
-
 def fold_latest(records: DataFrame, fold: FoldConfig) -> DataFrame:
     """One row per key touched: ``__key``, ``__deleted``, ``__entity``."""
     from pyspark.sql import functions as F
 
     order = [F.col(c.PARTITION), F.col(c.OFFSET)]
     if fold.event_time:
-        order.insert(0, F.col(fold.event_time))
-    entity = F.struct(*[F.col(f) for f in entity_fields(records)])
+        order.insert(0, F.col(c.quote(fold.event_time)))
+    entity = F.struct(*[F.col(c.quote(f)) for f in c.entity_fields(records.columns)])
     last = F.max_by(
         F.struct(
             F.col(c.DELETED).alias(c.DELETED),

@@ -97,7 +97,7 @@ def _entity_schema(records: DataFrame) -> T.StructType:
 
 def _field(name: str) -> Column:
     """An entity field by its exact name (a flattened ``a.b`` is one column, not a path)."""
-    return F.col("`" + name.replace("`", "``") + "`")
+    return F.col(c.quote(name))
 
 
 @dataclass(frozen=True)

@@ -64,10 +64,6 @@ class _Node:
         return "__m" + "".join(f"_{len(p)}_{p}" for p in self.path).replace("`", "_")
 
 
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
 def _nodes(dtype: DataType, path: tuple[str, ...]) -> list[_Node]:
     from pyspark.sql.types import StructType
 
@@ -83,7 +79,7 @@ def _nodes(dtype: DataType, path: tuple[str, ...]) -> list[_Node]:
 def _value(path: tuple[str, ...]) -> Column:
     from pyspark.sql import functions as F
 
-    col = F.col(_quote(path[0]))
+    col = F.col(c.quote(path[0]))
     for name in path[1:]:
         col = col.getField(name)
     return col
@@ -140,7 +136,7 @@ def _order(fold: FoldConfig) -> Column:
     parts = [F.current_timestamp().alias("b"), F.col(c.PARTITION).alias("p")]
     parts.append(F.col(c.OFFSET).alias("o"))
     if fold.event_time:
-        parts.insert(0, F.col(_quote(fold.event_time)).alias("t"))
+        parts.insert(0, F.col(c.quote(fold.event_time)).alias("t"))
     return F.struct(*parts)
 
 

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from materializer.config import AppConfig
+from materializer.errors import ConfigError
 from materializer.pipeline import columns as c
 from materializer.pipeline.checkpoint import Checkpoint
 from materializer.pipeline.crash import CrashDrill
@@ -158,8 +160,18 @@ class MapQueries:
 def records(spark: SparkSession, config: AppConfig, map_name: str) -> DataFrame:
     """The map's records decoded and keyed, errors marked but not yet removed."""
     map_config = config.map(map_name)
-    decoded = decode(read_source(spark, config, map_config), map_config)
-    return assign_keys(apply_transforms(decoded, map_config.transforms), map_config)
+    with map_key_paths(map_name):
+        decoded = decode(read_source(spark, config, map_config), map_config)
+        return assign_keys(apply_transforms(decoded, map_config.transforms), map_config)
+
+
+@contextmanager
+def map_key_paths(map_name: str) -> Iterator[None]:
+    """Problems the stages find name keys within the map; the reader needs the whole path."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError(exc.source, [f"maps.{map_name}.{p}" for p in exc.problems]) from None
 
 
 def start_map(
@@ -186,7 +198,8 @@ def start_map(
         ChangelogSink(changelog, producer_options(config, max_record_bytes)),
     ]
     folding = fail_on_error(keyed) if map_config.on_error == "fail" else good(keyed)
-    folded = fold(folding, map_config.fold)
+    with map_key_paths(map_name):
+        folded = fold(folding, map_config.fold)
     entity = folded.schema[c.ENTITY].dataType
     if not isinstance(entity, StructType):
         raise TypeError(f"the fold's entity must be a struct, got {entity.simpleString()}")
@@ -316,7 +329,7 @@ def _start_history(
     }
     events = folded.select(
         *[F.col(n).alias(alias) for n, alias in meta.items()],
-        *[F.col(n) for n in folded.columns if not c.is_internal(n)],
+        *[F.col(c.quote(n)) for n in c.entity_fields(folded.columns)],
     )
     return (
         events.writeStream.queryName(f"{map_name}.history")

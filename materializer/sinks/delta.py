@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from materializer.pipeline import columns as c
+from materializer.pipeline.columns import quote
 from materializer.sinks.base import Batch, Sink
 
 if TYPE_CHECKING:
@@ -24,11 +25,6 @@ if TYPE_CHECKING:
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
-
-
-def quote(name: str) -> str:
-    """A column name as a backquoted SQL identifier."""
-    return "`" + name.replace("`", "``") + "`"
 
 
 class DeltaSink(Sink):

@@ -114,8 +114,11 @@ def test_inferred_json_refuses_what_needs_declared_fields(
     )
     with pytest.raises(ConfigError) as info:
         records(spark, cfg, "agg")
-    assert [p.split(":")[0] for p in info.value.problems] == ["fold.mode", "fold.delete_when"]
-    assert info.value.problems[0].startswith("fold.mode: aggregate needs source.schema")
+    assert [p.split(":")[0] for p in info.value.problems] == [
+        "maps.agg.fold.mode",
+        "maps.agg.fold.delete_when",
+    ]
+    assert info.value.problems[0].startswith("maps.agg.fold.mode: aggregate needs source.schema")
     merge = format_config(
         tmp_path, kafka_bootstrap, redis_url, topic, "m", {"format": "json"}, fold={"mode": "merge"}
     )
