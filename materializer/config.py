@@ -348,6 +348,72 @@ class MapConfig(_Model):
         return self
 
 
+class NearCacheConfig(_Model):
+    """An in-process LRU of one map's entities in each query-service process."""
+
+    max_entries: Annotated[int, Field(ge=1)] = 10_000
+
+
+class LookupConfig(_Model):
+    """One lookup of an enrichment profile: the entity keyed by an event field."""
+
+    map: Annotated[str, Field(min_length=1)]
+    key_field: Annotated[str, Field(min_length=1)]
+    """A top-level member of the event, or a dotted path into nested objects."""
+    alias: str | None = None
+    """Where the entity goes in the event; defaults to the map's name."""
+    fields: list[str] = Field(default_factory=list)
+    join: Literal["left", "inner"] = "left"
+    on_miss: Literal["null", "omit", "error"] = "null"
+
+
+class EnrichProfileConfig(_Model):
+    """A named join that Enrich requests refer to instead of spelling it out."""
+
+    lookups: Annotated[list[LookupConfig], Field(min_length=1)]
+
+
+class AuthConfig(_Model):
+    """Bearer tokens, each allowed some maps and verbs; read from a file or the environment.
+
+    The tokens document (YAML or JSON) is ``{tokens: [{token, maps, verbs}]}``,
+    ``maps`` and ``verbs`` as lists, ``"*"`` for all.
+    """
+
+    tokens_file: str | None = None
+    tokens_env: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> AuthConfig:
+        if (self.tokens_file is None) == (self.tokens_env is None):
+            raise ValueError("give exactly one of tokens_file, tokens_env")
+        return self
+
+
+class TlsConfig(_Model):
+    """TLS for the query service; ``client_ca_file`` turns on mutual TLS."""
+
+    cert_file: Annotated[str, Field(min_length=1)]
+    key_file: Annotated[str, Field(min_length=1)]
+    client_ca_file: str | None = None
+
+
+class QueryConfig(_Model):
+    """The gRPC query service."""
+
+    host: str = "0.0.0.0"  # noqa: S104 - a service in a pod listens on all interfaces
+    port: Annotated[int, Field(ge=0, le=65535)] = 50051
+    max_batch_keys: Annotated[int, Field(ge=1)] = 10_000
+    """Keys per BatchGet; beyond it RESOURCE_EXHAUSTED."""
+    near_cache: dict[str, NearCacheConfig] = Field(default_factory=dict)
+    """Maps with a near cache; none by default."""
+    enrich_profiles: dict[str, EnrichProfileConfig] = Field(default_factory=dict)
+    auth: AuthConfig | None = None
+    tls: TlsConfig | None = None
+    metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = 9464
+    """Prometheus metrics over HTTP; null turns them off."""
+
+
 class AppConfig(_Model):
     """The whole file."""
 
@@ -355,7 +421,27 @@ class AppConfig(_Model):
     redis: RedisConfig = RedisConfig()
     delta: DeltaConfig = DeltaConfig()
     spark: SparkConfig = SparkConfig()
+    query: QueryConfig = QueryConfig()
     maps: dict[str, MapConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _query_maps_declared(self) -> AppConfig:
+        """Names under ``query`` must be declared maps, or a typo would go unnoticed."""
+        problems = [
+            f"query.near_cache.{name}: no such map"
+            for name in self.query.near_cache
+            if name not in self.maps
+        ]
+        for profile, spec in self.query.enrich_profiles.items():
+            for i, lookup in enumerate(spec.lookups):
+                if lookup.map not in self.maps:
+                    problems.append(
+                        f"query.enrich_profiles.{profile}.lookups.{i}.map: "
+                        f"no such map {lookup.map!r}"
+                    )
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
 
     @field_validator("maps")
     @classmethod
@@ -382,6 +468,7 @@ ENV_OVERRIDES: dict[str, tuple[str, str]] = {
     "MATERIALIZER_DELTA_ROOT": ("delta", "root"),
     "MATERIALIZER_SPARK_MASTER": ("spark", "master"),
     "MATERIALIZER_CHECKPOINT_ROOT": ("spark", "checkpoint_root"),
+    "MATERIALIZER_QUERY_PORT": ("query", "port"),
 }
 
 
@@ -426,8 +513,28 @@ def parse_config(data: Any, source: str = "<config>") -> AppConfig:
     try:
         return AppConfig.model_validate(data)
     except ValidationError as exc:
-        problems = [f"{_key_path(e['loc']) or '<root>'}: {_message(e)}" for e in exc.errors()]
+        problems = [problem for e in exc.errors() for problem in _problems(e)]
         raise ConfigError(source, problems) from None
+
+
+_RELATIVE_PATH = re.compile(r"^([A-Za-z_][\w.-]*): ")
+
+
+def _problems(error: Any) -> list[str]:
+    """``key.path: message`` lines. A validator that checks several keys at once words each
+    line as ``relative.path: message``, which is joined to where the validator sits."""
+    path = _key_path(error["loc"])
+    out = []
+    for line in _message(error).splitlines():
+        relative = _RELATIVE_PATH.match(line) if error["type"] == "value_error" else None
+        if relative:
+            line = (
+                f"{'.'.join(p for p in (path, relative.group(1)) if p)}: {line[relative.end() :]}"
+            )
+        else:
+            line = f"{path or '<root>'}: {line}"
+        out.append(line)
+    return out
 
 
 def load_config(path: str | Path) -> AppConfig:

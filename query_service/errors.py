@@ -43,3 +43,33 @@ class StoreUnavailable(QueryServiceError):
     """The backing store cannot be reached; the call may succeed if retried."""
 
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class ResourceExhausted(QueryServiceError):
+    """A request asks for more than the server allows at once (keys, rows, bytes)."""
+
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class DeadlineExceeded(QueryServiceError):
+    """A wait for freshness outlived the call's deadline; the map has not caught up yet."""
+
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class OutOfRange(QueryServiceError):
+    """A position (change id, table version) is no longer, or not yet, available."""
+
+    code = grpc.StatusCode.OUT_OF_RANGE
+
+
+class Unauthenticated(QueryServiceError):
+    """No bearer token, or one the server does not know."""
+
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(QueryServiceError):
+    """A known token that is not allowed this map or verb."""
+
+    code = grpc.StatusCode.PERMISSION_DENIED

@@ -16,16 +16,27 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from materializer.config import AppConfig
-from materializer.v1 import map_service_pb2 as pb
-from materializer.v1 import map_service_pb2_grpc as pb_grpc
+from materializer.v1 import admin_service_pb2, enrich_service_pb2, map_service_pb2
+from materializer.v1 import admin_service_pb2_grpc as admin_pb_grpc
+from materializer.v1 import enrich_service_pb2_grpc as enrich_pb_grpc
+from materializer.v1 import map_service_pb2_grpc as map_pb_grpc
+from query_service.freshness import FreshnessGate
 from query_service.interceptors import ErrorInterceptor
+from query_service.services.admin_service import AdminServicer
+from query_service.services.enrich_service import EnrichServicer
 from query_service.services.map_service import MapServicer
+from query_service.services.table_reads import TableReads
 from query_service.stores.base import MapStore
 from query_service.stores.redis import RedisMapStore
 
 log = logging.getLogger(__name__)
 
-MAP_SERVICE = pb.DESCRIPTOR.services_by_name["MapService"].full_name
+MAP_SERVICE = map_service_pb2.DESCRIPTOR.services_by_name["MapService"].full_name
+SERVICES = (
+    MAP_SERVICE,
+    enrich_service_pb2.DESCRIPTOR.services_by_name["EnrichService"].full_name,
+    admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+)
 GRACE_SECONDS = 5.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 """Both directions; gRPC's default is 4 MiB in. Larger requests get RESOURCE_EXHAUSTED."""
@@ -60,16 +71,25 @@ async def create_server(
     if store is None:
         store = RedisMapStore.from_url(config.redis.url)
     server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
-    servicer = MapServicer(config.maps, store)
-    pb_grpc.add_MapServiceServicer_to_server(servicer, server)  # type: ignore[no-untyped-call]
+    topics = {name: m.source.topics for name, m in config.maps.items()}
+    gate = FreshnessGate(store, topics)
+    map_pb_grpc.add_MapServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        MapServicer(config, store, gate, TableReads(config)), server
+    )
+    enrich_pb_grpc.add_EnrichServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        EnrichServicer(config, store, gate), server
+    )
+    admin_pb_grpc.add_AdminServiceServicer_to_server(  # type: ignore[no-untyped-call]
+        AdminServicer(config, store), server
+    )
 
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for service in (health.OVERALL_HEALTH, MAP_SERVICE):
+    for service in (health.OVERALL_HEALTH, *SERVICES):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
 
     reflection.enable_server_reflection(
-        [MAP_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME], server
+        [*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME], server
     )
     port: int = server.add_insecure_port(address)
     return server, port

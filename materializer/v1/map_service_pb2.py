@@ -23,23 +23,56 @@ _sym_db = _symbol_database.Default()
 
 
 from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__pb2
+from materializer.v1 import common_pb2 as materializer_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!materializer/v1/map_service.proto\x12\x0fmaterializer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"&\n\nGetRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\"C\n\x0fPartitionOffset\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x0e\n\x06offset\x18\x03 \x01(\x03\"\x80\x01\n\tWatermark\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\x03\x12\x31\n\x07offsets\x18\x02 \x03(\x0b\x32 .materializer.v1.PartitionOffset\x12.\n\nupdated_at\x18\x03 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"[\n\x0bGetResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0e\n\x06\x65ntity\x18\x02 \x01(\x0c\x12-\n\twatermark\x18\x03 \x01(\x0b\x32\x1a.materializer.v1.Watermark2N\n\nMapService\x12@\n\x03Get\x12\x1b.materializer.v1.GetRequest\x1a\x1c.materializer.v1.GetResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!materializer/v1/map_service.proto\x12\x0fmaterializer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cmaterializer/v1/common.proto\"U\n\nGetRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12-\n\tfreshness\x18\x03 \x01(\x0b\x32\x1a.materializer.v1.Freshness\"[\n\x0bGetResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0e\n\x06\x65ntity\x18\x02 \x01(\x0c\x12-\n\twatermark\x18\x03 \x01(\x0b\x32\x1a.materializer.v1.Watermark\"[\n\x0f\x42\x61tchGetRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x0c\n\x04keys\x18\x02 \x03(\t\x12-\n\tfreshness\x18\x03 \x01(\x0b\x32\x1a.materializer.v1.Freshness\";\n\rBatchGetEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05\x66ound\x18\x02 \x01(\x08\x12\x0e\n\x06\x65ntity\x18\x03 \x01(\x0c\"r\n\x10\x42\x61tchGetResponse\x12/\n\x07\x65ntries\x18\x01 \x03(\x0b\x32\x1e.materializer.v1.BatchGetEntry\x12-\n\twatermark\x18\x02 \x01(\x0b\x32\x1a.materializer.v1.Watermark\"\xa1\x01\n\x05Value\x12\x16\n\x0cstring_value\x18\x01 \x01(\tH\x00\x12\x13\n\tint_value\x18\x02 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x03 \x01(\x01H\x00\x12\x14\n\nbool_value\x18\x04 \x01(\x08H\x00\x12\x35\n\x0ftimestamp_value\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x42\x06\n\x04kind\"\xa3\x02\n\nComparison\x12\r\n\x05\x66ield\x18\x01 \x01(\t\x12\x30\n\x02op\x18\x02 \x01(\x0e\x32$.materializer.v1.Comparison.Operator\x12%\n\x05value\x18\x03 \x01(\x0b\x32\x16.materializer.v1.Value\x12&\n\x06values\x18\x04 \x03(\x0b\x32\x16.materializer.v1.Value\"\x84\x01\n\x08Operator\x12\x18\n\x14OPERATOR_UNSPECIFIED\x10\x00\x12\x06\n\x02\x45Q\x10\x01\x12\x06\n\x02NE\x10\x02\x12\x06\n\x02LT\x10\x03\x12\x06\n\x02LE\x10\x04\x12\x06\n\x02GT\x10\x05\x12\x06\n\x02GE\x10\x06\x12\x06\n\x02IN\x10\x07\x12\x0b\n\x07IS_NULL\x10\x08\x12\x0f\n\x0bIS_NOT_NULL\x10\t\x12\x08\n\x04LIKE\x10\n\"\xac\x02\n\tPredicate\x12\x31\n\ncomparison\x18\x01 \x01(\x0b\x32\x1b.materializer.v1.ComparisonH\x00\x12-\n\x03\x61nd\x18\x02 \x01(\x0b\x32\x1e.materializer.v1.Predicate.AndH\x00\x12+\n\x02or\x18\x03 \x01(\x0b\x32\x1d.materializer.v1.Predicate.OrH\x00\x12)\n\x03not\x18\x04 \x01(\x0b\x32\x1a.materializer.v1.PredicateH\x00\x1a.\n\x03\x41nd\x12\'\n\x03\x61ll\x18\x01 \x03(\x0b\x32\x1a.materializer.v1.Predicate\x1a-\n\x02Or\x12\'\n\x03\x61ny\x18\x01 \x03(\x0b\x32\x1a.materializer.v1.PredicateB\x06\n\x04kind\"\xad\x01\n\x0cQueryRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\x12/\n\tpredicate\x18\x02 \x01(\x0b\x32\x1a.materializer.v1.PredicateH\x00\x12\x0f\n\x05where\x18\x03 \x01(\tH\x00\x12\x0e\n\x06\x66ields\x18\x04 \x03(\t\x12\r\n\x05limit\x18\x05 \x01(\x03\x12\x11\n\tpage_size\x18\x06 \x01(\x05\x12\x12\n\npage_token\x18\x07 \x01(\tB\x08\n\x06\x66ilter\"\"\n\x03Row\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\x0e\n\x06\x65ntity\x18\x02 \x01(\x0c\"^\n\rQueryResponse\x12\"\n\x04rows\x18\x01 \x03(\x0b\x32\x14.materializer.v1.Row\x12\x12\n\npage_token\x18\x02 \x01(\t\x12\x15\n\rtable_version\x18\x03 \x01(\x03\"w\n\x0eGetAsOfRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12\x11\n\x07version\x18\x03 \x01(\x03H\x00\x12/\n\ttimestamp\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x42\x07\n\x05\x61s_of\"y\n\x0fGetAsOfResponse\x12\r\n\x05\x66ound\x18\x01 \x01(\x08\x12\x0e\n\x06\x65ntity\x18\x02 \x01(\x0c\x12\x15\n\rtable_version\x18\x03 \x01(\x03\x12\x30\n\x0c\x63ommitted_at\x18\x04 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"\\\n\x0cWatchRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x17\n\x0f\x61\x66ter_change_id\x18\x02 \x01(\t\x12\x18\n\x10include_entities\x18\x03 \x01(\x08\x12\x0c\n\x04keys\x18\x04 \x03(\t\"\xb9\x01\n\x06\x43hange\x12\x11\n\tchange_id\x18\x01 \x01(\t\x12\x0b\n\x03key\x18\x02 \x01(\t\x12-\n\x02op\x18\x03 \x01(\x0e\x32!.materializer.v1.Change.Operation\x12\x10\n\x08\x62\x61tch_id\x18\x04 \x01(\x03\x12\x0e\n\x06\x65ntity\x18\x05 \x01(\x0c\">\n\tOperation\x12\x19\n\x15OPERATION_UNSPECIFIED\x10\x00\x12\n\n\x06UPSERT\x10\x01\x12\n\n\x06\x44\x45LETE\x10\x02\"9\n\rWatchResponse\x12(\n\x07\x63hanges\x18\x01 \x03(\x0b\x32\x17.materializer.v1.Change2\x81\x03\n\nMapService\x12@\n\x03Get\x12\x1b.materializer.v1.GetRequest\x1a\x1c.materializer.v1.GetResponse\x12O\n\x08\x42\x61tchGet\x12 .materializer.v1.BatchGetRequest\x1a!.materializer.v1.BatchGetResponse\x12H\n\x05Query\x12\x1d.materializer.v1.QueryRequest\x1a\x1e.materializer.v1.QueryResponse0\x01\x12L\n\x07GetAsOf\x12\x1f.materializer.v1.GetAsOfRequest\x1a .materializer.v1.GetAsOfResponse\x12H\n\x05Watch\x12\x1d.materializer.v1.WatchRequest\x1a\x1e.materializer.v1.WatchResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'materializer.v1.map_service_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_GETREQUEST']._serialized_start=87
-  _globals['_GETREQUEST']._serialized_end=125
-  _globals['_PARTITIONOFFSET']._serialized_start=127
-  _globals['_PARTITIONOFFSET']._serialized_end=194
-  _globals['_WATERMARK']._serialized_start=197
-  _globals['_WATERMARK']._serialized_end=325
-  _globals['_GETRESPONSE']._serialized_start=327
-  _globals['_GETRESPONSE']._serialized_end=418
-  _globals['_MAPSERVICE']._serialized_start=420
-  _globals['_MAPSERVICE']._serialized_end=498
+  _globals['_GETREQUEST']._serialized_start=117
+  _globals['_GETREQUEST']._serialized_end=202
+  _globals['_GETRESPONSE']._serialized_start=204
+  _globals['_GETRESPONSE']._serialized_end=295
+  _globals['_BATCHGETREQUEST']._serialized_start=297
+  _globals['_BATCHGETREQUEST']._serialized_end=388
+  _globals['_BATCHGETENTRY']._serialized_start=390
+  _globals['_BATCHGETENTRY']._serialized_end=449
+  _globals['_BATCHGETRESPONSE']._serialized_start=451
+  _globals['_BATCHGETRESPONSE']._serialized_end=565
+  _globals['_VALUE']._serialized_start=568
+  _globals['_VALUE']._serialized_end=729
+  _globals['_COMPARISON']._serialized_start=732
+  _globals['_COMPARISON']._serialized_end=1023
+  _globals['_COMPARISON_OPERATOR']._serialized_start=891
+  _globals['_COMPARISON_OPERATOR']._serialized_end=1023
+  _globals['_PREDICATE']._serialized_start=1026
+  _globals['_PREDICATE']._serialized_end=1326
+  _globals['_PREDICATE_AND']._serialized_start=1225
+  _globals['_PREDICATE_AND']._serialized_end=1271
+  _globals['_PREDICATE_OR']._serialized_start=1273
+  _globals['_PREDICATE_OR']._serialized_end=1318
+  _globals['_QUERYREQUEST']._serialized_start=1329
+  _globals['_QUERYREQUEST']._serialized_end=1502
+  _globals['_ROW']._serialized_start=1504
+  _globals['_ROW']._serialized_end=1538
+  _globals['_QUERYRESPONSE']._serialized_start=1540
+  _globals['_QUERYRESPONSE']._serialized_end=1634
+  _globals['_GETASOFREQUEST']._serialized_start=1636
+  _globals['_GETASOFREQUEST']._serialized_end=1755
+  _globals['_GETASOFRESPONSE']._serialized_start=1757
+  _globals['_GETASOFRESPONSE']._serialized_end=1878
+  _globals['_WATCHREQUEST']._serialized_start=1880
+  _globals['_WATCHREQUEST']._serialized_end=1972
+  _globals['_CHANGE']._serialized_start=1975
+  _globals['_CHANGE']._serialized_end=2160
+  _globals['_CHANGE_OPERATION']._serialized_start=2098
+  _globals['_CHANGE_OPERATION']._serialized_end=2160
+  _globals['_WATCHRESPONSE']._serialized_start=2162
+  _globals['_WATCHRESPONSE']._serialized_end=2219
+  _globals['_MAPSERVICE']._serialized_start=2222
+  _globals['_MAPSERVICE']._serialized_end=2607
 # @@protoc_insertion_point(module_scope)

@@ -1,7 +1,9 @@
 import datetime
 
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from materializer.v1 import common_pb2 as _common_pb2
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from collections.abc import Iterable as _Iterable, Mapping as _Mapping
@@ -10,32 +12,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetRequest(_message.Message):
-    __slots__ = ("map", "key")
+    __slots__ = ("map", "key", "freshness")
     MAP_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    FRESHNESS_FIELD_NUMBER: _ClassVar[int]
     map: str
     key: str
-    def __init__(self, map: _Optional[str] = ..., key: _Optional[str] = ...) -> None: ...
-
-class PartitionOffset(_message.Message):
-    __slots__ = ("topic", "partition", "offset")
-    TOPIC_FIELD_NUMBER: _ClassVar[int]
-    PARTITION_FIELD_NUMBER: _ClassVar[int]
-    OFFSET_FIELD_NUMBER: _ClassVar[int]
-    topic: str
-    partition: int
-    offset: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
-
-class Watermark(_message.Message):
-    __slots__ = ("batch_id", "offsets", "updated_at")
-    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
-    OFFSETS_FIELD_NUMBER: _ClassVar[int]
-    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
-    batch_id: int
-    offsets: _containers.RepeatedCompositeFieldContainer[PartitionOffset]
-    updated_at: _timestamp_pb2.Timestamp
-    def __init__(self, batch_id: _Optional[int] = ..., offsets: _Optional[_Iterable[_Union[PartitionOffset, _Mapping]]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    freshness: _common_pb2.Freshness
+    def __init__(self, map: _Optional[str] = ..., key: _Optional[str] = ..., freshness: _Optional[_Union[_common_pb2.Freshness, _Mapping]] = ...) -> None: ...
 
 class GetResponse(_message.Message):
     __slots__ = ("found", "entity", "watermark")
@@ -44,5 +28,202 @@ class GetResponse(_message.Message):
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
     found: bool
     entity: bytes
-    watermark: Watermark
-    def __init__(self, found: _Optional[bool] = ..., entity: _Optional[bytes] = ..., watermark: _Optional[_Union[Watermark, _Mapping]] = ...) -> None: ...
+    watermark: _common_pb2.Watermark
+    def __init__(self, found: _Optional[bool] = ..., entity: _Optional[bytes] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ...) -> None: ...
+
+class BatchGetRequest(_message.Message):
+    __slots__ = ("map", "keys", "freshness")
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    FRESHNESS_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    freshness: _common_pb2.Freshness
+    def __init__(self, map: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., freshness: _Optional[_Union[_common_pb2.Freshness, _Mapping]] = ...) -> None: ...
+
+class BatchGetEntry(_message.Message):
+    __slots__ = ("key", "found", "entity")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    found: bool
+    entity: bytes
+    def __init__(self, key: _Optional[str] = ..., found: _Optional[bool] = ..., entity: _Optional[bytes] = ...) -> None: ...
+
+class BatchGetResponse(_message.Message):
+    __slots__ = ("entries", "watermark")
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    entries: _containers.RepeatedCompositeFieldContainer[BatchGetEntry]
+    watermark: _common_pb2.Watermark
+    def __init__(self, entries: _Optional[_Iterable[_Union[BatchGetEntry, _Mapping]]] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ...) -> None: ...
+
+class Value(_message.Message):
+    __slots__ = ("string_value", "int_value", "double_value", "bool_value", "timestamp_value")
+    STRING_VALUE_FIELD_NUMBER: _ClassVar[int]
+    INT_VALUE_FIELD_NUMBER: _ClassVar[int]
+    DOUBLE_VALUE_FIELD_NUMBER: _ClassVar[int]
+    BOOL_VALUE_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_VALUE_FIELD_NUMBER: _ClassVar[int]
+    string_value: str
+    int_value: int
+    double_value: float
+    bool_value: bool
+    timestamp_value: _timestamp_pb2.Timestamp
+    def __init__(self, string_value: _Optional[str] = ..., int_value: _Optional[int] = ..., double_value: _Optional[float] = ..., bool_value: _Optional[bool] = ..., timestamp_value: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class Comparison(_message.Message):
+    __slots__ = ("field", "op", "value", "values")
+    class Operator(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OPERATOR_UNSPECIFIED: _ClassVar[Comparison.Operator]
+        EQ: _ClassVar[Comparison.Operator]
+        NE: _ClassVar[Comparison.Operator]
+        LT: _ClassVar[Comparison.Operator]
+        LE: _ClassVar[Comparison.Operator]
+        GT: _ClassVar[Comparison.Operator]
+        GE: _ClassVar[Comparison.Operator]
+        IN: _ClassVar[Comparison.Operator]
+        IS_NULL: _ClassVar[Comparison.Operator]
+        IS_NOT_NULL: _ClassVar[Comparison.Operator]
+        LIKE: _ClassVar[Comparison.Operator]
+    OPERATOR_UNSPECIFIED: Comparison.Operator
+    EQ: Comparison.Operator
+    NE: Comparison.Operator
+    LT: Comparison.Operator
+    LE: Comparison.Operator
+    GT: Comparison.Operator
+    GE: Comparison.Operator
+    IN: Comparison.Operator
+    IS_NULL: Comparison.Operator
+    IS_NOT_NULL: Comparison.Operator
+    LIKE: Comparison.Operator
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    field: str
+    op: Comparison.Operator
+    value: Value
+    values: _containers.RepeatedCompositeFieldContainer[Value]
+    def __init__(self, field: _Optional[str] = ..., op: _Optional[_Union[Comparison.Operator, str]] = ..., value: _Optional[_Union[Value, _Mapping]] = ..., values: _Optional[_Iterable[_Union[Value, _Mapping]]] = ...) -> None: ...
+
+class Predicate(_message.Message):
+    __slots__ = ("comparison",)
+    class And(_message.Message):
+        __slots__ = ("all",)
+        ALL_FIELD_NUMBER: _ClassVar[int]
+        all: _containers.RepeatedCompositeFieldContainer[Predicate]
+        def __init__(self, all: _Optional[_Iterable[_Union[Predicate, _Mapping]]] = ...) -> None: ...
+    class Or(_message.Message):
+        __slots__ = ("any",)
+        ANY_FIELD_NUMBER: _ClassVar[int]
+        any: _containers.RepeatedCompositeFieldContainer[Predicate]
+        def __init__(self, any: _Optional[_Iterable[_Union[Predicate, _Mapping]]] = ...) -> None: ...
+    COMPARISON_FIELD_NUMBER: _ClassVar[int]
+    AND_FIELD_NUMBER: _ClassVar[int]
+    OR_FIELD_NUMBER: _ClassVar[int]
+    NOT_FIELD_NUMBER: _ClassVar[int]
+    comparison: Comparison
+    def __init__(self, comparison: _Optional[_Union[Comparison, _Mapping]] = ..., **kwargs) -> None: ...
+
+class QueryRequest(_message.Message):
+    __slots__ = ("map", "predicate", "where", "fields", "limit", "page_size", "page_token")
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    PREDICATE_FIELD_NUMBER: _ClassVar[int]
+    WHERE_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    predicate: Predicate
+    where: str
+    fields: _containers.RepeatedScalarFieldContainer[str]
+    limit: int
+    page_size: int
+    page_token: str
+    def __init__(self, map: _Optional[str] = ..., predicate: _Optional[_Union[Predicate, _Mapping]] = ..., where: _Optional[str] = ..., fields: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+
+class Row(_message.Message):
+    __slots__ = ("key", "entity")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    entity: bytes
+    def __init__(self, key: _Optional[str] = ..., entity: _Optional[bytes] = ...) -> None: ...
+
+class QueryResponse(_message.Message):
+    __slots__ = ("rows", "page_token", "table_version")
+    ROWS_FIELD_NUMBER: _ClassVar[int]
+    PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    TABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    rows: _containers.RepeatedCompositeFieldContainer[Row]
+    page_token: str
+    table_version: int
+    def __init__(self, rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., page_token: _Optional[str] = ..., table_version: _Optional[int] = ...) -> None: ...
+
+class GetAsOfRequest(_message.Message):
+    __slots__ = ("map", "key", "version", "timestamp")
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    key: str
+    version: int
+    timestamp: _timestamp_pb2.Timestamp
+    def __init__(self, map: _Optional[str] = ..., key: _Optional[str] = ..., version: _Optional[int] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetAsOfResponse(_message.Message):
+    __slots__ = ("found", "entity", "table_version", "committed_at")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    TABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    entity: bytes
+    table_version: int
+    committed_at: _timestamp_pb2.Timestamp
+    def __init__(self, found: _Optional[bool] = ..., entity: _Optional[bytes] = ..., table_version: _Optional[int] = ..., committed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class WatchRequest(_message.Message):
+    __slots__ = ("map", "after_change_id", "include_entities", "keys")
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    AFTER_CHANGE_ID_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_ENTITIES_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    after_change_id: str
+    include_entities: bool
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, map: _Optional[str] = ..., after_change_id: _Optional[str] = ..., include_entities: _Optional[bool] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Change(_message.Message):
+    __slots__ = ("change_id", "key", "op", "batch_id", "entity")
+    class Operation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        OPERATION_UNSPECIFIED: _ClassVar[Change.Operation]
+        UPSERT: _ClassVar[Change.Operation]
+        DELETE: _ClassVar[Change.Operation]
+    OPERATION_UNSPECIFIED: Change.Operation
+    UPSERT: Change.Operation
+    DELETE: Change.Operation
+    CHANGE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTITY_FIELD_NUMBER: _ClassVar[int]
+    change_id: str
+    key: str
+    op: Change.Operation
+    batch_id: int
+    entity: bytes
+    def __init__(self, change_id: _Optional[str] = ..., key: _Optional[str] = ..., op: _Optional[_Union[Change.Operation, str]] = ..., batch_id: _Optional[int] = ..., entity: _Optional[bytes] = ...) -> None: ...
+
+class WatchResponse(_message.Message):
+    __slots__ = ("changes",)
+    CHANGES_FIELD_NUMBER: _ClassVar[int]
+    changes: _containers.RepeatedCompositeFieldContainer[Change]
+    def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ...) -> None: ...

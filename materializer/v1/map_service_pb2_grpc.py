@@ -26,13 +26,16 @@ if _version_not_supported:
 
 
 class MapServiceStub:
-    """Point lookups in a materialized map.
+    """Lookups (from Redis), queries and time travel (from the Delta table), and
+    change streams.
 
     Errors are gRPC status codes with a readable message:
     NOT_FOUND when the map is not declared (an absent key is not an error, see
     GetResponse.found), INVALID_ARGUMENT for a malformed request,
-    RESOURCE_EXHAUSTED for an oversized request, UNAVAILABLE when the store
-    (Redis) cannot be reached; the call may be retried then.
+    RESOURCE_EXHAUSTED for an oversized request, UNAVAILABLE when a store
+    cannot be reached (the call may be retried), DEADLINE_EXCEEDED when a
+    `freshness` wait outlives the call's deadline, UNAUTHENTICATED and
+    PERMISSION_DENIED when authentication is on.
     """
 
     def __init__(self, channel):
@@ -46,20 +49,72 @@ class MapServiceStub:
                 request_serializer=materializer_dot_v1_dot_map__service__pb2.GetRequest.SerializeToString,
                 response_deserializer=materializer_dot_v1_dot_map__service__pb2.GetResponse.FromString,
                 _registered_method=True)
+        self.BatchGet = channel.unary_unary(
+                '/materializer.v1.MapService/BatchGet',
+                request_serializer=materializer_dot_v1_dot_map__service__pb2.BatchGetRequest.SerializeToString,
+                response_deserializer=materializer_dot_v1_dot_map__service__pb2.BatchGetResponse.FromString,
+                _registered_method=True)
+        self.Query = channel.unary_stream(
+                '/materializer.v1.MapService/Query',
+                request_serializer=materializer_dot_v1_dot_map__service__pb2.QueryRequest.SerializeToString,
+                response_deserializer=materializer_dot_v1_dot_map__service__pb2.QueryResponse.FromString,
+                _registered_method=True)
+        self.GetAsOf = channel.unary_unary(
+                '/materializer.v1.MapService/GetAsOf',
+                request_serializer=materializer_dot_v1_dot_map__service__pb2.GetAsOfRequest.SerializeToString,
+                response_deserializer=materializer_dot_v1_dot_map__service__pb2.GetAsOfResponse.FromString,
+                _registered_method=True)
+        self.Watch = channel.unary_stream(
+                '/materializer.v1.MapService/Watch',
+                request_serializer=materializer_dot_v1_dot_map__service__pb2.WatchRequest.SerializeToString,
+                response_deserializer=materializer_dot_v1_dot_map__service__pb2.WatchResponse.FromString,
+                _registered_method=True)
 
 
 class MapServiceServicer:
-    """Point lookups in a materialized map.
+    """Lookups (from Redis), queries and time travel (from the Delta table), and
+    change streams.
 
     Errors are gRPC status codes with a readable message:
     NOT_FOUND when the map is not declared (an absent key is not an error, see
     GetResponse.found), INVALID_ARGUMENT for a malformed request,
-    RESOURCE_EXHAUSTED for an oversized request, UNAVAILABLE when the store
-    (Redis) cannot be reached; the call may be retried then.
+    RESOURCE_EXHAUSTED for an oversized request, UNAVAILABLE when a store
+    cannot be reached (the call may be retried), DEADLINE_EXCEEDED when a
+    `freshness` wait outlives the call's deadline, UNAUTHENTICATED and
+    PERMISSION_DENIED when authentication is on.
     """
 
     def Get(self, request, context):
         """The current entity stored under one key, with the map's watermark.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def BatchGet(self, request, context):
+        """Many keys of one map in one round trip; missing keys are reported per key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Query(self, request, context):
+        """The rows of the map's Delta table that match a filter, streamed in pages
+        ordered by key.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetAsOf(self, request, context):
+        """One entity as it was at a Delta table version or a point in time.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Watch(self, request, context):
+        """The map's changes as they happen, resumable from a change id.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -73,6 +128,26 @@ def add_MapServiceServicer_to_server(servicer, server):
                     request_deserializer=materializer_dot_v1_dot_map__service__pb2.GetRequest.FromString,
                     response_serializer=materializer_dot_v1_dot_map__service__pb2.GetResponse.SerializeToString,
             ),
+            'BatchGet': grpc.unary_unary_rpc_method_handler(
+                    servicer.BatchGet,
+                    request_deserializer=materializer_dot_v1_dot_map__service__pb2.BatchGetRequest.FromString,
+                    response_serializer=materializer_dot_v1_dot_map__service__pb2.BatchGetResponse.SerializeToString,
+            ),
+            'Query': grpc.unary_stream_rpc_method_handler(
+                    servicer.Query,
+                    request_deserializer=materializer_dot_v1_dot_map__service__pb2.QueryRequest.FromString,
+                    response_serializer=materializer_dot_v1_dot_map__service__pb2.QueryResponse.SerializeToString,
+            ),
+            'GetAsOf': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetAsOf,
+                    request_deserializer=materializer_dot_v1_dot_map__service__pb2.GetAsOfRequest.FromString,
+                    response_serializer=materializer_dot_v1_dot_map__service__pb2.GetAsOfResponse.SerializeToString,
+            ),
+            'Watch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Watch,
+                    request_deserializer=materializer_dot_v1_dot_map__service__pb2.WatchRequest.FromString,
+                    response_serializer=materializer_dot_v1_dot_map__service__pb2.WatchResponse.SerializeToString,
+            ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
             'materializer.v1.MapService', rpc_method_handlers)
@@ -82,13 +157,16 @@ def add_MapServiceServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class MapService:
-    """Point lookups in a materialized map.
+    """Lookups (from Redis), queries and time travel (from the Delta table), and
+    change streams.
 
     Errors are gRPC status codes with a readable message:
     NOT_FOUND when the map is not declared (an absent key is not an error, see
     GetResponse.found), INVALID_ARGUMENT for a malformed request,
-    RESOURCE_EXHAUSTED for an oversized request, UNAVAILABLE when the store
-    (Redis) cannot be reached; the call may be retried then.
+    RESOURCE_EXHAUSTED for an oversized request, UNAVAILABLE when a store
+    cannot be reached (the call may be retried), DEADLINE_EXCEEDED when a
+    `freshness` wait outlives the call's deadline, UNAUTHENTICATED and
+    PERMISSION_DENIED when authentication is on.
     """
 
     @staticmethod
@@ -108,6 +186,114 @@ class MapService:
             '/materializer.v1.MapService/Get',
             materializer_dot_v1_dot_map__service__pb2.GetRequest.SerializeToString,
             materializer_dot_v1_dot_map__service__pb2.GetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BatchGet(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/materializer.v1.MapService/BatchGet',
+            materializer_dot_v1_dot_map__service__pb2.BatchGetRequest.SerializeToString,
+            materializer_dot_v1_dot_map__service__pb2.BatchGetResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Query(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/materializer.v1.MapService/Query',
+            materializer_dot_v1_dot_map__service__pb2.QueryRequest.SerializeToString,
+            materializer_dot_v1_dot_map__service__pb2.QueryResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetAsOf(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/materializer.v1.MapService/GetAsOf',
+            materializer_dot_v1_dot_map__service__pb2.GetAsOfRequest.SerializeToString,
+            materializer_dot_v1_dot_map__service__pb2.GetAsOfResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Watch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/materializer.v1.MapService/Watch',
+            materializer_dot_v1_dot_map__service__pb2.WatchRequest.SerializeToString,
+            materializer_dot_v1_dot_map__service__pb2.WatchResponse.FromString,
             options,
             channel_credentials,
             insecure,

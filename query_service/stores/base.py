@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from materializer.layout import Watermark
@@ -15,6 +16,13 @@ class Lookup(NamedTuple):
     """The entity as compact UTF-8 JSON, exactly as stored; ``None`` when absent."""
     watermark: Watermark | None
     """The map's watermark; ``None`` when the map has no batch yet."""
+
+
+class BatchLookup(NamedTuple):
+    """Entities of one map, in the order of the keys asked for, and its watermark."""
+
+    entities: list[bytes | None]
+    watermark: Watermark | None
 
 
 class MapStore(ABC):
@@ -47,6 +55,15 @@ class MapStore(ABC):
         returned reflects at least that batch (possibly a newer one). A caller
         waiting for its own write to land can trust a watermark that covers it.
         """
+
+    @abstractmethod
+    async def get_many(self, map_name: str, keys: Sequence[str]) -> BatchLookup:
+        """Many entities of one map and its watermark in one round trip (watermark first)."""
+
+    @abstractmethod
+    async def get_across(self, keys_by_map: Mapping[str, Sequence[str]]) -> dict[str, BatchLookup]:
+        """Entities of several maps in one round trip: one watermark read and one ``MGET``
+        per map, all pipelined. The enrichment join's batched lookup."""
 
     @abstractmethod
     async def close(self) -> None:

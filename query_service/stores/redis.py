@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, cast
 
@@ -15,7 +15,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from materializer.layout import Watermark, entity_key, meta_key
 from query_service.errors import StoreUnavailable
-from query_service.stores.base import Lookup, MapStore
+from query_service.stores.base import BatchLookup, Lookup, MapStore
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,30 @@ class RedisMapStore(MapStore):
             pipe.get(entity_key(map_name, key))
             raw, entity = await pipe.execute()
         return Lookup(entity=entity, watermark=Watermark.from_hash(raw))
+
+    async def get_many(self, map_name: str, keys: Sequence[str]) -> BatchLookup:
+        """``HGETALL`` then ``MGET`` in one pipeline (no ``MULTI``, as for a single key)."""
+        return (await self.get_across({map_name: keys}))[map_name]
+
+    async def get_across(self, keys_by_map: Mapping[str, Sequence[str]]) -> dict[str, BatchLookup]:
+        """Per map ``HGETALL <map>:__meta__`` then ``MGET`` of its keys, all in one pipeline."""
+        names = list(keys_by_map)
+        async with (
+            self._unavailable_on_connection_errors(),
+            self._client.pipeline(transaction=False) as pipe,
+        ):
+            for name in names:
+                pipe.hgetall(meta_key(name))
+                keys = keys_by_map[name]
+                if keys:
+                    pipe.mget([entity_key(name, k) for k in keys])
+            replies = iter(await pipe.execute())
+        out = {}
+        for name in names:
+            mark = Watermark.from_hash(next(replies))
+            entities = list(next(replies)) if keys_by_map[name] else []
+            out[name] = BatchLookup(entities=entities, watermark=mark)
+        return out
 
     async def close(self) -> None:
         """Close the pool's connections."""

@@ -396,6 +396,6 @@ def test_value_to_key_needs_the_kafka_key_as_the_map_key():
     with pytest.raises(ConfigError) as info:
         parse_config({"maps": {"m": doc}})
     assert info.value.problems == [
-        "maps.m: transforms.0: value_to_key sets the record key, "
+        "maps.m.transforms.0: value_to_key sets the record key, "
         "which the map reads only with key: $kafka_key"
     ]

@@ -1,0 +1,132 @@
+import datetime
+
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from materializer.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ListMapsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class MapInfo(_message.Message):
+    __slots__ = ("name", "topics", "format", "key", "fold_mode", "table_path")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    FOLD_MODE_FIELD_NUMBER: _ClassVar[int]
+    TABLE_PATH_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    format: str
+    key: str
+    fold_mode: str
+    table_path: str
+    def __init__(self, name: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., format: _Optional[str] = ..., key: _Optional[str] = ..., fold_mode: _Optional[str] = ..., table_path: _Optional[str] = ...) -> None: ...
+
+class ListMapsResponse(_message.Message):
+    __slots__ = ("maps",)
+    MAPS_FIELD_NUMBER: _ClassVar[int]
+    maps: _containers.RepeatedCompositeFieldContainer[MapInfo]
+    def __init__(self, maps: _Optional[_Iterable[_Union[MapInfo, _Mapping]]] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ("map",)
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    def __init__(self, map: _Optional[str] = ...) -> None: ...
+
+class PartitionLag(_message.Message):
+    __slots__ = ("topic", "partition", "materialized_offset", "log_end_offset", "lag")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    PARTITION_FIELD_NUMBER: _ClassVar[int]
+    MATERIALIZED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    partition: int
+    materialized_offset: int
+    log_end_offset: int
+    lag: int
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., materialized_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., lag: _Optional[int] = ...) -> None: ...
+
+class MapStatus(_message.Message):
+    __slots__ = ("map", "state", "error", "last_batch_id", "last_batch_at", "watermark", "partitions", "total_lag", "input_rows_per_second", "output_rows_per_second", "reported_at")
+    class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STATE_UNSPECIFIED: _ClassVar[MapStatus.State]
+        NOT_STARTED: _ClassVar[MapStatus.State]
+        RUNNING: _ClassVar[MapStatus.State]
+        PAUSED: _ClassVar[MapStatus.State]
+        FAILED: _ClassVar[MapStatus.State]
+        STOPPED: _ClassVar[MapStatus.State]
+    STATE_UNSPECIFIED: MapStatus.State
+    NOT_STARTED: MapStatus.State
+    RUNNING: MapStatus.State
+    PAUSED: MapStatus.State
+    FAILED: MapStatus.State
+    STOPPED: MapStatus.State
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LAST_BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_BATCH_AT_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    PARTITIONS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_LAG_FIELD_NUMBER: _ClassVar[int]
+    INPUT_ROWS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_ROWS_PER_SECOND_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    state: MapStatus.State
+    error: str
+    last_batch_id: int
+    last_batch_at: _timestamp_pb2.Timestamp
+    watermark: _common_pb2.Watermark
+    partitions: _containers.RepeatedCompositeFieldContainer[PartitionLag]
+    total_lag: int
+    input_rows_per_second: float
+    output_rows_per_second: float
+    reported_at: _timestamp_pb2.Timestamp
+    def __init__(self, map: _Optional[str] = ..., state: _Optional[_Union[MapStatus.State, str]] = ..., error: _Optional[str] = ..., last_batch_id: _Optional[int] = ..., last_batch_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ..., partitions: _Optional[_Iterable[_Union[PartitionLag, _Mapping]]] = ..., total_lag: _Optional[int] = ..., input_rows_per_second: _Optional[float] = ..., output_rows_per_second: _Optional[float] = ..., reported_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetStatusResponse(_message.Message):
+    __slots__ = ("maps",)
+    MAPS_FIELD_NUMBER: _ClassVar[int]
+    maps: _containers.RepeatedCompositeFieldContainer[MapStatus]
+    def __init__(self, maps: _Optional[_Iterable[_Union[MapStatus, _Mapping]]] = ...) -> None: ...
+
+class ControlRequest(_message.Message):
+    __slots__ = ("map",)
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    def __init__(self, map: _Optional[str] = ...) -> None: ...
+
+class ControlResponse(_message.Message):
+    __slots__ = ("map", "requested_state")
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_STATE_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    requested_state: MapStatus.State
+    def __init__(self, map: _Optional[str] = ..., requested_state: _Optional[_Union[MapStatus.State, str]] = ...) -> None: ...
+
+class ValidateConfigRequest(_message.Message):
+    __slots__ = ("config",)
+    CONFIG_FIELD_NUMBER: _ClassVar[int]
+    config: str
+    def __init__(self, config: _Optional[str] = ...) -> None: ...
+
+class ValidateConfigResponse(_message.Message):
+    __slots__ = ("valid", "problems")
+    VALID_FIELD_NUMBER: _ClassVar[int]
+    PROBLEMS_FIELD_NUMBER: _ClassVar[int]
+    valid: bool
+    problems: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, valid: _Optional[bool] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
