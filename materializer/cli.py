@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from materializer.config import AppConfig, load_config
+from materializer.config import AppConfig, config_problems, load_config
 from materializer.errors import ConfigError, MaterializerError
 
 app = typer.Typer(help="Fold Kafka topics into Delta tables and Redis maps.", no_args_is_help=True)
@@ -34,15 +34,7 @@ def _load(path: Path) -> AppConfig:
 def validate(config: ConfigOption) -> None:
     """Check a configuration file; every problem is printed with its key path."""
     cfg = _load(config)
-    # Checks that need more than one key at a time, as `run` makes them when a map starts.
-    from materializer.pipeline.formats.json_inferred import inferred_problems, is_inferred
-
-    problems = [
-        f"maps.{name}.{problem}"
-        for name, map_config in cfg.maps.items()
-        if is_inferred(map_config)
-        for problem in inferred_problems(map_config)
-    ]
+    problems = config_problems(cfg)
     if problems:
         err.print(
             f"[red]{ConfigError(str(config), problems)}[/red]", highlight=False, soft_wrap=True

@@ -544,8 +544,38 @@ def load_config(path: str | Path) -> AppConfig:
         text = p.read_text()
     except OSError as exc:
         raise ConfigError(str(p), [f"<file>: cannot read: {exc.strerror}"]) from None
+    return parse_config_text(text, str(p))
+
+
+def parse_config_text(text: str, source: str = "<config>") -> AppConfig:
+    """Validate a YAML (or JSON) document given as text."""
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ConfigError(str(p), [f"<file>: not valid YAML: {exc}"]) from None
-    return parse_config(data, str(p))
+        raise ConfigError(source, [f"<file>: not valid YAML: {exc}"]) from None
+    return parse_config(data, source)
+
+
+def config_problems(config: AppConfig) -> list[str]:
+    """Checks that need more than one key at a time, made before any map starts.
+
+    ``materializer validate`` and the admin API report these along with the
+    model's own, so both give the same answer for the same file.
+    """
+    from materializer.pipeline.formats.json_inferred import inferred_problems, is_inferred
+
+    return [
+        f"maps.{name}.{problem}"
+        for name, map_config in config.maps.items()
+        if is_inferred(map_config)
+        for problem in inferred_problems(map_config)
+    ]
+
+
+def validate_text(text: str, source: str = "<config>") -> list[str]:
+    """Every problem of a configuration document, each with its key path; empty when valid."""
+    try:
+        config = parse_config_text(text, source)
+    except ConfigError as exc:
+        return exc.problems
+    return config_problems(config)

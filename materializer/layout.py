@@ -7,7 +7,9 @@ Written down in docs/redis-layout.md and pinned by tests/unit/test_layout.py.
   ``batch_id`` (decimal), ``offsets`` (JSON ``{"topic": {"partition": next_offset}}``),
   ``updated_at_ms`` (UTC epoch milliseconds), ``app_id`` (the writing query);
 - ``<map>:__changes__`` stream (capped), one entry per key a batch wrote:
-  ``key``, ``op`` (``upsert`` | ``delete``), ``batch_id``.
+  ``key``, ``op`` (``upsert`` | ``delete``), ``batch_id``;
+- ``<map>:__status__`` hash, what the running materializer reports of the map;
+- ``<map>:__control__`` hash, what operators ask of it (pause, resume, restart).
 
 Offsets in the watermark are *next* offsets (exclusive ends, as Kafka commits
 them): a record at offset ``o`` is reflected once the watermark's offset for its
@@ -24,7 +26,9 @@ import orjson
 
 META_SUFFIX = "__meta__"
 CHANGES_SUFFIX = "__changes__"
-RESERVED_KEYS = frozenset({META_SUFFIX, CHANGES_SUFFIX})
+STATUS_SUFFIX = "__status__"
+CONTROL_SUFFIX = "__control__"
+RESERVED_KEYS = frozenset({META_SUFFIX, CHANGES_SUFFIX, STATUS_SUFFIX, CONTROL_SUFFIX})
 """Entity keys that would collide with a map's own bookkeeping keys."""
 
 
@@ -71,10 +75,7 @@ class Watermark:
     @classmethod
     def from_hash(cls, raw: Mapping[Any, Any]) -> Watermark | None:
         """Parse ``HGETALL <map>:__meta__``; ``None`` when the map has no batch yet."""
-        fields = {
-            (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-            for k, v in raw.items()
-        }
+        fields = _text_fields(raw)
         if "batch_id" not in fields:
             return None
         offsets = orjson.loads(fields.get("offsets", "{}"))
@@ -83,4 +84,89 @@ class Watermark:
             offsets={t: {int(p): int(o) for p, o in ps.items()} for t, ps in offsets.items()},
             updated_at_ms=int(fields.get("updated_at_ms", "0")),
             app_id=fields.get("app_id", ""),
+        )
+
+
+def _text_fields(raw: Mapping[Any, Any]) -> dict[str, str]:
+    return {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in raw.items()
+    }
+
+
+def status_key(map_name: str) -> str:
+    """The Redis hash where the materializer reports a map's state."""
+    return f"{map_name}:{STATUS_SUFFIX}"
+
+
+def control_key(map_name: str) -> str:
+    """The Redis hash where operators ask the materializer to pause, resume or restart a map."""
+    return f"{map_name}:{CONTROL_SUFFIX}"
+
+
+MAP_STATES = ("running", "paused", "failed", "stopped")
+
+
+@dataclass(frozen=True)
+class MapReport:
+    """A map's state as the materializer last reported it, every second or so while it runs.
+
+    A report older than a few intervals means the materializer is gone (killed,
+    not stopped cleanly), whatever ``state`` says.
+    """
+
+    state: str
+    error: str = ""
+    reported_at_ms: int = 0
+    input_rows_per_second: float = 0.0
+    processed_rows_per_second: float = 0.0
+
+    def to_hash(self) -> dict[str, str]:
+        """The fields of ``<map>:__status__``."""
+        return {
+            "state": self.state,
+            "error": self.error,
+            "reported_at_ms": str(self.reported_at_ms),
+            "input_rows_per_second": repr(self.input_rows_per_second),
+            "processed_rows_per_second": repr(self.processed_rows_per_second),
+        }
+
+    @classmethod
+    def from_hash(cls, raw: Mapping[Any, Any]) -> MapReport | None:
+        """Parse ``HGETALL <map>:__status__``; ``None`` when nothing was reported yet."""
+        fields = _text_fields(raw)
+        if "state" not in fields:
+            return None
+        return cls(
+            state=fields["state"],
+            error=fields.get("error", ""),
+            reported_at_ms=int(fields.get("reported_at_ms", "0")),
+            input_rows_per_second=float(fields.get("input_rows_per_second", "0")),
+            processed_rows_per_second=float(fields.get("processed_rows_per_second", "0")),
+        )
+
+
+@dataclass(frozen=True)
+class Control:
+    """What operators ask of a map: ``desired`` state, and a restart when ``restart_id`` changes.
+
+    The request is state, not a queue of commands: a materializer that starts
+    later still finds a map paused, and two restarts asked at once are one.
+    """
+
+    desired: str = "running"
+    restart_id: str = ""
+
+    def to_hash(self) -> dict[str, str]:
+        """The fields of ``<map>:__control__``."""
+        return {"desired": self.desired, "restart_id": self.restart_id}
+
+    @classmethod
+    def from_hash(cls, raw: Mapping[Any, Any]) -> Control:
+        """Parse ``HGETALL <map>:__control__``; no hash means run."""
+        fields = _text_fields(raw)
+        desired = fields.get("desired", "running")
+        return cls(
+            desired=desired if desired in ("running", "paused") else "running",
+            restart_id=fields.get("restart_id", ""),
         )

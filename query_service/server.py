@@ -26,7 +26,7 @@ from query_service.services.admin_service import AdminServicer
 from query_service.services.enrich_service import EnrichServicer
 from query_service.services.map_service import MapServicer
 from query_service.services.table_reads import TableReads
-from query_service.stores.base import MapStore
+from query_service.stores.control import ControlStore, LogEnds
 from query_service.stores.redis import RedisMapStore
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 
 
 async def create_server(
-    config: AppConfig, address: str = "127.0.0.1:0", store: MapStore | None = None
+    config: AppConfig, address: str = "127.0.0.1:0", store: RedisMapStore | None = None
 ) -> tuple[grpc.aio.Server, int]:
     """A server bound to ``address`` but not started, and the port it got.
 
@@ -80,7 +80,7 @@ async def create_server(
         EnrichServicer(config, store, gate), server
     )
     admin_pb_grpc.add_AdminServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        AdminServicer(config, store), server
+        AdminServicer(config, ControlStore(store.client), LogEnds(config.kafka)), server
     )
 
     health_servicer = health.aio.HealthServicer()

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 from materializer.config import AppConfig
 from materializer.errors import ConfigError
+from materializer.paths import checkpoint_path, history_path, table_path
 from materializer.pipeline import columns as c
 from materializer.pipeline.checkpoint import Checkpoint
 from materializer.pipeline.crash import CrashDrill
@@ -63,16 +64,6 @@ def changelog_topic(config: AppConfig, map_name: str) -> str:
     """The configured changelog topic, or ``<map>.changelog``."""
     changelog = config.map(map_name).changelog
     return changelog.topic if changelog else f"{map_name}.changelog"
-
-
-def table_path(config: AppConfig, map_name: str) -> str:
-    """Where the map's Delta table lives."""
-    return f"{config.delta.root.rstrip('/')}/{map_name}"
-
-
-def checkpoint_path(config: AppConfig, map_name: str, query: str) -> str:
-    """One checkpoint folder per query of a map."""
-    return f"{config.spark.checkpoint_root.rstrip('/')}/{map_name}/{query}"
 
 
 class Projector:
@@ -306,11 +297,6 @@ def _start_dead_letters(
     for key, value in producer_options(config, max_record_bytes).items():
         writer = writer.option(f"kafka.{key}", value)
     return writer.start()
-
-
-def history_path(config: AppConfig, map_name: str) -> str:
-    """The raw-event history table of a map."""
-    return f"{table_path(config, map_name)}__events"
 
 
 def _start_history(

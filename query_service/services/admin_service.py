@@ -2,24 +2,157 @@
 
 from __future__ import annotations
 
+import time
+
 import grpc
 
-from materializer.config import AppConfig
+from materializer.config import AppConfig, validate_text
+from materializer.layout import MapReport
+from materializer.paths import table_path
 from materializer.v1 import admin_service_pb2 as pb
 from materializer.v1 import admin_service_pb2_grpc as pb_grpc
-from query_service.stores.base import MapStore
+from query_service.errors import InvalidArgument, MapNotFound
+from query_service.services.map_service import watermark_to_proto
+from query_service.stores.control import ControlStore, LogEnds, MapSnapshot
+
+State = pb.MapStatus.State
+STALE_REPORT_SECONDS = 15.0
+"""A running materializer reports every half second; silence this long means it is gone."""
+MAX_CONFIG_BYTES = 1024 * 1024
+
+_STATES = {
+    "running": State.RUNNING,
+    "paused": State.PAUSED,
+    "failed": State.FAILED,
+    "stopped": State.STOPPED,
+}
+
+
+def map_state(report: MapReport | None, now_ms: int) -> pb.MapStatus.State:
+    """The state a report implies; a running or paused map that went silent is STOPPED."""
+    if report is None:
+        return State.NOT_STARTED
+    state = _STATES.get(report.state, State.STATE_UNSPECIFIED)
+    alive = now_ms - report.reported_at_ms <= STALE_REPORT_SECONDS * 1000
+    if state in (State.RUNNING, State.PAUSED) and not alive:
+        return State.STOPPED
+    return state
 
 
 class AdminServicer(pb_grpc.AdminServiceServicer):
     """Reads what the materializer reports in Redis and writes the control keys it obeys."""
 
-    def __init__(self, config: AppConfig, store: MapStore) -> None:
+    def __init__(self, config: AppConfig, control: ControlStore, log_ends: LogEnds) -> None:
         self._config = config
-        self._store = store
+        self._control = control
+        self._log_ends = log_ends
 
     async def ListMaps(
         self, request: pb.ListMapsRequest, context: grpc.aio.ServicerContext
     ) -> pb.ListMapsResponse:
-        """The declared maps."""
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "ListMaps is not available yet")
-        return pb.ListMapsResponse()
+        """The declared maps, in name order."""
+        return pb.ListMapsResponse(
+            maps=[
+                pb.MapInfo(
+                    name=name,
+                    topics=m.source.topics,
+                    format=m.source.format,
+                    key=m.key,
+                    fold_mode=m.fold.mode,
+                    table_path=table_path(self._config, name),
+                )
+                for name, m in sorted(self._config.maps.items())
+            ]
+        )
+
+    async def GetStatus(
+        self, request: pb.GetStatusRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetStatusResponse:
+        """State, last batch, per-partition lag and rates of one map or all."""
+        names = [self._check_map(request.map)] if request.map else sorted(self._config.maps)
+        snapshots = await self._control.snapshot(names)
+        topics = sorted({t for n in names for t in self._config.maps[n].source.topics})
+        ends = await self._log_ends.ends(topics) if topics else {}
+        now_ms = int(time.time() * 1000)
+        return pb.GetStatusResponse(
+            maps=[self._status(n, snapshots[n], ends, now_ms) for n in names]
+        )
+
+    def _status(
+        self,
+        name: str,
+        snap: MapSnapshot,
+        ends: dict[str, dict[int, int]] | None,
+        now_ms: int,
+    ) -> pb.MapStatus:
+        status = pb.MapStatus(map=name, state=map_state(snap.report, now_ms))
+        if snap.report is not None:
+            status.error = snap.report.error
+            status.input_rows_per_second = snap.report.input_rows_per_second
+            status.output_rows_per_second = snap.report.processed_rows_per_second
+            if snap.report.reported_at_ms:
+                status.reported_at.FromMilliseconds(snap.report.reported_at_ms)
+        mark = snap.watermark
+        if mark is not None:
+            status.watermark.CopyFrom(watermark_to_proto(mark))
+            status.last_batch_id = mark.batch_id
+            if mark.updated_at_ms:
+                status.last_batch_at.FromMilliseconds(mark.updated_at_ms)
+        for topic in sorted(self._config.maps[name].source.topics):
+            done = mark.offsets.get(topic, {}) if mark else {}
+            known = ends.get(topic, {}) if ends is not None else {}
+            for partition in sorted(set(done) | set(known)):
+                materialized = done.get(partition, 0)
+                end = known.get(partition, -1) if ends is not None else -1
+                status.partitions.append(
+                    pb.PartitionLag(
+                        topic=topic,
+                        partition=partition,
+                        materialized_offset=materialized,
+                        log_end_offset=end,
+                        lag=max(0, end - materialized) if end >= 0 else -1,
+                    )
+                )
+        lags = [p.lag for p in status.partitions]
+        status.total_lag = -1 if ends is None or -1 in lags else sum(lags)
+        return status
+
+    async def Pause(
+        self, request: pb.ControlRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ControlResponse:
+        """Ask the materializer to stop folding the map after its batch in flight."""
+        name = self._check_map(request.map)
+        await self._control.request(name, desired="paused")
+        return pb.ControlResponse(map=name, requested_state=State.PAUSED)
+
+    async def Resume(
+        self, request: pb.ControlRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ControlResponse:
+        """Ask the materializer to fold the map again from where it paused."""
+        name = self._check_map(request.map)
+        await self._control.request(name, desired="running")
+        return pb.ControlResponse(map=name, requested_state=State.RUNNING)
+
+    async def Restart(
+        self, request: pb.ControlRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ControlResponse:
+        """Ask for a stop and start of the map's queries (a failed map tries again)."""
+        name = self._check_map(request.map)
+        await self._control.request(name, desired="running", restart=True)
+        return pb.ControlResponse(map=name, requested_state=State.RUNNING)
+
+    async def ValidateConfig(
+        self, request: pb.ValidateConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ValidateConfigResponse:
+        """The problems ``materializer validate`` would print for the same document."""
+        if len(request.config.encode()) > MAX_CONFIG_BYTES:
+            raise InvalidArgument(f"config: larger than {MAX_CONFIG_BYTES} bytes")
+        problems = validate_text(request.config, "<request>")
+        return pb.ValidateConfigResponse(valid=not problems, problems=problems)
+
+    def _check_map(self, name: str) -> str:
+        if not name:
+            raise InvalidArgument("map: must not be empty")
+        if name not in self._config.maps:
+            raise MapNotFound(name, self._config.maps)
+        return name

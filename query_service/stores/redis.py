@@ -48,6 +48,11 @@ class RedisMapStore(MapStore):
         kwargs = client.connection_pool.connection_kwargs
         self._where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
 
+    @property
+    def client(self) -> aioredis.Redis:
+        """The shared client, for the other stores of the process (admin, change streams)."""
+        return self._client
+
     @classmethod
     def from_url(cls, url: str) -> RedisMapStore:
         """A store on ``redis://`` / ``rediss://`` / ``unix://`` URL; connects lazily."""

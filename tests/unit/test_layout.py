@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from materializer.layout import Watermark, change_entry, changes_key, entity_key, meta_key
+from materializer.layout import (
+    RESERVED_KEYS,
+    Control,
+    MapReport,
+    Watermark,
+    change_entry,
+    changes_key,
+    control_key,
+    entity_key,
+    meta_key,
+    status_key,
+)
 
 
 def test_key_names_are_the_contract():
@@ -34,3 +45,23 @@ def test_watermark_round_trips_through_redis_bytes():
     raw = {k.encode(): v.encode() for k, v in mark.to_hash().items()}
     assert Watermark.from_hash(raw) == mark
     assert Watermark.from_hash({}) is None
+
+
+def test_status_and_control_hashes_are_the_contract():
+    assert status_key("users") == "users:__status__"
+    assert control_key("users") == "users:__control__"
+    assert {"__meta__", "__changes__", "__status__", "__control__"} == RESERVED_KEYS
+    report = MapReport("failed", "boom", 1700, 12.5, 3.0)
+    assert report.to_hash() == {
+        "state": "failed",
+        "error": "boom",
+        "reported_at_ms": "1700",
+        "input_rows_per_second": "12.5",
+        "processed_rows_per_second": "3.0",
+    }
+    raw = {k.encode(): v.encode() for k, v in report.to_hash().items()}
+    assert MapReport.from_hash(raw) == report
+    assert MapReport.from_hash({}) is None
+    assert Control("paused", "r1").to_hash() == {"desired": "paused", "restart_id": "r1"}
+    assert Control.from_hash({}) == Control("running", "")
+    assert Control.from_hash({b"desired": b"bogus"}).desired == "running"

@@ -1,0 +1,70 @@
+"""The materializer's side of the admin API: reports per map, and the requests it obeys.
+
+The query service's AdminService writes ``<map>:__control__`` and reads
+``<map>:__status__``; ``materializer run`` does the opposite, once per loop of
+its supervisor (well under one trigger interval). Redis being down never stops
+a map: the last known request stands and reports resume when Redis is back.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+import redis
+
+from materializer.layout import Control, MapReport, control_key, status_key
+
+log = logging.getLogger(__name__)
+
+
+class ControlChannel:
+    """Reads every map's control hash and writes its report, one pipeline each way."""
+
+    def __init__(self, url: str, names: Sequence[str]) -> None:
+        self._client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        self._names = list(names)
+        self._last: dict[str, Control] = {}
+        self._warned = False
+
+    def requests(self) -> dict[str, Control]:
+        """Each map's current request; the last one known when Redis cannot be read."""
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for name in self._names:
+                pipe.hgetall(control_key(name))
+            replies = pipe.execute()
+        except redis.RedisError as exc:
+            self._warn(exc)
+            return {n: self._last.get(n, Control()) for n in self._names}
+        self._warned = False
+        self._last = {n: Control.from_hash(r) for n, r in zip(self._names, replies, strict=True)}
+        return dict(self._last)
+
+    def report(self, reports: dict[str, MapReport]) -> None:
+        """Write each map's report (best effort: a missed report is only a stale status)."""
+        now = int(time.time() * 1000)
+        try:
+            pipe = self._client.pipeline(transaction=False)
+            for name, report in reports.items():
+                stamped = MapReport(
+                    state=report.state,
+                    error=report.error,
+                    reported_at_ms=now,
+                    input_rows_per_second=report.input_rows_per_second,
+                    processed_rows_per_second=report.processed_rows_per_second,
+                )
+                pipe.hset(status_key(name), mapping=stamped.to_hash())  # type: ignore[arg-type]
+            pipe.execute()
+        except redis.RedisError as exc:
+            self._warn(exc)
+
+    def _warn(self, exc: Exception) -> None:
+        if not self._warned:
+            log.warning("cannot reach Redis for map control and status: %s", exc)
+            self._warned = True
+
+    def close(self) -> None:
+        """Release the connection."""
+        self._client.close()

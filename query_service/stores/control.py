@@ -1,0 +1,123 @@
+"""The admin side of ``<map>:__status__`` / ``<map>:__control__``, and the source log ends.
+
+The materializer reports each map's state and obeys the control hash
+(``materializer.pipeline.control``); this store reads the one and writes the
+other, on the query service's shared Redis client. Log end offsets come from
+Kafka itself, so lag is measured against the log, not against what the
+materializer last saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Sequence
+from typing import Any, NamedTuple, cast
+
+import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from materializer.config import KafkaConfig
+from materializer.layout import Control, MapReport, Watermark, control_key, meta_key, status_key
+from query_service.errors import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+KAFKA_TIMEOUT_SECONDS = 5.0
+
+
+class MapSnapshot(NamedTuple):
+    """What Redis says of one map: its watermark, last report and pending request."""
+
+    watermark: Watermark | None
+    report: MapReport | None
+    control: Control
+
+
+class ControlStore:
+    """Reads reports and writes requests for the admin API."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self._client = client
+
+    async def snapshot(self, names: Sequence[str]) -> dict[str, MapSnapshot]:
+        """Watermark, report and control of each map, in one round trip."""
+        try:
+            async with self._client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.hgetall(meta_key(name))
+                    pipe.hgetall(status_key(name))
+                    pipe.hgetall(control_key(name))
+                replies = iter(await pipe.execute())
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise StoreUnavailable(f"redis is unavailable ({type(exc).__name__})") from exc
+        return {
+            name: MapSnapshot(
+                Watermark.from_hash(next(replies)),
+                MapReport.from_hash(next(replies)),
+                Control.from_hash(next(replies)),
+            )
+            for name in names
+        }
+
+    async def request(
+        self, name: str, *, desired: str | None = None, restart: bool = False
+    ) -> None:
+        """Ask the materializer to change a map's state (it obeys within one loop)."""
+        fields: dict[str, str] = {}
+        if desired is not None:
+            fields["desired"] = desired
+        if restart:
+            fields["restart_id"] = uuid.uuid4().hex
+        try:
+            await self._client.hset(control_key(name), mapping=cast("Any", fields))
+        except (RedisConnectionError, RedisTimeoutError) as exc:
+            raise StoreUnavailable(f"redis is unavailable ({type(exc).__name__})") from exc
+
+
+class LogEnds:
+    """Log end offsets of source partitions, asked of Kafka's admin API."""
+
+    def __init__(self, kafka: KafkaConfig) -> None:
+        self._settings: dict[str, str | int | float | bool] = {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            **kafka.properties,
+        }
+        self._admin: Any = None
+
+    def _client(self) -> Any:
+        if self._admin is None:
+            from confluent_kafka.admin import AdminClient
+
+            self._admin = AdminClient(self._settings)
+        return self._admin
+
+    async def ends(self, topics: Sequence[str]) -> dict[str, dict[int, int]] | None:
+        """Per topic and partition, the log end offset now; ``None`` when Kafka cannot say."""
+        try:
+            return await asyncio.to_thread(self._ends, list(topics))
+        except Exception as exc:  # Kafka down or slow: lag is unknown, status still answers
+            log.warning("cannot read log end offsets of %s: %s", ", ".join(topics), exc)
+            return None
+
+    def _ends(self, topics: list[str]) -> dict[str, dict[int, int]]:
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
+
+        admin = self._client()
+        wanted: dict[TopicPartition, Any] = {}
+        for topic in topics:
+            metadata = admin.list_topics(topic, timeout=KAFKA_TIMEOUT_SECONDS).topics[topic]
+            if metadata.error is not None:
+                raise RuntimeError(f"{topic}: {metadata.error}")
+            for partition in metadata.partitions:
+                wanted[TopicPartition(topic, partition)] = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        out: dict[str, dict[int, int]] = {t: {} for t in topics}
+        if not wanted:
+            return out
+        futures = admin.list_offsets(wanted, request_timeout=KAFKA_TIMEOUT_SECONDS)
+        for tp, future in futures.items():
+            out[tp.topic][tp.partition] = future.result().offset
+        return out
