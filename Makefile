@@ -40,7 +40,15 @@ redis: ## make sure redis-server is installed (apt-get as root)
 	  else echo "redis-server is missing: install it (sudo apt-get install redis-server) or set REDIS_URL to a running server"; exit 1; fi; \
 	fi
 
-setup: venv jars java redis ## everything the tests and the demo need
+NODE_CLIENT := tests/interop/node_modules/.package-lock.json
+
+$(NODE_CLIENT): tests/interop/package.json tests/interop/package-lock.json
+	@command -v npm >/dev/null || { echo "Node.js and npm are needed for the interop test (Debian: apt-get install nodejs npm)"; exit 1; }
+	cd tests/interop && npm ci --no-audit --no-fund --loglevel=error
+
+node: $(NODE_CLIENT) ## install the Node gRPC client used by the interop test
+
+setup: venv jars java redis node ## everything the tests and the demo need
 
 proto: venv ## regenerate the gRPC Python code from proto/
 	$(BIN)/python -m query_service.codegen
@@ -62,6 +70,6 @@ bench: setup ## run the benchmarks (JSON lines on stdout)
 	$(BIN)/python bench/pipeline.py
 
 clean: ## remove the venv, resolved jars and local data
-	rm -rf $(VENV) jvm/lib warehouse checkpoints
+	rm -rf $(VENV) jvm/lib warehouse checkpoints tests/interop/node_modules
 
-.PHONY: help venv jars java redis setup proto lint format test bench clean
+.PHONY: help venv jars java redis node setup proto lint format test bench clean

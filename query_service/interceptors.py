@@ -1,37 +1,54 @@
-"""The one place where exceptions become gRPC statuses.
+"""The one place where calls are authorized, measured, and exceptions become statuses.
 
 Without it grpc.aio answers an escaped exception with ``UNKNOWN`` and the
 exception's text, which tells the client nothing it can act on and may leak
 internals. Handlers therefore raise ``QueryServiceError`` subclasses and let
-everything else propagate here.
+everything else propagate here. Authorization runs inside the same wrapper,
+so a refused call is counted and answered like any other error; it checks
+the token before the handler runs and the maps each request names (every
+request of a stream) before the handler sees it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, NoReturn
 
 import grpc
 
-from query_service.errors import QueryServiceError
+from query_service.auth import OPEN_PREFIXES, Authorizer, Grant
+from query_service.errors import QueryServiceError, StoreUnavailable
+from query_service.metrics import LATENCY, REQUESTS, STORE_ERRORS
 
 log = logging.getLogger(__name__)
 
 INTERNAL_DETAILS = "internal error in the query service (logged on the server)"
 
 Behavior = Callable[[Any, Any], Any]
+RequestMaps = Callable[[str, Any], Iterable[str]]
+"""The maps a request of a method names (for per-map grants)."""
 
 
 class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Map ``QueryServiceError`` to its ``code`` and any other exception to ``INTERNAL``.
 
+    With an ``authorizer``, every call but health and reflection needs a
+    bearer token whose grant covers the method's verb and the request's maps.
     Works for all four RPC kinds and keeps each handler's shape (coroutine or
     async generator), because grpc.aio picks how to drive a handler by
     inspecting it. Aborts a handler made itself, and cancellations, pass
     through untouched.
     """
+
+    def __init__(
+        self, authorizer: Authorizer | None = None, request_maps: RequestMaps | None = None
+    ) -> None:
+        self._authorizer = authorizer
+        self._request_maps = request_maps or (lambda method, request: ())
 
     async def intercept_service(
         self,
@@ -43,11 +60,12 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         if handler is None:  # unknown method: grpc answers UNIMPLEMENTED itself
             return None
         method: str = handler_call_details.method
+        call = _Call(method, self._authorizer, self._request_maps)
         for kind, factory in _FACTORIES.items():
             behavior = getattr(handler, kind)
             if behavior is not None:
                 return factory(
-                    _wrap(behavior, method),
+                    call.wrap(behavior, streaming_requests=kind.startswith("stream_")),
                     request_deserializer=handler.request_deserializer,
                     response_serializer=handler.response_serializer,
                 )
@@ -62,42 +80,110 @@ _FACTORIES: dict[str, Callable[..., grpc.RpcMethodHandler]] = {
 }
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: Exception, method: str) -> NoReturn:
+class _Call:
+    """Per method: authorization before the handler, metrics and status mapping after it."""
+
+    def __init__(
+        self, method: str, authorizer: Authorizer | None, request_maps: RequestMaps
+    ) -> None:
+        self.method = method
+        self.short = method.rsplit("/", 1)[-1]
+        self._authorizer = None if method.startswith(OPEN_PREFIXES) else authorizer
+        self._request_maps = request_maps
+
+    def _authorize(self, context: grpc.aio.ServicerContext) -> Grant | None:
+        if self._authorizer is None:
+            return None
+        grant = self._authorizer.authenticate(context.invocation_metadata())
+        self._authorizer.check_verb(grant, self.method)
+        return grant
+
+    def _check(self, grant: Grant | None, request: Any) -> None:
+        if grant is not None:
+            Authorizer.check_maps(grant, self._request_maps(self.method, request))
+
+    def _checked_stream(self, grant: Grant | None, requests: AsyncIterator[Any]) -> Any:
+        if grant is None:
+            return requests
+
+        async def checked() -> AsyncIterator[Any]:
+            async for request in requests:
+                self._check(grant, request)
+                yield request
+
+        return checked()
+
+    def _prepare(self, request: Any, context: Any, streaming_requests: bool) -> Any:
+        grant = self._authorize(context)
+        if streaming_requests:
+            return self._checked_stream(grant, request)
+        self._check(grant, request)
+        return request
+
+    def wrap(self, behavior: Behavior, *, streaming_requests: bool) -> Behavior:
+        """The behavior with authorization, metrics and error mapping around it."""
+        if inspect.isasyncgenfunction(behavior):
+
+            async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+                started, code = time.perf_counter(), grpc.StatusCode.OK
+                try:
+                    request = self._prepare(request, context, streaming_requests)
+                    async for response in behavior(request, context):
+                        yield response
+                except BaseException as exc:
+                    code = _code_of(exc, context)
+                    await self._fail(context, exc)
+                finally:
+                    self._measure(started, code)
+
+            return stream
+
+        if inspect.iscoroutinefunction(behavior):
+
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                started, code = time.perf_counter(), grpc.StatusCode.OK
+                try:
+                    request = self._prepare(request, context, streaming_requests)
+                    return await behavior(request, context)
+                except BaseException as exc:
+                    code = _code_of(exc, context)
+                    await self._fail(context, exc)
+                finally:
+                    self._measure(started, code)
+
+            return unary
+
+        # Every handler in this service is async. grpc.aio would run a synchronous
+        # one on a thread pool, where the context cannot be awaited; such a handler
+        # must map its own errors, so it is left as it is.
+        return behavior
+
+    async def _fail(self, context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
+        if isinstance(exc, grpc.aio.AbortError | asyncio.CancelledError) or not isinstance(
+            exc, Exception
+        ):
+            raise exc
+        if isinstance(exc, QueryServiceError):
+            if isinstance(exc, StoreUnavailable):
+                STORE_ERRORS.labels(self.short).inc()
+            log.debug("%s: %s %s", self.method, exc.code.name, exc)
+            await context.abort(exc.code, str(exc))
+        log.error("%s: unhandled %s", self.method, type(exc).__name__, exc_info=exc)
+        await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_DETAILS)
+        raise AssertionError("unreachable: context.abort raises")
+
+    def _measure(self, started: float, code: grpc.StatusCode) -> None:
+        REQUESTS.labels(self.short, code.name).inc()
+        LATENCY.labels(self.short).observe(time.perf_counter() - started)
+
+
+def _code_of(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
+    """The status a call ends with, for metrics."""
     if isinstance(exc, QueryServiceError):
-        log.debug("%s: %s %s", method, exc.code.name, exc)
-        await context.abort(exc.code, str(exc))
-    log.error("%s: unhandled %s", method, type(exc).__name__, exc_info=exc)
-    await context.abort(grpc.StatusCode.INTERNAL, INTERNAL_DETAILS)
-    raise AssertionError("unreachable: context.abort raises")
-
-
-def _wrap(behavior: Behavior, method: str) -> Behavior:
-    if inspect.isasyncgenfunction(behavior):
-
-        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            try:
-                async for response in behavior(request, context):
-                    yield response
-            except grpc.aio.AbortError:
-                raise
-            except Exception as exc:
-                await _abort(context, exc, method)
-
-        return stream
-
-    if inspect.iscoroutinefunction(behavior):
-
-        async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            try:
-                return await behavior(request, context)
-            except grpc.aio.AbortError:
-                raise
-            except Exception as exc:
-                await _abort(context, exc, method)
-
-        return call
-
-    # Every handler in this service is async. grpc.aio would run a synchronous
-    # one on a thread pool, where the context cannot be awaited; such a handler
-    # must map its own errors, so it is left as it is.
-    return behavior
+        return exc.code
+    if isinstance(exc, asyncio.CancelledError | GeneratorExit):
+        return grpc.StatusCode.CANCELLED
+    if isinstance(exc, grpc.aio.AbortError):
+        code = context.code()
+        return code if isinstance(code, grpc.StatusCode) else grpc.StatusCode.UNKNOWN
+    return grpc.StatusCode.INTERNAL

@@ -1,0 +1,324 @@
+"""A typed asyncio client of the query service.
+
+Every call has a deadline (gRPC has none by default: a call to a stuck
+server would wait forever). Unary calls are retried on ``UNAVAILABLE`` only —
+the one status that says the same call may succeed later, and every unary
+call here is idempotent — with jittered exponential backoff inside the
+call's deadline. Other statuses raise at once as ``grpc.aio.AioRpcError``.
+
+    async with MaterializerClient("localhost:50051", token=...) as client:
+        user = await client.get("users", "u-1")
+        async for enriched in client.enrich(batches, profile="orders-with-users"):
+            ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, TypeVar
+
+import grpc
+import orjson
+
+from materializer.v1 import admin_service_pb2 as admin_pb
+from materializer.v1 import admin_service_pb2_grpc as admin_grpc
+from materializer.v1 import common_pb2 as common
+from materializer.v1 import enrich_service_pb2 as enrich_pb
+from materializer.v1 import enrich_service_pb2_grpc as enrich_grpc
+from materializer.v1 import map_service_pb2 as map_pb
+from materializer.v1 import map_service_pb2_grpc as map_grpc
+
+T = TypeVar("T")
+DEFAULT_DEADLINE = 5.0
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 30_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+]
+
+Offsets = dict[tuple[str, int], int]
+"""Next offsets by (topic, partition): the form of a watermark and of read-your-writes."""
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """The batch a response reflects: next offsets per partition, and when it was written."""
+
+    batch_id: int
+    offsets: Offsets
+    updated_at_ms: int
+
+    @classmethod
+    def from_proto(cls, message: common.Watermark) -> Watermark:
+        """The client's form of a response's watermark."""
+        return cls(
+            batch_id=message.batch_id,
+            offsets={(o.topic, o.partition): o.offset for o in message.offsets},
+            updated_at_ms=message.updated_at.ToMilliseconds()
+            if message.HasField("updated_at")
+            else 0,
+        )
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """One entity (``None`` when absent) and the watermark it reflects at least."""
+
+    entity: dict[str, Any] | None
+    watermark: Watermark | None
+
+
+@dataclass(frozen=True)
+class Enriched:
+    """One event's outcome in an Enrich stream."""
+
+    event: dict[str, Any] | None
+    dropped: bool = False
+    error: str = ""
+    missed: list[str] = field(default_factory=list)
+
+
+def _freshness(min_offsets: Offsets | None) -> common.Freshness:
+    return common.Freshness(
+        min_offsets=[
+            common.PartitionOffset(topic=t, partition=p, offset=o)
+            for (t, p), o in sorted((min_offsets or {}).items())
+        ]
+    )
+
+
+def _entity(found: bool, raw: bytes) -> dict[str, Any] | None:
+    return orjson.loads(raw) if found else None
+
+
+def _watermark(message: Any) -> Watermark | None:
+    return Watermark.from_proto(message.watermark) if message.HasField("watermark") else None
+
+
+class MaterializerClient:
+    """Lookups, queries, change streams, enrichment and admin calls over one channel."""
+
+    def __init__(
+        self,
+        target: str,
+        *,
+        token: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
+        deadline: float = DEFAULT_DEADLINE,
+        retries: int = 3,
+        backoff: float = 0.05,
+    ) -> None:
+        if credentials is None:
+            self._channel = grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+        else:
+            self._channel = grpc.aio.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else None
+        self._deadline = deadline
+        self._retries = retries
+        self._backoff = backoff
+        self.maps = map_grpc.MapServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self.enrichment = enrich_grpc.EnrichServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self.admin = admin_grpc.AdminServiceStub(self._channel)  # type: ignore[no-untyped-call]
+
+    async def __aenter__(self) -> MaterializerClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the channel; calls in flight are cancelled."""
+        await self._channel.close()
+
+    async def _unary(
+        self, call: Callable[..., Awaitable[T]], request: Any, timeout: float | None
+    ) -> T:
+        """One call with retries on UNAVAILABLE, all inside one deadline."""
+        deadline = time.monotonic() + (timeout or self._deadline)
+        attempt = 0
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                return await call(request, timeout=max(remaining, 0.001), metadata=self._metadata)
+            except grpc.aio.AioRpcError as exc:
+                attempt += 1
+                if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt > self._retries:
+                    raise
+                pause = self._backoff * 2 ** (attempt - 1) * random.uniform(0.5, 1.5)  # noqa: S311
+                if time.monotonic() + pause >= deadline:
+                    raise
+                await asyncio.sleep(pause)
+
+    # ------------------------------------------------------------ lookups
+
+    async def get(
+        self,
+        map_name: str,
+        key: str,
+        *,
+        min_offsets: Offsets | None = None,
+        timeout: float | None = None,
+    ) -> Lookup:
+        """One entity; with ``min_offsets``, once the map has caught up to them."""
+        request = map_pb.GetRequest(map=map_name, key=key, freshness=_freshness(min_offsets))
+        response = await self._unary(self.maps.Get, request, timeout)
+        return Lookup(_entity(response.found, response.entity), _watermark(response))
+
+    async def batch_get(
+        self,
+        map_name: str,
+        keys: Sequence[str],
+        *,
+        min_offsets: Offsets | None = None,
+        timeout: float | None = None,
+    ) -> tuple[dict[str, dict[str, Any] | None], Watermark | None]:
+        """Many entities of one map in one call, by key (``None`` for absent ones)."""
+        request = map_pb.BatchGetRequest(map=map_name, keys=keys, freshness=_freshness(min_offsets))
+        response = await self._unary(self.maps.BatchGet, request, timeout)
+        entities = {e.key: _entity(e.found, e.entity) for e in response.entries}
+        return entities, _watermark(response)
+
+    async def get_as_of(
+        self,
+        map_name: str,
+        key: str,
+        *,
+        version: int | None = None,
+        at: datetime | None = None,
+        timeout: float | None = None,
+    ) -> tuple[dict[str, Any] | None, int]:
+        """An entity as the map's Delta table held it, and the table version read."""
+        request = map_pb.GetAsOfRequest(map=map_name, key=key)
+        if version is not None:
+            request.version = version
+        if at is not None:
+            request.timestamp.FromDatetime(at)
+        response = await self._unary(self.maps.GetAsOf, request, timeout)
+        return _entity(response.found, response.entity), response.table_version
+
+    async def query(
+        self,
+        map_name: str,
+        *,
+        where: str = "",
+        fields: Sequence[str] = (),
+        limit: int = 0,
+        page_size: int = 0,
+        timeout: float | None = None,
+    ) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Rows of the map's table matching a SQL condition, in key order: (key, fields)."""
+        request = map_pb.QueryRequest(
+            map=map_name, where=where, fields=fields, limit=limit, page_size=page_size
+        )
+        call = self.maps.Query(request, timeout=timeout or self._deadline, metadata=self._metadata)
+        async for page in call:
+            for row in page.rows:
+                yield row.key, orjson.loads(row.entity)
+
+    async def watch(
+        self,
+        map_name: str,
+        *,
+        after_change_id: str = "",
+        include_entities: bool = False,
+        keys: Sequence[str] = (),
+        timeout: float | None = None,
+    ) -> AsyncIterator[map_pb.Change]:
+        """The map's changes as they come; resume with the last ``change_id`` seen.
+
+        No deadline unless ``timeout`` is given: a change stream is meant to stay open.
+        """
+        request = map_pb.WatchRequest(
+            map=map_name,
+            after_change_id=after_change_id,
+            include_entities=include_entities,
+            keys=keys,
+        )
+        async for response in self.maps.Watch(request, timeout=timeout, metadata=self._metadata):
+            for change in response.changes:
+                yield change
+
+    # ------------------------------------------------------------ enrichment
+
+    async def enrich(
+        self,
+        batches: AsyncIterable[Sequence[dict[str, Any]]] | Iterable[Sequence[dict[str, Any]]],
+        *,
+        profile: str = "",
+        spec: enrich_pb.JoinSpec | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[list[Enriched]]:
+        """Stream batches of events through Enrich; one list of outcomes per batch, in order.
+
+        Give a ``profile`` name from the server's configuration, or a ``spec``.
+        Batches are sent as they come while answers flow back, so the server
+        can batch lookups across the batches in flight.
+        """
+        if bool(profile) == (spec is not None):
+            raise ValueError("give exactly one of profile, spec")
+
+        async def requests() -> AsyncIterator[enrich_pb.EnrichRequest]:
+            first = True
+            async for batch in _aiter(batches):
+                request = enrich_pb.EnrichRequest(events=[orjson.dumps(e) for e in batch])
+                if first:
+                    if spec is not None:
+                        request.spec.CopyFrom(spec)
+                    else:
+                        request.profile = profile
+                    first = False
+                yield request
+
+        call = self.enrichment.Enrich(requests(), timeout=timeout, metadata=self._metadata)
+        async for response in call:
+            yield [
+                Enriched(
+                    event=orjson.loads(e.event) if e.event else None,
+                    dropped=e.dropped,
+                    error=e.error,
+                    missed=list(e.missed),
+                )
+                for e in response.events
+            ]
+
+    # ------------------------------------------------------------ admin
+
+    async def status(
+        self, map_name: str = "", *, timeout: float | None = None
+    ) -> list[admin_pb.MapStatus]:
+        """State, lag and rates of one map, or of all."""
+        request = admin_pb.GetStatusRequest(map=map_name)
+        return list((await self._unary(self.admin.GetStatus, request, timeout)).maps)
+
+    async def pause(self, map_name: str, *, timeout: float | None = None) -> None:
+        """Ask the materializer to pause a map (it obeys within a second or so)."""
+        await self._unary(self.admin.Pause, admin_pb.ControlRequest(map=map_name), timeout)
+
+    async def resume(self, map_name: str, *, timeout: float | None = None) -> None:
+        """Ask the materializer to resume a paused map."""
+        await self._unary(self.admin.Resume, admin_pb.ControlRequest(map=map_name), timeout)
+
+    async def restart(self, map_name: str, *, timeout: float | None = None) -> None:
+        """Ask the materializer to restart a map's queries."""
+        await self._unary(self.admin.Restart, admin_pb.ControlRequest(map=map_name), timeout)
+
+    async def validate_config(self, text: str, *, timeout: float | None = None) -> list[str]:
+        """The problems of a configuration document; empty when it is valid."""
+        request = admin_pb.ValidateConfigRequest(config=text)
+        return list((await self._unary(self.admin.ValidateConfig, request, timeout)).problems)
+
+
+async def _aiter(items: AsyncIterable[T] | Iterable[T]) -> AsyncIterator[T]:
+    if isinstance(items, AsyncIterable):
+        async for item in items:
+            yield item
+    else:
+        for item in items:
+            yield item

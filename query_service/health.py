@@ -1,0 +1,74 @@
+"""``grpc.health.v1`` that follows Redis: NOT_SERVING while it cannot be reached.
+
+A load balancer or Kubernetes readiness probe then stops sending lookups to
+a replica whose Redis is gone, instead of letting every call fail with
+UNAVAILABLE; the status flips back on the first successful ping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+import redis.asyncio as aioredis
+from grpc_health.v1 import health, health_pb2
+from redis.exceptions import RedisError
+
+log = logging.getLogger(__name__)
+
+CHECK_SECONDS = 1.0
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+class RedisHealth:
+    """Pings Redis every second and sets every service's health to match."""
+
+    def __init__(
+        self,
+        servicer: health.aio.HealthServicer,
+        client: aioredis.Redis,
+        services: Sequence[str],
+        interval: float = CHECK_SECONDS,
+    ) -> None:
+        self._servicer = servicer
+        self._client = client
+        self._services = [health.OVERALL_HEALTH, *services]
+        self._interval = interval
+        self._task: asyncio.Task[None] | None = None
+        self._serving: bool | None = None
+
+    async def check(self) -> bool:
+        """One ping; the health status follows its outcome."""
+        try:
+            ok = bool(await asyncio.wait_for(self._client.ping(), timeout=self._interval))
+        except (RedisError, OSError, TimeoutError):
+            ok = False
+        if ok != self._serving:
+            if self._serving is not None:
+                log.warning(
+                    "redis %s: health %s",
+                    "back" if ok else "unreachable",
+                    "SERVING" if ok else "NOT_SERVING",
+                )
+            self._serving = ok
+            for service in self._services:
+                await self._servicer.set(service, SERVING if ok else NOT_SERVING)
+        return ok
+
+    async def _run(self) -> None:
+        while True:
+            await self.check()
+            await asyncio.sleep(self._interval)
+
+    async def start(self) -> None:
+        """First check now (so a server starts with a true status), then every interval."""
+        await self.check()
+        self._task = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        """Stop checking."""
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
