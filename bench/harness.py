@@ -17,7 +17,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from materializer.config import AppConfig, parse_config
 from materializer.layout import RESERVED_KEYS, entity_key
 from materializer.pipeline import job
+from materializer.sinks.changelog import ChangelogSink
 from materializer.sinks.delta import DeltaSink
 from materializer.sinks.redis import RedisSink
 from materializer.testing import KafkaBroker, RedisServer, create_topic
@@ -210,25 +211,33 @@ def map_config(
 TIMINGS: dict[tuple[str, int], dict[str, float]] = collections.defaultdict(dict)
 
 
-def timed(cls: type, attr: str, label: str, map_of: Callable[[Any, Any], str]) -> None:
+_CURRENT = threading.local()
+"""The query whose projector runs on this thread: its sinks' timings are filed under it."""
+
+
+def timed(cls: type, attr: str, label: str) -> None:
     original = getattr(cls, attr)
 
     @functools.wraps(original)
     def wrapper(self: Any, *args: Any) -> Any:
+        if label == "projector":
+            _CURRENT.query, _CURRENT.batch = f"{self.map_name}.{self.query}", args[1]
         started = time.perf_counter()
         try:
             return original(self, *args)
         finally:
-            batch_id = args[0].batch_id if label != "projector" else args[1]
-            TIMINGS[(map_of(self, args), batch_id)][label] = time.perf_counter() - started
+            TIMINGS[(_CURRENT.query, _CURRENT.batch)][label] = time.perf_counter() - started
 
     setattr(cls, attr, wrapper)
 
 
 def instrument() -> None:
-    timed(job.Projector, "__call__", "projector", lambda p, _a: p.map_name)
-    timed(RedisSink, "write", "redis", lambda s, _a: s.map_name)
-    timed(DeltaSink, "write", "delta", lambda s, _a: s.path.rsplit("/", 1)[-1])
+    """Time each query's projector and sinks, keyed by ``<map>.<query>`` and batch id (the
+    fold and Delta queries of a map number their batches independently)."""
+    timed(job.Projector, "__call__", "projector")
+    timed(RedisSink, "write", "redis")
+    timed(ChangelogSink, "write", "changelog")
+    timed(DeltaSink, "write", "delta")
 
 
 def batch_profile(map_name: str, query: Any) -> dict[str, Any]:
@@ -241,10 +250,12 @@ def batch_profile(map_name: str, query: Any) -> dict[str, Any]:
         per_batch.append(d.get("triggerExecution", 0) / 1000)
         for k in ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets"):
             totals[k] += d.get(k, 0) / 1000
-        t = TIMINGS.get((map_name, p["batchId"]), {})
-        totals["fold_and_count"] += t.get("projector", 0) - t.get("redis", 0) - t.get("delta", 0)
-        totals["redis_sink"] += t.get("redis", 0)
-        totals["delta_merge"] += t.get("delta", 0)
+        t = TIMINGS.get((p["name"], p["batchId"]), {})
+        sinks = t.get("redis", 0) + t.get("changelog", 0) + t.get("delta", 0)
+        totals["fold_and_count"] += t.get("projector", 0) - sinks
+        for sink in ("redis", "changelog", "delta"):
+            if sink in t:
+                totals[f"{sink}_sink"] += t[sink]
     out: dict[str, Any] = {
         "batches": len(progress),
         "rows_in": sum(p["numInputRows"] for p in progress),
