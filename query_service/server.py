@@ -22,6 +22,7 @@ from materializer.v1 import enrich_service_pb2_grpc as enrich_pb_grpc
 from materializer.v1 import map_service_pb2_grpc as map_pb_grpc
 from query_service.freshness import FreshnessGate
 from query_service.interceptors import ErrorInterceptor
+from query_service.near_cache import NearCaches
 from query_service.services.admin_service import AdminServicer
 from query_service.services.enrich_service import EnrichServicer
 from query_service.services.map_service import MapServicer
@@ -56,7 +57,10 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 
 
 async def create_server(
-    config: AppConfig, address: str = "127.0.0.1:0", store: RedisMapStore | None = None
+    config: AppConfig,
+    address: str = "127.0.0.1:0",
+    store: RedisMapStore | None = None,
+    near_caches: NearCaches | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A server bound to ``address`` but not started, and the port it got.
 
@@ -66,15 +70,20 @@ async def create_server(
 
     Without ``store``, a ``RedisMapStore`` on ``config.redis.url`` is created
     and lives as long as the process; pass your own to close it when the
-    server is done (``serve`` does). Port 0 picks a free port.
+    server is done (``serve`` does). The same goes for ``near_caches`` (the
+    near caches of ``query.near_cache``), started and closed by its owner.
+    Port 0 picks a free port.
     """
     if store is None:
         store = RedisMapStore.from_url(config.redis.url)
+    if near_caches is None:
+        near_caches = NearCaches(store, config.query.near_cache)
+        await near_caches.start()
     server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
     topics = {name: m.source.topics for name, m in config.maps.items()}
     gate = FreshnessGate(store, topics)
     map_pb_grpc.add_MapServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        MapServicer(config, store, gate, TableReads(config)), server
+        MapServicer(config, store, gate, TableReads(config), near_caches), server
     )
     enrich_pb_grpc.add_EnrichServiceServicer_to_server(  # type: ignore[no-untyped-call]
         EnrichServicer(config, store, gate), server
@@ -103,8 +112,10 @@ async def serve(config: AppConfig, address: str, *, grace: float = GRACE_SECONDS
     pool, so no call in flight loses its store.
     """
     store = RedisMapStore.from_url(config.redis.url)
+    near_caches = NearCaches(store, config.query.near_cache)
     try:
-        server, port = await create_server(config, address, store)
+        await near_caches.start()
+        server, port = await create_server(config, address, store, near_caches)
         await server.start()
         host = address.rpartition(":")[0]
         log.info(
@@ -126,5 +137,6 @@ async def serve(config: AppConfig, address: str, *, grace: float = GRACE_SECONDS
                 loop.remove_signal_handler(sig)
             await server.stop(grace)
     finally:
+        await near_caches.close()
         await store.close()
     log.info("query service stopped")

@@ -1,8 +1,11 @@
-"""``materializer.v1.MapService``: lookups in materialized maps."""
+"""``materializer.v1.MapService``: lookups, batch lookups and change streams of maps.
+
+``Query`` and ``GetAsOf`` read the Delta tables and are delegated to ``TableReads``.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
@@ -11,12 +14,18 @@ from materializer.layout import RESERVED_KEYS, Watermark
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
-from query_service.errors import InvalidArgument, MapNotFound
+from query_service.change_stream import ChangeCursor
+from query_service.errors import InvalidArgument, MapNotFound, ResourceExhausted
 from query_service.freshness import FreshnessGate
+from query_service.near_cache import NearCaches
 from query_service.services.table_reads import TableReads
-from query_service.stores.base import MapStore
+from query_service.stores.base import Change, MapStore
 
 MAX_KEY_BYTES = 4096
+WATCH_BATCH = 1000
+"""Changes read per round trip (and sent per message) by a Watch without entities."""
+WATCH_BATCH_WITH_ENTITIES = 100
+"""The same with entities, which may be large: keeps messages well under the send limit."""
 
 
 class MapServicer(pb_grpc.MapServiceServicer):
@@ -27,13 +36,20 @@ class MapServicer(pb_grpc.MapServiceServicer):
     """
 
     def __init__(
-        self, config: AppConfig, store: MapStore, gate: FreshnessGate, tables: TableReads
+        self,
+        config: AppConfig,
+        store: MapStore,
+        gate: FreshnessGate,
+        tables: TableReads,
+        near_caches: NearCaches | None = None,
     ) -> None:
         self._config = config
         self._maps = frozenset(config.maps)
+        self._max_keys = config.query.max_batch_keys
         self._store = store
         self._gate = gate
         self._tables = tables
+        self._reads = near_caches if near_caches is not None else NearCaches(store, {})
 
     async def Get(
         self, request: pb.GetRequest, context: grpc.aio.ServicerContext
@@ -41,12 +57,56 @@ class MapServicer(pb_grpc.MapServiceServicer):
         """The entity under ``request.key`` and the map's watermark."""
         self._check_map(request.map)
         _check_key(request.key)
-        await self._gate.wait(request.map, request.freshness.min_offsets, context.time_remaining())
-        lookup = await self._store.get_with_watermark(request.map, request.key)
+        wanted = request.freshness.min_offsets
+        await self._gate.wait(request.map, wanted, context.time_remaining())
+        lookup = await self._reads.get(request.map, request.key, wanted)
         response = pb.GetResponse(found=lookup.entity is not None, entity=lookup.entity or b"")
         if lookup.watermark is not None:
             response.watermark.CopyFrom(watermark_to_proto(lookup.watermark))
         return response
+
+    async def BatchGet(
+        self, request: pb.BatchGetRequest, context: grpc.aio.ServicerContext
+    ) -> pb.BatchGetResponse:
+        """One entry per requested key, in request order, and a watermark below them all."""
+        self._check_map(request.map)
+        self._check_keys(request.keys)
+        wanted = request.freshness.min_offsets
+        await self._gate.wait(request.map, wanted, context.time_remaining())
+        batch = await self._reads.get_many(request.map, request.keys, wanted)
+        response = pb.BatchGetResponse(
+            entries=[
+                pb.BatchGetEntry(key=key, found=entity is not None, entity=entity or b"")
+                for key, entity in zip(request.keys, batch.entities, strict=True)
+            ]
+        )
+        if batch.watermark is not None:
+            response.watermark.CopyFrom(watermark_to_proto(batch.watermark))
+        return response
+
+    async def Watch(
+        self, request: pb.WatchRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.WatchResponse]:
+        """The map's changes from a position on, one message per read, until cancelled.
+
+        Initial metadata goes out once the position is fixed: a client that
+        waits for it knows every later change will reach it. Changes trimmed
+        before this call read them (a resume id older than the oldest
+        retained, or a watcher that fell behind the cap) end it with
+        OUT_OF_RANGE, never with a silent gap. Entities are read from Redis,
+        never from the near cache, which may lag the stream.
+        """
+        self._check_map(request.map)
+        self._check_keys(request.keys)
+        only = frozenset(request.keys)
+        batch = WATCH_BATCH_WITH_ENTITIES if request.include_entities else WATCH_BATCH
+        cursor = ChangeCursor(self._store, request.map, batch=batch)
+        await cursor.open(request.after_change_id)
+        await context.send_initial_metadata(())
+        while True:
+            changes = [c for c in await cursor.next() if not only or c.key in only]
+            if changes:
+                yield await self._watch_response(request.map, changes, request.include_entities)
 
     async def Query(
         self, request: pb.QueryRequest, context: grpc.aio.ServicerContext
@@ -68,15 +128,46 @@ class MapServicer(pb_grpc.MapServiceServicer):
         if name not in self._maps:
             raise MapNotFound(name, self._maps)
 
+    def _check_keys(self, keys: Sequence[str]) -> None:
+        """The count first, so an oversized request is refused before its keys are looked at."""
+        if len(keys) > self._max_keys:
+            raise ResourceExhausted(
+                f"keys: {len(keys)} keys, at most {self._max_keys} per call (query.max_batch_keys)"
+            )
+        for i, key in enumerate(keys):
+            _check_key(key, f"keys[{i}]")
 
-def _check_key(key: str) -> None:
+    async def _watch_response(
+        self, map_name: str, changes: list[Change], include_entities: bool
+    ) -> pb.WatchResponse:
+        entities: dict[str, bytes | None] = {}
+        if include_entities:
+            upserted = list(dict.fromkeys(c.key for c in changes if not c.deleted))
+            if upserted:
+                batch = await self._store.get_many(map_name, upserted)
+                entities = dict(zip(upserted, batch.entities, strict=True))
+        return pb.WatchResponse(
+            changes=[
+                pb.Change(
+                    change_id=c.change_id,
+                    key=c.key,
+                    op=pb.Change.DELETE if c.deleted else pb.Change.UPSERT,
+                    batch_id=c.batch_id,
+                    entity=entities.get(c.key) or b"",
+                )
+                for c in changes
+            ]
+        )
+
+
+def _check_key(key: str, field: str = "key") -> None:
     if not key:
-        raise InvalidArgument("key: must not be empty")
+        raise InvalidArgument(f"{field}: must not be empty")
     size = len(key.encode())
     if size > MAX_KEY_BYTES:
-        raise InvalidArgument(f"key: {size} bytes, at most {MAX_KEY_BYTES} allowed")
+        raise InvalidArgument(f"{field}: {size} bytes, at most {MAX_KEY_BYTES} allowed")
     if key in RESERVED_KEYS:
-        raise InvalidArgument(f"key: {key!r} is reserved by the map's layout")
+        raise InvalidArgument(f"{field}: {key!r} is reserved by the map's layout")
 
 
 def watermark_to_proto(watermark: Watermark) -> common.Watermark:

@@ -1,31 +1,127 @@
-"""``Query`` and ``GetAsOf``: reads of a map's Delta table through delta-rs (no JVM)."""
+"""``Query`` and ``GetAsOf``: reads of a map's Delta table through delta-rs (no JVM).
+
+Every delta-rs call blocks (log replay, Parquet reads, DataFusion), so each
+runs on a worker thread and the event loop keeps serving other calls. A
+query's pages are fetched a bounded number of rows at a time and streamed as
+they come; the client's flow control holds back the next fetch.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
+from deltalake import DeltaTable
 
 from materializer.config import AppConfig
+from materializer.pipeline.columns import TABLE_KEY
 from materializer.v1 import map_service_pb2 as pb
+from query_service.errors import InvalidArgument
+from query_service.filters import render_filter
+from query_service.stores.delta import DeltaTables
+from query_service.tables import query_plan
+from query_service.tables.entity_json import encode_rows
+from query_service.tables.page_token import PageToken
+from query_service.tables.query_plan import QueryPlan
+from query_service.tables.time_travel import entity_as_of
+
+Rows = list[tuple[str, bytes]]
 
 
 class TableReads:
-    """Filtered, paged reads and time travel over the maps' Delta tables."""
+    """Filtered, paged reads and time travel over the maps' Delta tables.
+
+    Map names arrive validated against the configuration; a declared map whose
+    table does not exist yet is NOT_FOUND.
+    """
 
     def __init__(self, config: AppConfig) -> None:
-        self._config = config
+        self._tables = DeltaTables(config)
 
     async def query(
         self, request: pb.QueryRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.QueryResponse]:
-        """Pages of matching rows, ordered by key."""
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Query is not available yet")
-        yield pb.QueryResponse()
+        """Pages of matching rows, ordered by key, all from one table version.
+
+        Always at least one response (possibly without rows), so the caller
+        learns the version read; the last one has an empty ``page_token``.
+        """
+        page_size = query_plan.page_size(request)
+        limit = query_plan.limit(request)
+        token = PageToken.decode(request.page_token) if request.page_token else None
+        plan, table = await asyncio.to_thread(self._plan, request, page_size, limit, token)
+        after = token.last_key if token else None
+        sent = token.sent if token else 0
+        while True:
+            asked = plan.fetch_size(sent)
+            rows = await asyncio.to_thread(self._fetch, plan, table, after, asked) if asked else []
+            fetched = len(rows)
+            rows = rows[:asked]
+            pages = [rows[i : i + plan.page_size] for i in range(0, len(rows), plan.page_size)]
+            more = plan.has_more(fetched, asked, sent + len(rows))
+            for i, page in enumerate(pages or [[]]):
+                sent += len(page)
+                resume = more or i < len(pages) - 1
+                next_token = (
+                    PageToken(plan.version, page[-1][0], sent, plan.fingerprint) if resume else None
+                )
+                yield pb.QueryResponse(
+                    rows=[pb.Row(key=key, entity=entity) for key, entity in page],
+                    page_token=next_token.encode() if next_token else "",
+                    table_version=plan.version,
+                )
+            if not more:
+                return
+            after = rows[-1][0]
 
     async def get_as_of(
         self, request: pb.GetAsOfRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetAsOfResponse:
-        """One entity at a table version or time."""
-        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "GetAsOf is not available yet")
-        return pb.GetAsOfResponse()
+        """One entity at a table version or at a point in time (see ``tables.time_travel``)."""
+        kind = request.WhichOneof("as_of")
+        if kind is None:
+            raise InvalidArgument("as_of: set version or timestamp")
+        if kind == "version" and request.version < 0:
+            raise InvalidArgument(f"version: {request.version}, must be 0 or more")
+        at_ns = None
+        if kind == "timestamp":
+            at_ns = request.timestamp.seconds * 1_000_000_000 + request.timestamp.nanos
+        as_of = await asyncio.to_thread(
+            entity_as_of,
+            self._tables,
+            request.map,
+            request.key,
+            version=request.version if kind == "version" else None,
+            at_ns=at_ns,
+        )
+        response = pb.GetAsOfResponse(
+            found=as_of.entity is not None,
+            entity=as_of.entity or b"",
+            table_version=as_of.commit.version,
+        )
+        response.committed_at.FromMilliseconds(as_of.commit.timestamp_ms)
+        return response
+
+    def _plan(
+        self, request: pb.QueryRequest, page_size: int, limit: int, token: PageToken | None
+    ) -> tuple[QueryPlan, DeltaTable]:
+        """Open the snapshot to read and check the request against its columns (blocking)."""
+        table = self._tables.open(request.map, token.version if token else None)
+        columns = self._tables.columns(request.map, table)
+        plan = QueryPlan(
+            map_name=request.map,
+            version=table.version(),
+            filter_sql=render_filter(request, columns),
+            fields=query_plan.projection(request, columns),
+            page_size=page_size,
+            limit=limit,
+        )
+        if token is not None:
+            token.check(plan.fingerprint)
+        return plan, table
+
+    def _fetch(self, plan: QueryPlan, table: DeltaTable, after: str | None, rows: int) -> Rows:
+        """Up to ``rows + 1`` rows after ``after``: one more than asked tells whether any remain."""
+        result = self._tables.select(plan.map_name, table, plan.select(after, rows + 1))
+        return encode_rows(result, TABLE_KEY)

@@ -25,6 +25,32 @@ class BatchLookup(NamedTuple):
     watermark: Watermark | None
 
 
+class Change(NamedTuple):
+    """One entry of a map's change stream ``<map>:__changes__``."""
+
+    change_id: str
+    """The stream entry id, ``<milliseconds>-<sequence>``; ids increase."""
+    key: str
+    deleted: bool
+    """``op`` is ``delete``; otherwise ``upsert``."""
+    batch_id: int
+
+
+class ChangeRead(NamedTuple):
+    """Changes read strictly after a position, and the stream's bounds read with them.
+
+    The bounds come from the same atomic read as the changes, so a reader can
+    tell whether anything between its position and ``changes[0]`` was trimmed
+    away: if its position is older than ``first_id``, it may have been.
+    """
+
+    changes: list[Change]
+    first_id: str | None
+    """The oldest retained entry; ``None`` when the stream is empty or absent."""
+    last_id: str | None
+    """The newest entry; ``None`` when the stream is empty or absent."""
+
+
 class MapStore(ABC):
     """Read-only access to materialized maps, shared by every RPC of a process.
 
@@ -36,6 +62,10 @@ class MapStore(ABC):
     Errors: a backend that cannot be reached raises
     ``query_service.errors.StoreUnavailable``; anything else is a bug or a
     broken layout and surfaces as ``INTERNAL``.
+
+    Change streams are an optional ability: a store without one raises
+    ``NotImplementedError`` from ``last_change_id``, ``read_changes`` and
+    ``wait_for_changes``.
     """
 
     @abstractmethod
@@ -64,6 +94,27 @@ class MapStore(ABC):
     async def get_across(self, keys_by_map: Mapping[str, Sequence[str]]) -> dict[str, BatchLookup]:
         """Entities of several maps in one round trip: one watermark read and one ``MGET``
         per map, all pipelined. The enrichment join's batched lookup."""
+
+    async def last_change_id(self, map_name: str) -> str | None:
+        """The id of the map's newest change, or ``None`` when its stream is empty or absent."""
+        raise NotImplementedError(f"{type(self).__name__} has no change stream")
+
+    async def read_changes(self, map_name: str, after: str, count: int) -> ChangeRead:
+        """At most ``count`` changes with ids greater than ``after``, oldest first, at once.
+
+        Never blocks: with nothing newer, ``changes`` is empty. Changes and
+        bounds are read atomically (see ``ChangeRead``).
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no change stream")
+
+    async def wait_for_changes(self, map_name: str, after: str, timeout: float) -> None:
+        """Return once a change newer than ``after`` exists, or after about ``timeout`` seconds.
+
+        Returning says nothing about what exists: callers read again, then
+        wait again if there was nothing. Waiting readers must not take the
+        connections lookups need. Cancellation ends the wait at once.
+        """
+        raise NotImplementedError(f"{type(self).__name__} has no change stream")
 
     @abstractmethod
     async def close(self) -> None:

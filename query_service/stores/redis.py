@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -13,11 +14,17 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from materializer.layout import Watermark, entity_key, meta_key
+from materializer.layout import Watermark, changes_key, entity_key, meta_key
 from query_service.errors import StoreUnavailable
-from query_service.stores.base import BatchLookup, Lookup, MapStore
+from query_service.stores.base import BatchLookup, Change, ChangeRead, Lookup, MapStore
 
 log = logging.getLogger(__name__)
+
+REPLY_SECONDS = 5.0
+"""How long a blocking read may outlast its block when the URL sets no socket timeout."""
+MAX_WAITING_CONNECTIONS = 10_000
+"""Connections of the pool for blocking change reads: one per reader waiting at once
+(Redis's own default ``maxclients``)."""
 
 
 # Defaults for a lookup service: fail fast and let the client's retry policy
@@ -47,6 +54,8 @@ class RedisMapStore(MapStore):
         self._client = client
         kwargs = client.connection_pool.connection_kwargs
         self._where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
+        self._waiting: aioredis.Redis | None = None
+        self._reply_seconds = float(kwargs.get("socket_timeout") or REPLY_SECONDS)
 
     @property
     def client(self) -> aioredis.Redis:
@@ -120,6 +129,86 @@ class RedisMapStore(MapStore):
             out[name] = BatchLookup(entities=entities, watermark=mark)
         return out
 
+    async def last_change_id(self, map_name: str) -> str | None:
+        """``XREVRANGE <map>:__changes__ + - COUNT 1``."""
+        async with self._unavailable_on_connection_errors():
+            newest = await self._client.xrevrange(changes_key(map_name), count=1)
+        return _entry_id(cast("list[tuple[bytes, Any]]", newest))
+
+    async def read_changes(self, map_name: str, after: str, count: int) -> ChangeRead:
+        """The oldest and newest entry ids and ``XREAD COUNT`` after ``after``, in one ``MULTI``.
+
+        The transaction touches one key, so it works on Redis Cluster too, and
+        no trim can fall between reading the bounds and reading the changes.
+        """
+        stream = changes_key(map_name)
+        async with (
+            self._unavailable_on_connection_errors(),
+            self._client.pipeline(transaction=True) as pipe,
+        ):
+            pipe.xrange(stream, count=1)
+            pipe.xrevrange(stream, count=1)
+            pipe.xread({stream: after}, count=count)
+            oldest, newest, read = await pipe.execute()
+        entries = read[0][1] if read else []
+        return ChangeRead(
+            changes=[_change(entry_id, fields) for entry_id, fields in entries],
+            first_id=_entry_id(oldest),
+            last_id=_entry_id(newest),
+        )
+
+    async def wait_for_changes(self, map_name: str, after: str, timeout: float) -> None:
+        """``XREAD BLOCK`` on a pool of its own, bounded by the block plus the socket timeout.
+
+        Each waiting reader holds a connection while it waits; a separate pool
+        keeps them from taking the lookups' connections. That pool has no
+        socket timeout of its own (a read may last the whole block); the
+        bound is applied around the call instead, with ``asyncio.timeout``,
+        which, unlike the ``asyncio.wait_for`` redis-py applies with a socket
+        timeout, never loses a cancellation on Python 3.11. A cancelled wait
+        drops its connection (redis-py disconnects), so no late reply can
+        reach the next user of it.
+        """
+        block_ms = max(1, int(timeout * 1000))  # 0 would block forever
+        async with self._unavailable_on_connection_errors():
+            try:
+                async with asyncio.timeout(timeout + self._reply_seconds):
+                    await self._waiting_client().xread(
+                        {changes_key(map_name): after}, count=1, block=block_ms
+                    )
+            except TimeoutError:  # the built-in one: asyncio.timeout expired
+                raise RedisTimeoutError("no reply to a blocking read in time") from None
+
+    def _waiting_client(self) -> aioredis.Redis:
+        if self._waiting is None:
+            pool = self._client.connection_pool
+            kwargs = {**pool.connection_kwargs, "socket_timeout": None}
+            self._waiting = aioredis.Redis(
+                connection_pool=aioredis.ConnectionPool(
+                    connection_class=pool.connection_class,
+                    max_connections=MAX_WAITING_CONNECTIONS,
+                    **kwargs,
+                )
+            )
+        return self._waiting
+
     async def close(self) -> None:
-        """Close the pool's connections."""
+        """Close the pools' connections."""
+        if self._waiting is not None:
+            await self._waiting.aclose(close_connection_pool=True)
         await self._client.aclose()
+
+
+def _entry_id(entries: list[tuple[bytes, Any]]) -> str | None:
+    """The id of the only entry of an ``XRANGE ... COUNT 1`` reply."""
+    return entries[0][0].decode() if entries else None
+
+
+def _change(entry_id: bytes, fields: dict[bytes, bytes]) -> Change:
+    """One ``<map>:__changes__`` entry (``materializer.layout.change_entry``)."""
+    return Change(
+        change_id=entry_id.decode(),
+        key=fields[b"key"].decode(),
+        deleted=fields[b"op"] == b"delete",
+        batch_id=int(fields[b"batch_id"]),
+    )

@@ -1,0 +1,1 @@
+"""Reads of the maps' Delta tables: rows as entity JSON, page tokens, time travel."""

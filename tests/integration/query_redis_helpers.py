@@ -1,0 +1,126 @@
+"""Shared helpers of the Redis-backed query tests: config, a served channel, materializer writes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import grpc
+import redis
+from prometheus_client import REGISTRY
+
+from materializer.config import AppConfig, parse_config
+from materializer.layout import Watermark
+from materializer.sinks.redis import RedisSink, write_partition
+from query_service.near_cache import NearCaches
+from query_service.server import create_server
+from query_service.stores.redis import RedisMapStore
+
+T = TypeVar("T")
+DEADLINE = 10.0
+APP_ID = "tests:query"
+
+
+def map_doc(name: str) -> dict[str, Any]:
+    return {
+        "source": {"topics": [f"{name}-events"], "schema": "id STRING, name STRING"},
+        "key": "id",
+    }
+
+
+def make_config(
+    redis_url: str,
+    *maps: str,
+    near_cache: Mapping[str, int] | None = None,
+    max_batch_keys: int | None = None,
+) -> AppConfig:
+    """Maps reading ``<map>-events``; ``near_cache`` maps a map to its ``max_entries``."""
+    query: dict[str, Any] = {
+        "near_cache": {m: {"max_entries": n} for m, n in (near_cache or {}).items()}
+    }
+    if max_batch_keys is not None:
+        query["max_batch_keys"] = max_batch_keys
+    return parse_config(
+        {"redis": {"url": redis_url}, "query": query, "maps": {m: map_doc(m) for m in maps}}
+    )
+
+
+def fresh_map(client: redis.Redis) -> Iterator[str]:
+    """A map name no other test uses; every key under it is deleted afterwards."""
+    name = f"qs-{uuid.uuid4().hex[:12]}"
+    yield name
+    keys = list(client.scan_iter(match=f"{name}:*"))
+    if keys:
+        client.delete(*keys)
+
+
+@asynccontextmanager
+async def serving(config: AppConfig) -> AsyncIterator[grpc.aio.Channel]:
+    """A started server (with the near caches of ``config``) and a channel to it."""
+    store = RedisMapStore.from_url(config.redis.url)
+    near_caches = NearCaches(store, config.query.near_cache)
+    await near_caches.start()
+    server, port = await create_server(config, store=store, near_caches=near_caches)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            yield channel
+    finally:
+        await server.stop(None)
+        await near_caches.close()
+        await store.close()
+
+
+def run(config: AppConfig, body: Callable[[grpc.aio.Channel], Awaitable[T]]) -> T:
+    """Run ``body`` against a freshly started server (pytest-asyncio is not used)."""
+
+    async def main() -> T:
+        async with serving(config) as channel:
+            return await body(channel)
+
+    return asyncio.run(main())
+
+
+def write_batch(
+    redis_url: str,
+    map_name: str,
+    batch_id: int,
+    entities: Mapping[str, bytes | None],
+    offsets: Mapping[str, Mapping[int, int]] | None = None,
+    max_len: int = 100_000,
+) -> None:
+    """Write one micro-batch the way the materializer's Redis sink does, with its own code:
+    entities first (``None`` deletes), then the watermark and the change entries."""
+    write_partition(redis_url, map_name, [(k, v is None, v) for k, v in entities.items()])
+    sink = RedisSink(redis_url, map_name, lambda _: {}, changes_max_len=max_len)
+    mark = Watermark(
+        batch_id=batch_id,
+        offsets={t: dict(ps) for t, ps in (offsets or {}).items()},
+        updated_at_ms=int(time.time() * 1000),
+        app_id=APP_ID,
+    )
+    sink.commit(mark, [(k, v is None) for k, v in entities.items()])
+
+
+async def eventually(
+    what: str, condition: Callable[[], Awaitable[bool]], timeout: float = 30.0
+) -> None:
+    """Poll ``condition`` until it holds; a bounded wait, not a timing assertion."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if await condition():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def lookups(map_name: str, result: str) -> float:
+    """``materializer_query_near_cache_lookups_total`` of one map and result, in this process."""
+    value = REGISTRY.get_sample_value(
+        "materializer_query_near_cache_lookups_total", {"map": map_name, "result": result}
+    )
+    return value or 0.0
