@@ -68,7 +68,10 @@ class RedisHealth:
         self._task = asyncio.create_task(self._run())
 
     async def close(self) -> None:
-        """Stop checking."""
+        """Stop checking and report NOT_SERVING: the server is about to go away."""
         if self._task is not None:
             self._task.cancel()
             self._task = None
+        self._serving = False
+        for service in self._services:
+            await self._servicer.set(service, NOT_SERVING)

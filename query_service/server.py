@@ -10,18 +10,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from pathlib import Path
+from typing import Protocol
 
 import grpc
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from materializer.config import AppConfig
+from materializer.config import AppConfig, TlsConfig
+from materializer.errors import ConfigError, SetupError
 from materializer.v1 import admin_service_pb2, enrich_service_pb2, map_service_pb2
 from materializer.v1 import admin_service_pb2_grpc as admin_pb_grpc
 from materializer.v1 import enrich_service_pb2_grpc as enrich_pb_grpc
 from materializer.v1 import map_service_pb2_grpc as map_pb_grpc
+from query_service.auth import Authorizer, request_maps
 from query_service.freshness import FreshnessGate
+from query_service.health import RedisHealth
 from query_service.interceptors import ErrorInterceptor
+from query_service.metrics import serve_metrics
 from query_service.near_cache import NearCaches
 from query_service.services.admin_service import AdminServicer
 from query_service.services.enrich_service import EnrichServicer
@@ -56,30 +62,64 @@ SERVER_OPTIONS: list[tuple[str, int]] = [
 ]
 
 
+class Closeable(Protocol):
+    """A background part of the server (near caches, health checks) with its own tasks."""
+
+    async def close(self) -> None:
+        """Stop its tasks."""
+
+
+def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
+    """TLS from PEM files; a client CA turns on mutual TLS (client certificates required)."""
+
+    def read(key: str, path: str) -> bytes:
+        try:
+            return Path(path).read_bytes()
+        except OSError as exc:
+            raise ConfigError(
+                "", [f"query.tls.{key}: cannot read {path}: {exc.strerror}"]
+            ) from None
+
+    client_ca = read("client_ca_file", tls.client_ca_file) if tls.client_ca_file else None
+    return grpc.ssl_server_credentials(
+        [(read("key_file", tls.key_file), read("cert_file", tls.cert_file))],
+        root_certificates=client_ca,
+        require_client_auth=client_ca is not None,
+    )
+
+
 async def create_server(
     config: AppConfig,
     address: str = "127.0.0.1:0",
     store: RedisMapStore | None = None,
     near_caches: NearCaches | None = None,
+    background: list[Closeable] | None = None,
 ) -> tuple[grpc.aio.Server, int]:
     """A server bound to ``address`` but not started, and the port it got.
 
-    Registers ``MapService`` over the maps of ``config``, ``grpc.health.v1``
-    (overall and per-service status SERVING, visible once the server starts)
-    and server reflection, behind ``ErrorInterceptor``.
+    Registers ``MapService``, ``EnrichService`` and ``AdminService`` over the
+    maps of ``config``, ``grpc.health.v1`` and server reflection, behind the
+    one interceptor (bearer tokens when ``query.auth`` is set, metrics, status
+    mapping). Health follows Redis: NOT_SERVING while it cannot be reached.
+    The port is TLS when ``query.tls`` is set.
 
     Without ``store``, a ``RedisMapStore`` on ``config.redis.url`` is created
     and lives as long as the process; pass your own to close it when the
     server is done (``serve`` does). The same goes for ``near_caches`` (the
     near caches of ``query.near_cache``), started and closed by its owner.
-    Port 0 picks a free port.
+    Background parts started here (the Redis health check) are appended to
+    ``background`` for the caller to close; without it they end with the
+    event loop. Port 0 picks a free port.
     """
+    authorizer = Authorizer.from_config(config.query.auth) if config.query.auth else None
+    credentials = server_credentials(config.query.tls) if config.query.tls else None
     if store is None:
         store = RedisMapStore.from_url(config.redis.url)
     if near_caches is None:
         near_caches = NearCaches(store, config.query.near_cache)
         await near_caches.start()
-    server = grpc.aio.server(interceptors=[ErrorInterceptor()], options=SERVER_OPTIONS)
+    interceptor = ErrorInterceptor(authorizer, request_maps(config))
+    server = grpc.aio.server(interceptors=[interceptor], options=SERVER_OPTIONS)
     topics = {name: m.source.topics for name, m in config.maps.items()}
     gate = FreshnessGate(store, topics)
     map_pb_grpc.add_MapServiceServicer_to_server(  # type: ignore[no-untyped-call]
@@ -94,35 +134,49 @@ async def create_server(
 
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    for service in (health.OVERALL_HEALTH, *SERVICES):
-        await health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    redis_health = RedisHealth(health_servicer, store.client, SERVICES)
+    await redis_health.start()
+    if background is not None:
+        background.append(redis_health)
 
     reflection.enable_server_reflection(
         [*SERVICES, health.SERVICE_NAME, reflection.SERVICE_NAME], server
     )
-    port: int = server.add_insecure_port(address)
+    if credentials is not None:
+        port: int = server.add_secure_port(address, credentials)
+    else:
+        port = server.add_insecure_port(address)
+    if port == 0:
+        raise SetupError(f"cannot listen on {address}: the address is taken or not local")
     return server, port
 
 
 async def serve(config: AppConfig, address: str, *, grace: float = GRACE_SECONDS) -> None:
     """Serve until SIGTERM or SIGINT (or cancellation), then stop gracefully.
 
-    On a signal the server stops accepting calls, lets running ones finish for
-    up to ``grace`` seconds, cancels the rest, and only then closes the Redis
-    pool, so no call in flight loses its store.
+    On a signal the server reports NOT_SERVING (so load balancers and
+    readiness probes stop sending calls), stops accepting calls, lets running
+    ones finish for up to ``grace`` seconds, cancels the rest, and only then
+    closes the Redis pool, so no call in flight loses its store.
     """
     store = RedisMapStore.from_url(config.redis.url)
     near_caches = NearCaches(store, config.query.near_cache)
+    background: list[Closeable] = []
     try:
         await near_caches.start()
-        server, port = await create_server(config, address, store, near_caches)
+        server, port = await create_server(config, address, store, near_caches, background)
+        if config.query.metrics_port is not None:
+            serve_metrics(config.query.metrics_port)
         await server.start()
         host = address.rpartition(":")[0]
         log.info(
-            "query service listening on %s:%d (maps: %s)",
+            "query service listening on %s:%d (maps: %s, tls: %s, auth: %s, metrics: %s)",
             host,
             port,
             ", ".join(sorted(config.maps)) or "none",
+            "on" if config.query.tls else "off",
+            "on" if config.query.auth else "off",
+            config.query.metrics_port if config.query.metrics_port is not None else "off",
         )
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -135,8 +189,13 @@ async def serve(config: AppConfig, address: str, *, grace: float = GRACE_SECONDS
         finally:
             for sig in signals:
                 loop.remove_signal_handler(sig)
+            for part in background:
+                await part.close()  # health turns NOT_SERVING: balancers move away first
+            background.clear()
             await server.stop(grace)
     finally:
+        for part in background:
+            await part.close()
         await near_caches.close()
         await store.close()
     log.info("query service stopped")
