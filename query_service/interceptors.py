@@ -20,8 +20,9 @@ from typing import Any, NoReturn
 
 import grpc
 
+from materializer.errors import first_line
 from query_service.auth import OPEN_PREFIXES, Authorizer, Grant
-from query_service.errors import QueryServiceError, StoreUnavailable
+from query_service.errors import InvalidArgument, QueryServiceError, StoreUnavailable
 from query_service.metrics import LATENCY, REQUESTS, STORE_ERRORS
 
 log = logging.getLogger(__name__)
@@ -66,10 +67,38 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
             if behavior is not None:
                 return factory(
                     call.wrap(behavior, streaming_requests=kind.startswith("stream_")),
-                    request_deserializer=handler.request_deserializer,
+                    request_deserializer=_lenient(handler.request_deserializer),
                     response_serializer=handler.response_serializer,
                 )
         return handler
+
+
+class _Undecodable:
+    """A request body that is not the method's message (bad wire data, invalid UTF-8)."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+
+def _lenient(deserialize: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """Parse failures become a value the handler wrapper answers with INVALID_ARGUMENT;
+    left to grpc, they would be INTERNAL with no word on what was wrong."""
+    if deserialize is None:
+        return None
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return deserialize(raw)
+        except Exception as exc:  # protobuf's DecodeError and friends
+            return _Undecodable(first_line(exc))
+
+    return parse
+
+
+def _decoded(request: Any) -> Any:
+    if isinstance(request, _Undecodable):
+        raise InvalidArgument(f"request: not a valid message ({request.reason})")
+    return request
 
 
 _FACTORIES: dict[str, Callable[..., grpc.RpcMethodHandler]] = {
@@ -103,12 +132,9 @@ class _Call:
             Authorizer.check_maps(grant, self._request_maps(self.method, request))
 
     def _checked_stream(self, grant: Grant | None, requests: AsyncIterator[Any]) -> Any:
-        if grant is None:
-            return requests
-
         async def checked() -> AsyncIterator[Any]:
             async for request in requests:
-                self._check(grant, request)
+                self._check(grant, _decoded(request))
                 yield request
 
         return checked()
@@ -117,7 +143,7 @@ class _Call:
         grant = self._authorize(context)
         if streaming_requests:
             return self._checked_stream(grant, request)
-        self._check(grant, request)
+        self._check(grant, _decoded(request))
         return request
 
     def wrap(self, behavior: Behavior, *, streaming_requests: bool) -> Behavior:
