@@ -121,25 +121,24 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         self, request: pb.ControlRequest, context: grpc.aio.ServicerContext
     ) -> pb.ControlResponse:
         """Ask the materializer to stop folding the map after its batch in flight."""
-        name = self._check_map(request.map)
-        await self._control.request(name, desired="paused")
-        return pb.ControlResponse(map=name, requested_state=State.PAUSED)
+        return await self._ask(request.map, "paused")
 
     async def Resume(
         self, request: pb.ControlRequest, context: grpc.aio.ServicerContext
     ) -> pb.ControlResponse:
         """Ask the materializer to fold the map again from where it paused."""
-        name = self._check_map(request.map)
-        await self._control.request(name, desired="running")
-        return pb.ControlResponse(map=name, requested_state=State.RUNNING)
+        return await self._ask(request.map, "running")
 
     async def Restart(
         self, request: pb.ControlRequest, context: grpc.aio.ServicerContext
     ) -> pb.ControlResponse:
         """Ask for a stop and start of the map's queries (a failed map tries again)."""
-        name = self._check_map(request.map)
-        await self._control.request(name, desired="running", restart=True)
-        return pb.ControlResponse(map=name, requested_state=State.RUNNING)
+        return await self._ask(request.map, "running", restart=True)
+
+    async def _ask(self, name: str, desired: str, *, restart: bool = False) -> pb.ControlResponse:
+        self._check_map(name)
+        await self._control.request(name, desired=desired, restart=restart)
+        return pb.ControlResponse(map=name, requested_state=_STATES[desired])
 
     async def ValidateConfig(
         self, request: pb.ValidateConfigRequest, context: grpc.aio.ServicerContext

@@ -9,10 +9,8 @@ import subprocess
 import sys
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import grpc
 import orjson
@@ -21,55 +19,19 @@ import redis
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from query_redis_helpers import make_config, map_doc, run
 
-from materializer.config import AppConfig, parse_config
+from materializer.config import AppConfig
 from materializer.layout import Watermark, entity_key, meta_key
 from materializer.testing import free_port
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
 from query_service.interceptors import INTERNAL_DETAILS
-from query_service.server import create_server
-from query_service.stores.redis import RedisMapStore
 
 pytestmark = pytest.mark.integration
 
-T = TypeVar("T")
 ENTITY = b'{"id":"u1","name":"Ann"}'
 DEADLINE = 10.0
-
-
-def map_doc(name: str) -> dict[str, object]:
-    return {
-        "source": {"topics": [f"{name}-events"], "schema": "id STRING, name STRING"},
-        "key": "id",
-    }
-
-
-def make_config(redis_url: str, *maps: str) -> AppConfig:
-    return parse_config({"redis": {"url": redis_url}, "maps": {m: map_doc(m) for m in maps}})
-
-
-@asynccontextmanager
-async def serving(config: AppConfig) -> AsyncIterator[grpc.aio.Channel]:
-    store = RedisMapStore.from_url(config.redis.url)
-    server, port = await create_server(config, store=store)
-    await server.start()
-    try:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-            yield channel
-    finally:
-        await server.stop(None)
-        await store.close()
-
-
-def run(config: AppConfig, body: Callable[[grpc.aio.Channel], Awaitable[T]]) -> T:
-    """Run ``body`` against a freshly started server (pytest-asyncio is not used)."""
-
-    async def main() -> T:
-        async with serving(config) as channel:
-            return await body(channel)
-
-    return asyncio.run(main())
 
 
 def get(config: AppConfig, map_name: str, key: str) -> pb.GetResponse:
