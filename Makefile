@@ -68,6 +68,7 @@ test: setup lint ## set up, lint, and run every test against real services
 bench: setup ## run the benchmarks (JSON lines on stdout)
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/pipeline.py
+	$(BIN)/python bench/query.py
 
 clean: ## remove the venv, resolved jars and local data
 	rm -rf $(VENV) jvm/lib warehouse checkpoints tests/interop/node_modules

@@ -1,0 +1,836 @@
+"""Query service benchmark: Get, BatchGet and Enrich against a bare gRPC echo server.
+
+All in one run, on one ``redis-server`` (no Kafka, no Spark):
+
+  load         N ~200-byte JSON entities of one map and its watermark, written in
+               the materializer's Redis layout (pipelined SETs, then the meta hash);
+  echo_max     the baseline: a bare grpc.aio server in its own process whose one
+               unary method answers raw bytes the size of a GetResponse, driven by
+               closed-loop load generators: the unary calls/s Python gRPC carries here;
+  get_max      the same generators, same requests, against ``MapService/Get`` of the
+               query service (its own process, started with ``query-service serve``);
+               ``get_over_echo`` is the ratio of the two;
+  *_latency    open loop at one offered rate for both servers: p50/p90/p99 measured
+               from each call's scheduled start, so a server that falls behind shows
+               its queue instead of slowing the generator down (no coordinated omission);
+  batch_get    BatchGet of 100 random keys per call, closed loop: keys/s;
+  enrich       ONE bidirectional Enrich stream, requests of 500 events each joined
+               with one entity of the map (left join), several requests in flight: events/s.
+
+The load generators are separate processes (spawned, each with its own event
+loop and channel) that send pre-serialized requests and take responses as raw
+bytes, with the same code for echo and Get, so the client's cost per call is the
+same on both sides and the ratio compares the servers. Every measured line also
+reports the CPU that the server, the generators and Redis used over its window
+(in cores) and how busy the whole machine was: on a small machine the generators
+compete with the server for the same cores, and other work may too.
+
+    .venv/bin/python bench/query.py [--entities N] [--seconds S] [--warmup W] [--procs P]
+
+``REDIS_URL`` points it at a running Redis instead of starting one; the
+benchmark's map is written there and its keys deleted at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import multiprocessing as mp
+import os
+import random
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import grpc
+import redis
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from materializer.layout import Watermark, entity_key, meta_key
+from materializer.testing import RedisServer, free_port
+from materializer.testing.ports import wait_until
+from materializer.testing.process import ManagedProcess
+from materializer.v1 import enrich_service_pb2 as enrich_pb
+from materializer.v1 import enrich_service_pb2_grpc as enrich_grpc
+from materializer.v1 import map_service_pb2 as map_pb
+from materializer.v1 import map_service_pb2_grpc as map_grpc
+
+# Spawned generator processes import this module again as their main module; the
+# harness (and its Spark imports) is imported in main() only, so they start light.
+
+MAP = "bench"
+TOPIC = "bench-events"
+PARTITIONS = 4
+APP_ID = "bench:query"
+LOAD_CHUNK = 2000
+"""SETs per pipelined round trip, as the materializer's Redis sink writes them."""
+
+GET = "/materializer.v1.MapService/Get"
+BATCH_GET = "/materializer.v1.MapService/BatchGet"
+ENRICH = "/materializer.v1.EnrichService/Enrich"
+ECHO_SERVICE = "materializer.bench.Echo"
+ECHO = f"/{ECHO_SERVICE}/Echo"
+
+CALL_TIMEOUT = 10.0
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+TARGET_GET_OVER_ECHO = 0.8
+TARGET_BATCH_KEYS_PER_S = 100_000
+TARGET_ENRICH_EVENTS_PER_S = 50_000
+
+
+# --- the echo server (baseline), run as its own process ---
+
+
+def serve_echo(port: int, response_bytes: int) -> None:
+    """A bare grpc.aio server with one unary method and no serializers, until SIGTERM.
+
+    Generic handlers with raw bytes need no generated code; the answer is a
+    fixed payload of a GetResponse's size, so the baseline moves the same bytes
+    as Get and does nothing else: no protobuf, no interceptor, no store.
+    """
+    response = b"\x00" * response_bytes
+
+    async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        return response
+
+    async def run() -> None:
+        server = grpc.aio.server()
+        handler = grpc.method_handlers_generic_handler(
+            ECHO_SERVICE, {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
+        )
+        server.add_generic_rpc_handlers((handler,))
+        if server.add_insecure_port(f"127.0.0.1:{port}") == 0:
+            raise SystemExit(f"echo server: cannot listen on port {port}")
+        await server.start()
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
+        await stopping.wait()
+        await server.stop(0)
+
+    asyncio.run(run())
+
+
+# --- load generators, each a spawned process ---
+
+
+@dataclass(frozen=True)
+class Load:
+    """What one generator process does; plain data, so it pickles into a spawned process.
+
+    ``mode`` is ``closed`` (``in_flight`` calls at all times, each sent as soon
+    as the previous one returned), ``open`` (calls started at ``rate`` per
+    second whatever the answers do) or ``stream`` (one bidirectional call,
+    ``first`` then ``requests`` in turn, at most ``in_flight`` unanswered).
+    """
+
+    target: str
+    method: str
+    mode: str
+    requests: list[bytes]
+    in_flight: int = 1
+    rate: float = 0.0
+    phase: float = 0.0
+    """Open loop: this process's offset into the shared schedule, in seconds, so the
+    generators' calls interleave instead of firing together."""
+    first: bytes = b""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """When to warm up, measure and stop, on the machine-wide monotonic clock."""
+
+    warm: float
+    start: float
+    end: float
+
+
+def generator(load: Load, conn: Connection) -> None:
+    """Process entry: ready once connected, then the parent's plan, then the result."""
+    try:
+        conn.send(("result", asyncio.run(_generate(load, conn))))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+async def _generate(load: Load, conn: Connection) -> dict[str, Any]:
+    async with grpc.aio.insecure_channel(load.target, options=CHANNEL_OPTIONS) as channel:
+        await asyncio.wait_for(channel.channel_ready(), 30)
+        conn.send(("ready", None))
+        plan: Plan = conn.recv()  # blocks the loop, but nothing is in flight yet
+        await asyncio.sleep(max(0.0, plan.warm - time.monotonic()))
+        if load.mode == "stream":
+            return await _stream(channel.stream_stream(load.method), load, plan)
+        call = channel.unary_unary(load.method)  # no serializers: bytes in, bytes out
+        if load.mode == "closed":
+            return await _closed_loop(call, load, plan)
+        return await _open_loop(call, load, plan)
+
+
+class _Tally:
+    """Calls answered and failed inside the measured window, and the first failure."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        self.calls = 0
+        self.errors = 0
+        self.first_error = ""
+        self.latencies: list[float] = []
+
+    def inside(self, moment: float) -> bool:
+        return self.plan.start <= moment < self.plan.end
+
+    def failed(self, exc: grpc.aio.AioRpcError, moment: float) -> None:
+        if self.inside(moment):
+            self.errors += 1
+        if not self.first_error:
+            self.first_error = f"{exc.code().name}: {exc.details()}"
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "errors": self.errors,
+            "first_error": self.first_error,
+            "latencies": self.latencies,
+        }
+
+
+async def _closed_loop(call: Any, load: Load, plan: Plan) -> dict[str, Any]:
+    """``in_flight`` callers, each sending its next request as soon as one returns."""
+    tally = _Tally(plan)
+    requests, n = load.requests, len(load.requests)
+
+    async def caller(i: int) -> None:
+        while time.monotonic() < plan.end:
+            try:
+                await call(requests[i % n], timeout=CALL_TIMEOUT)
+            except grpc.aio.AioRpcError as exc:
+                tally.failed(exc, time.monotonic())
+            else:
+                if tally.inside(time.monotonic()):
+                    tally.calls += 1
+            i += load.in_flight
+
+    await asyncio.gather(*(caller(k) for k in range(load.in_flight)))
+    return tally.result()
+
+
+async def _open_loop(call: Any, load: Load, plan: Plan) -> dict[str, Any]:
+    """Calls started on a fixed schedule; latency counts from the scheduled start.
+
+    A call is never held back by the ones before it, so when the server (or the
+    generator's own event loop) falls behind, the wait shows up in the latency.
+    """
+    tally = _Tally(plan)
+    requests, n = load.requests, len(load.requests)
+    pending: set[asyncio.Task[None]] = set()
+    interval = 1.0 / load.rate
+
+    async def one(request: bytes, due: float) -> None:
+        try:
+            await call(request, timeout=CALL_TIMEOUT)
+        except grpc.aio.AioRpcError as exc:
+            tally.failed(exc, due)
+        else:
+            if tally.inside(due):
+                tally.calls += 1
+                tally.latencies.append(time.monotonic() - due)
+
+    due, sent = plan.warm + load.phase, 0
+    while due < plan.end:
+        while due <= time.monotonic() and due < plan.end:
+            task = asyncio.create_task(one(requests[sent % n], due))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            sent += 1
+            due += interval
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+    if pending:
+        await asyncio.wait(pending, timeout=CALL_TIMEOUT + 1)
+    return tally.result()
+
+
+async def _stream(open_call: Any, load: Load, plan: Plan) -> dict[str, Any]:
+    """One bidirectional call: a writer keeps ``in_flight`` requests unanswered, a reader
+    counts the answers (one per request, in order) that arrive inside the window."""
+    tally = _Tally(plan)
+    requests, n = load.requests, len(load.requests)
+    call = open_call(timeout=plan.end - time.monotonic() + CALL_TIMEOUT)
+    window = asyncio.Semaphore(load.in_flight)
+
+    async def write() -> None:
+        await window.acquire()
+        await call.write(load.first)  # carries the join spec; later requests reuse it
+        i = 0
+        while time.monotonic() < plan.end:
+            await window.acquire()
+            await call.write(requests[i % n])
+            i += 1
+        await call.done_writing()
+
+    async def read() -> None:
+        while (response := await call.read()) is not grpc.aio.EOF:
+            window.release()
+            if response and tally.inside(time.monotonic()):
+                tally.calls += 1
+
+    try:
+        await asyncio.gather(write(), read())
+    except grpc.aio.AioRpcError as exc:
+        tally.failed(exc, time.monotonic())
+    return tally.result()
+
+
+# --- the parent: processes, phases, CPU accounting ---
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU of one process (Linux ``/proc``); ``None`` when it cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy() -> float:
+    """Busy CPU seconds of the whole machine since boot (``/proc/stat``): with the
+    benchmark's own processes, it shows how much other work shared the cores."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def sleep_until(moment: float) -> None:
+    time.sleep(max(0.0, moment - time.monotonic()))
+
+
+class CpuWindow:
+    """CPU used by groups of processes between ``begin`` and ``end``, in cores."""
+
+    def __init__(self, groups: dict[str, Sequence[int]]) -> None:
+        self.groups = groups
+
+    def _sample(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        for name, pids in self.groups.items():
+            seconds = [cpu_seconds(p) for p in pids]
+            out[name] = None if not pids or None in seconds else sum(s or 0 for s in seconds)
+        out["machine"] = machine_busy()
+        return out
+
+    def begin(self) -> None:
+        self._before, self._at = self._sample(), time.monotonic()
+
+    def end(self) -> dict[str, float | None]:
+        after, wall = self._sample(), time.monotonic() - self._at
+        cores: dict[str, float | None] = {}
+        for name, value in after.items():
+            before = self._before[name]
+            used = None if value is None or before is None else value - before
+            cores[f"{name}_cpu_cores"] = None if used is None else round(used / wall, 2)
+        cores["machine_busy_cores"] = cores.pop("machine_cpu_cores")
+        return cores
+
+
+def _expect(conn: Connection, what: str, timeout: float) -> Any:
+    if not conn.poll(timeout):
+        raise TimeoutError(f"a load generator sent no {what} within {timeout:.0f} s")
+    kind, payload = conn.recv()
+    if kind == "error":
+        raise RuntimeError(f"a load generator failed:\n{payload}")
+    if kind != what:
+        raise RuntimeError(f"a load generator sent {kind}, expected {what}")
+    return payload
+
+
+@contextlib.contextmanager
+def generators(loads: Sequence[Load]) -> Iterator[tuple[list[Connection], list[int]]]:
+    """Spawned generator processes; always stopped on the way out, even on error.
+
+    Spawned, not forked: a forked child would inherit the parent's gRPC state,
+    which gRPC does not support, and a fresh interpreter per generator is what
+    a separate client would be.
+    """
+    ctx = mp.get_context("spawn")
+    procs: list[Any] = []
+    conns: list[Connection] = []
+    try:
+        for load in loads:
+            mine, theirs = ctx.Pipe()
+            proc = ctx.Process(target=generator, args=(load, theirs), daemon=True)
+            proc.start()
+            theirs.close()
+            procs.append(proc)
+            conns.append(mine)
+        yield conns, [p.pid for p in procs]
+    finally:
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in conns:
+            conn.close()
+
+
+def run_phase(
+    loads: Sequence[Load], warmup: float, seconds: float, watch: dict[str, Sequence[int]]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Start the generators, warm up together, measure together; the summed tallies and
+    the CPU each watched group (plus the generators) used over the measured window."""
+    with generators(loads) as (conns, pids):
+        for conn in conns:
+            _expect(conn, "ready", 60)
+        warm = time.monotonic() + 0.2
+        plan = Plan(warm=warm, start=warm + warmup, end=warm + warmup + seconds)
+        for conn in conns:
+            conn.send(plan)
+        cpu = CpuWindow({**watch, "generators": pids})
+        sleep_until(plan.start)
+        cpu.begin()
+        sleep_until(plan.end)
+        usage = cpu.end()
+        results = [_expect(conn, "result", CALL_TIMEOUT + 60) for conn in conns]
+    total: dict[str, Any] = {
+        "calls": sum(r["calls"] for r in results),
+        "errors": sum(r["errors"] for r in results),
+        "first_error": next((r["first_error"] for r in results if r["first_error"]), ""),
+        "latencies": [x for r in results for x in r["latencies"]],
+    }
+    return total, usage
+
+
+def unary_loads(
+    target: str, method: str, pools: Sequence[list[bytes]], in_flight: int
+) -> list[Load]:
+    """Closed loop: one generator per request pool, ``in_flight`` calls each."""
+    return [Load(target, method, "closed", pool, in_flight=in_flight) for pool in pools]
+
+
+def open_loads(target: str, method: str, pools: Sequence[list[bytes]], rate: float) -> list[Load]:
+    """Open loop: ``rate`` calls/s in all, shared by one generator per request pool."""
+    per = rate / len(pools)
+    return [
+        Load(target, method, "open", pool, rate=per, phase=i / rate) for i, pool in enumerate(pools)
+    ]
+
+
+def closed_line(total: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """Calls/s of a closed-loop phase; a failed call fails the benchmark (no silent errors)."""
+    if total["errors"] or not total["calls"]:
+        raise RuntimeError(f"{total['errors']} failed calls, first: {total['first_error']}")
+    return {"calls": total["calls"], "calls_per_s": round(total["calls"] / seconds)}
+
+
+def latency_line(total: dict[str, Any], rate: float, seconds: float) -> dict[str, Any]:
+    """Percentiles of an open-loop phase, as ``harness.freshness`` computes them."""
+    ms = sorted(x * 1000 for x in total["latencies"])
+    if total["errors"] or len(ms) < 2:
+        raise RuntimeError(f"{total['errors']} failed calls, first: {total['first_error']}")
+    q = statistics.quantiles(ms, n=100)
+    return {
+        "offered_per_s": round(rate),
+        "achieved_per_s": round(len(ms) / seconds),
+        "samples": len(ms),
+        "p50_ms": round(q[49], 2),
+        "p90_ms": round(q[89], 2),
+        "p99_ms": round(q[98], 2),
+        "max_ms": round(ms[-1], 2),
+    }
+
+
+def loadavg() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+# --- data and services ---
+
+
+def load_map(
+    client: redis.Redis, n: int, event: Callable[..., tuple[bytes, bytes]]
+) -> dict[str, Any]:
+    """N entities under ``<map>:<key>`` (pipelined SETs, as the sink writes them), then
+    the watermark of one batch in ``<map>:__meta__``."""
+    rng = random.Random(42)
+    started = time.perf_counter()
+    size = 0
+    pipe = client.pipeline(transaction=False)
+    for i in range(n):
+        key, value = event(i, i, rng)
+        pipe.set(entity_key(MAP, key.decode()), value)
+        size += len(value)
+        if (i + 1) % LOAD_CHUNK == 0:
+            pipe.execute()
+    pipe.execute()
+    mark = Watermark(
+        batch_id=0,
+        offsets={TOPIC: {p: n // PARTITIONS for p in range(PARTITIONS)}},
+        updated_at_ms=int(time.time() * 1000),
+        app_id=APP_ID,
+    )
+    client.hset(meta_key(MAP), mapping=dict(mark.to_hash()))
+    seconds = time.perf_counter() - started
+    return {
+        "entities": n,
+        "seconds": round(seconds, 2),
+        "entities_per_s": round(n / seconds),
+        "avg_entity_bytes": round(size / n),
+    }
+
+
+def key_of(i: int) -> str:
+    """The key ``harness.event`` gives entity ``i``."""
+    return f"user-{i:06d}"
+
+
+def write_config(path: Path, redis_url: str, schema: str) -> None:
+    """The query service's YAML: Redis and the one map (near cache off, the default)."""
+    doc = {
+        "redis": {"url": redis_url},
+        "maps": {
+            MAP: {
+                "source": {"topics": [TOPIC], "format": "json", "schema": schema},
+                "key": "id",
+            }
+        },
+    }
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+
+
+def start_query_service(work: Path, config: Path, port: int) -> ManagedProcess:
+    """``query-service serve`` of this environment, in its own session, ready to serve."""
+    exe = Path(sys.executable).parent / "query-service"
+    args = [str(exe), "serve", "-c", str(config), "--host", "127.0.0.1", "--port", str(port)]
+    args += ["--metrics-port", "0", "--log-level", "WARNING"]
+    proc = ManagedProcess(args, work / "query-service.log")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            health = health_pb2_grpc.HealthStub(channel)
+
+            def serving() -> bool:
+                reply = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
+                return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+            wait_until("query-service", serving, 60, proc.alive)
+    except Exception as exc:
+        proc.stop()
+        raise RuntimeError(f"query-service did not start: {exc}\n{proc.tail()}") from exc
+    return proc
+
+
+def start_echo_server(work: Path, port: int, response_bytes: int) -> ManagedProcess:
+    """This script's ``--serve-echo`` mode, in its own session, ready to answer."""
+    args = [sys.executable, str(Path(__file__).resolve()), "--serve-echo", str(port)]
+    args += ["--echo-response-bytes", str(response_bytes)]
+    proc = ManagedProcess(args, work / "echo-server.log")
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            echo = channel.unary_unary(ECHO)
+            wait_until("echo server", lambda: bool(echo(b"", timeout=1)), 60, proc.alive)
+    except Exception as exc:
+        proc.stop()
+        raise RuntimeError(f"echo server did not start: {exc}\n{proc.tail()}") from exc
+    return proc
+
+
+def join_spec() -> enrich_pb.JoinSpec:
+    """One lookup, left join: the event's ``user_id`` in the map, added as ``user``."""
+    return enrich_pb.JoinSpec(
+        lookups=[
+            enrich_pb.Lookup(map=MAP, key_field="user_id", alias="user", join=enrich_pb.Lookup.LEFT)
+        ]
+    )
+
+
+def enrich_request(events: list[bytes], request_id: str, spec: bool) -> enrich_pb.EnrichRequest:
+    request = enrich_pb.EnrichRequest(events=events, request_id=request_id)
+    if spec:
+        request.spec.CopyFrom(join_spec())
+    return request
+
+
+def order_event(i: int, entities: int, rng: random.Random) -> bytes:
+    """A small order event naming a random entity of the map (~90 bytes of JSON)."""
+    user = key_of(rng.randrange(entities))
+    return (
+        f'{{"order_id":"o-{i:09d}","user_id":"{user}","amount":{rng.randrange(100, 99999) / 100},'
+        f'"sku":"sku-{rng.randrange(10_000):05d}","qty":{1 + i % 5}}}'
+    ).encode()
+
+
+def check_service(
+    target: str, client: redis.Redis, entities: int, batch_keys: int
+) -> dict[str, int]:
+    """Each measured call answers what Redis holds (typed stubs, once, before measuring);
+    the wire sizes the echo server has to match."""
+    rng = random.Random(1)
+    with grpc.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
+        maps = map_grpc.MapServiceStub(channel)
+        sizes = []
+        for i in rng.sample(range(entities), 200):
+            response = maps.Get(map_pb.GetRequest(map=MAP, key=key_of(i)), timeout=CALL_TIMEOUT)
+            if not response.found or response.entity != client.get(entity_key(MAP, key_of(i))):
+                raise RuntimeError(f"Get {key_of(i)} does not answer the stored entity")
+            if len(response.watermark.offsets) != PARTITIONS:
+                raise RuntimeError(f"Get {key_of(i)}: watermark {response.watermark}")
+            sizes.append(response.ByteSize())
+        keys = [key_of(i) for i in rng.sample(range(entities), batch_keys)]
+        batch = maps.BatchGet(map_pb.BatchGetRequest(map=MAP, keys=keys), timeout=CALL_TIMEOUT)
+        if [e.key for e in batch.entries if e.found] != keys:
+            raise RuntimeError("BatchGet does not find every key")
+        enrich = enrich_grpc.EnrichServiceStub(channel)
+        events = [order_event(i, entities, rng) for i in range(10)]
+        answers = list(enrich.Enrich(iter([enrich_request(events, "check", True)]), timeout=30))
+        joined = [e.event for a in answers for e in a.events]
+        if len(joined) != len(events) or any(b'"user":{"id":"user-' not in e for e in joined):
+            raise RuntimeError(f"Enrich did not join every event: {answers}")
+    request = map_pb.GetRequest(map=MAP, key=key_of(0))
+    return {"request_bytes": request.ByteSize(), "response_bytes": round(statistics.mean(sizes))}
+
+
+def redis_pid(client: redis.Redis, own: bool) -> list[int]:
+    """Our redis-server's pid, for its CPU; none for a Redis started elsewhere, which
+    may not even run on this machine."""
+    return [int(client.info("server")["process_id"])] if own else []
+
+
+@contextlib.contextmanager
+def redis_service() -> Iterator[tuple[str, bool]]:
+    """(Redis URL, whether it is our own): ``REDIS_URL`` or a fresh ``redis-server``."""
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url, False
+    else:
+        with RedisServer() as server:
+            yield server.url, True
+
+
+def delete_map(client: redis.Redis) -> None:
+    """Remove the benchmark's map from a Redis that is not ours."""
+    batch = []
+    for key in client.scan_iter(match=f"{MAP}:*", count=10_000):
+        batch.append(key)
+        if len(batch) >= 10_000:
+            client.unlink(*batch)
+            batch.clear()
+    if batch:
+        client.unlink(*batch)
+
+
+# --- the benchmark ---
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--entities", type=int, default=100_000)
+    parser.add_argument("--seconds", type=float, default=10, help="each measurement")
+    parser.add_argument("--warmup", type=float, default=3, help="before each measurement")
+    parser.add_argument("--procs", type=int, default=2, help="unary load generator processes")
+    parser.add_argument(
+        "--concurrency", type=int, default=32, help="Get/echo calls in flight per process"
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=1000,
+        help="latency: calls/s offered (capped at half the slower max)",
+    )
+    parser.add_argument("--batch-keys", type=int, default=100, help="keys per BatchGet")
+    parser.add_argument(
+        "--batch-concurrency", type=int, default=8, help="BatchGets in flight per process"
+    )
+    parser.add_argument("--enrich-events", type=int, default=500, help="events per Enrich request")
+    parser.add_argument(
+        "--enrich-window", type=int, default=8, help="Enrich requests in flight on the stream"
+    )
+    parser.add_argument("--serve-echo", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--echo-response-bytes", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_echo is not None:
+        serve_echo(args.serve_echo, args.echo_response_bytes)
+        return
+    run(args)
+
+
+def run(args: argparse.Namespace) -> None:
+    """The whole benchmark; every process it starts is stopped on the way out."""
+    from harness import SCHEMA, emit, event  # here, not at the top: see the note there
+
+    # SIGTERM ends the run like Ctrl-C does: through every ``finally``, so the servers
+    # (in sessions of their own) and the generators are stopped, not orphaned.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    seconds, warmup, procs = args.seconds, args.warmup, args.procs
+    work = Path(tempfile.mkdtemp(prefix="materializer-bench-query-"))
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, work, True)
+        redis_url, own_redis = stack.enter_context(redis_service())
+        client = redis.Redis.from_url(redis_url)
+        stack.callback(client.close)
+        if not own_redis:
+            stack.callback(delete_map, client)
+        emit(
+            name="setup",
+            python=sys.version.split()[0],
+            grpcio=grpc.__version__,
+            cpus=os.cpu_count(),
+            loadavg_1m=loadavg(),
+            entities=args.entities,
+            seconds=seconds,
+            warmup_s=warmup,
+            generator_procs=procs,
+        )
+        emit(name="load", **load_map(client, args.entities, event))
+
+        config = work / "query.yaml"
+        write_config(config, redis_url, SCHEMA)
+        service_port = free_port()
+        service = start_query_service(work, config, service_port)
+        stack.callback(service.stop)
+        target = f"127.0.0.1:{service_port}"
+        sizes = check_service(target, client, args.entities, args.batch_keys)
+        echo_port = free_port()
+        echo = start_echo_server(work, echo_port, sizes["response_bytes"])
+        stack.callback(echo.stop)
+        echo_target = f"127.0.0.1:{echo_port}"
+        on_redis = redis_pid(client, own_redis)
+        watch_echo = {"server": [echo.proc.pid], "redis": on_redis}
+        watch_service = {"server": [service.proc.pid], "redis": on_redis}
+
+        rng = random.Random(7)
+        get_pools = [
+            [
+                map_pb.GetRequest(
+                    map=MAP, key=key_of(rng.randrange(args.entities))
+                ).SerializeToString()
+                for _ in range(20_000)
+            ]
+            for _ in range(procs)
+        ]
+
+        # (1) closed loop: the most calls/s, echo first, then Get with the same generators.
+        best: dict[str, int] = {}
+        for name, server, method, watch in (
+            ("echo", echo_target, ECHO, watch_echo),
+            ("get", target, GET, watch_service),
+        ):
+            loads = unary_loads(server, method, get_pools, args.concurrency)
+            total, usage = run_phase(loads, warmup, seconds, watch)
+            line = closed_line(total, seconds)
+            best[name] = line["calls_per_s"]
+            emit(
+                name=f"{name}_max",
+                units="calls/s",
+                loop="closed",
+                in_flight=procs * args.concurrency,
+                **line,
+                **sizes,
+                **usage,
+                loadavg_1m=loadavg(),
+            )
+        emit(
+            name="get_over_echo",
+            ratio=round(best["get"] / best["echo"], 3),
+            target_get_over_echo=TARGET_GET_OVER_ECHO,
+        )
+
+        # (2) open loop at one offered rate for both, well below either's maximum.
+        rate = min(args.rate, 0.5 * min(best.values()))
+        for name, server, method, watch in (
+            ("echo", echo_target, ECHO, watch_echo),
+            ("get", target, GET, watch_service),
+        ):
+            total, usage = run_phase(
+                open_loads(server, method, get_pools, rate), warmup, seconds, watch
+            )
+            emit(
+                name=f"{name}_latency",
+                units="ms from scheduled start",
+                loop="open",
+                **latency_line(total, rate, seconds),
+                **usage,
+                loadavg_1m=loadavg(),
+            )
+
+        # (3) BatchGet of random keys, closed loop.
+        batch_pools = [
+            [
+                map_pb.BatchGetRequest(
+                    map=MAP,
+                    keys=[key_of(i) for i in rng.sample(range(args.entities), args.batch_keys)],
+                ).SerializeToString()
+                for _ in range(500)
+            ]
+            for _ in range(procs)
+        ]
+        loads = unary_loads(target, BATCH_GET, batch_pools, args.batch_concurrency)
+        total, usage = run_phase(loads, warmup, seconds, watch_service)
+        line = closed_line(total, seconds)
+        emit(
+            name="batch_get",
+            units="keys/s",
+            loop="closed",
+            keys_per_call=args.batch_keys,
+            in_flight=procs * args.batch_concurrency,
+            **line,
+            keys_per_s=line["calls_per_s"] * args.batch_keys,
+            target_keys_per_s=TARGET_BATCH_KEYS_PER_S,
+            **usage,
+            loadavg_1m=loadavg(),
+        )
+
+        # (4) Enrich over one bidirectional stream, requests pipelined.
+        n = args.enrich_events
+        requests = [
+            enrich_request(
+                [order_event(r * n + i, args.entities, rng) for i in range(n)], f"r{r}", spec=False
+            ).SerializeToString()
+            for r in range(40)
+        ]
+        first = enrich_request(
+            [order_event(i, args.entities, rng) for i in range(n)], "first", spec=True
+        ).SerializeToString()
+        load = Load(target, ENRICH, "stream", requests, in_flight=args.enrich_window, first=first)
+        total, usage = run_phase([load], warmup, seconds, watch_service)
+        if total["errors"] or not total["calls"]:
+            raise RuntimeError(f"Enrich failed: {total['first_error']}")
+        emit(
+            name="enrich",
+            units="events/s",
+            streams=1,
+            events_per_request=n,
+            requests_in_flight=args.enrich_window,
+            requests=total["calls"],
+            events_per_s=round(total["calls"] * n / seconds),
+            target_events_per_s=TARGET_ENRICH_EVENTS_PER_S,
+            **usage,
+            loadavg_1m=loadavg(),
+        )
+        emit(name="done", loadavg_1m=loadavg())
+
+
+if __name__ == "__main__":
+    main()
