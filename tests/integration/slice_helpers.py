@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,13 @@ FIELDS = ["id", "name", "age", "tags"]
 def slice_config(
     tmp: Path, kafka: str, redis_url: str, topic: str, map_name: str = "users", **extra: Any
 ) -> dict[str, Any]:
-    """A one-map config document (plain data, so tests can also dump it to YAML)."""
+    """A one-map config document (plain data, so tests can also dump it to YAML).
+
+    The map's changelog topic is new for every document: tests share one
+    broker, and a Delta table fed from another test's changelog would hold its
+    entities too.
+    """
+    extra.setdefault("changelog", {"topic": f"{map_name}.changelog.{uuid.uuid4().hex[:8]}"})
     return {
         "kafka": {"bootstrap_servers": kafka},
         "redis": {"url": redis_url},

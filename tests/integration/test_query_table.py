@@ -8,6 +8,7 @@ reference fold of the events; every call goes through a real server and channel.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -35,7 +36,7 @@ from materializer.v1 import map_service_pb2_grpc as pb_grpc
 pytestmark = pytest.mark.integration
 
 T = TypeVar("T")
-MAP = "people"
+MAP = f"people{uuid.uuid4().hex[:8]}"
 NO_TABLE = "people_later"
 SCHEMA = "id STRING, name STRING, age INT, tags ARRAY<STRING>, score DOUBLE, joined TIMESTAMP"
 FIELDS = ["id", "name", "age", "tags", "score", "joined"]
