@@ -50,6 +50,8 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
     ) -> None:
         self._authorizer = authorizer
         self._request_maps = request_maps or (lambda method, request: ())
+        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
+        """Per method, built on its first call: the handlers never change."""
 
     async def intercept_service(
         self,
@@ -57,19 +59,24 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         """Wrap the behaviour of the handler the rest of the chain resolves."""
+        method: str = handler_call_details.method
+        wrapped = self._wrapped.get(method)
+        if wrapped is not None:
+            return wrapped
         handler = await continuation(handler_call_details)
         if handler is None:  # unknown method: grpc answers UNIMPLEMENTED itself
             return None
-        method: str = handler_call_details.method
         call = _Call(method, self._authorizer, self._request_maps)
         for kind, factory in _FACTORIES.items():
             behavior = getattr(handler, kind)
             if behavior is not None:
-                return factory(
+                wrapped = factory(
                     call.wrap(behavior, streaming_requests=kind.startswith("stream_")),
                     request_deserializer=_lenient(handler.request_deserializer),
                     response_serializer=handler.response_serializer,
                 )
+                self._wrapped[method] = wrapped
+                return wrapped
         return handler
 
 

@@ -17,6 +17,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from materializer.layout import Watermark, changes_key, entity_key, meta_key
 from query_service.errors import StoreUnavailable
 from query_service.stores.base import BatchLookup, Change, ChangeRead, Lookup, MapStore
+from query_service.stores.coalesce import Coalescer
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class RedisMapStore(MapStore):
         self._where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
         self._waiting: aioredis.Redis | None = None
         self._reply_seconds = float(kwargs.get("socket_timeout") or REPLY_SECONDS)
+        self._coalescer = Coalescer(self.get_many)
 
     @property
     def client(self) -> aioredis.Redis:
@@ -90,20 +92,14 @@ class RedisMapStore(MapStore):
         return Watermark.from_hash(cast("dict[bytes, bytes]", raw))
 
     async def get_with_watermark(self, map_name: str, key: str) -> Lookup:
-        """``HGETALL`` then ``GET`` in one pipeline: one round trip, no ``MULTI``.
+        """``HGETALL`` then ``MGET`` in one pipeline, shared by the lookups of the same turn.
 
-        A ``MULTI`` would give an exact snapshot but fails on Redis Cluster, where
-        ``<map>:<key>`` and ``<map>:__meta__`` live in different slots; reading
-        the watermark first gives the lower bound ``MapStore`` promises instead.
+        No ``MULTI``: it would give an exact snapshot but fails on Redis Cluster,
+        where ``<map>:<key>`` and ``<map>:__meta__`` live in different slots;
+        reading the watermark first gives the lower bound ``MapStore`` promises.
+        Concurrent calls are gathered by a ``Coalescer`` (one pipeline for all).
         """
-        async with (
-            self._unavailable_on_connection_errors(),
-            self._client.pipeline(transaction=False) as pipe,
-        ):
-            pipe.hgetall(meta_key(map_name))
-            pipe.get(entity_key(map_name, key))
-            raw, entity = await pipe.execute()
-        return Lookup(entity=entity, watermark=Watermark.from_hash(raw))
+        return await self._coalescer.get(map_name, key)
 
     async def get_many(self, map_name: str, keys: Sequence[str]) -> BatchLookup:
         """``HGETALL`` then ``MGET`` in one pipeline (no ``MULTI``, as for a single key)."""

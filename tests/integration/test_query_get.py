@@ -326,23 +326,3 @@ def test_cli_serve_help() -> None:
 
     assert proc.returncode == 0
     assert b"--config" in proc.stdout
-
-
-def test_an_expired_deadline_is_deadline_exceeded_and_the_server_goes_on(
-    redis_url: str, redis_client: redis.Redis, map_name: str
-) -> None:
-    redis_client.set(entity_key(map_name, "u1"), ENTITY)
-
-    async def body(channel: grpc.aio.Channel) -> tuple[grpc.StatusCode, bytes]:
-        stub = pb_grpc.MapServiceStub(channel)
-        request = pb.GetRequest(map=map_name, key="u1")
-        try:
-            await stub.Get(request, timeout=0.000001)
-            code = grpc.StatusCode.OK
-        except grpc.aio.AioRpcError as exc:
-            code = exc.code()
-        return code, (await stub.Get(request, timeout=DEADLINE)).entity
-
-    code, entity = run(make_config(redis_url, map_name), body)
-    assert code == grpc.StatusCode.DEADLINE_EXCEEDED
-    assert entity == ENTITY
