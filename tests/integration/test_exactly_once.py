@@ -148,6 +148,7 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
     doc["maps"]["crash_agg"] = {
         **doc["maps"]["crash"],
         "fold": {"mode": "aggregate", "aggregates": AGGREGATES},
+        "changelog": {"topic": f"{doc['maps']['crash']['changelog']['topic']}.agg"},
     }
     config_file = tmp_path / "maps.yaml"
     config_file.write_text(yaml.safe_dump(doc))
