@@ -20,7 +20,12 @@ def offsets_lag(end: str | None, latest: str | None) -> int:
     """Records available but not yet read: latest minus end offsets, over all partitions."""
     if not end or not latest:
         return 0
-    ends, latests = orjson.loads(end), orjson.loads(latest)
+    try:
+        ends, latests = orjson.loads(end), orjson.loads(latest)
+    except orjson.JSONDecodeError:
+        return 0  # a source that reports no offsets (yet), e.g. while it restarts
+    if not isinstance(ends, dict) or not isinstance(latests, dict):
+        return 0
     lag = 0
     for topic, partitions in latests.items():
         for partition, offset in partitions.items():
