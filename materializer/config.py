@@ -425,6 +425,30 @@ class AppConfig(_Model):
     maps: dict[str, MapConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
+    def _own_topics(self) -> AppConfig:
+        """A changelog topic feeds one map's Delta table, so no two maps may share one, and
+        no map may write its changelog or dead letters into a topic it reads."""
+        problems = []
+        owner: dict[str, str] = {}
+        for name, m in self.maps.items():
+            changelog = m.changelog.topic if m.changelog else f"{name}.changelog"
+            if changelog in owner:
+                problems.append(
+                    f"maps.{name}.changelog.topic: {changelog!r} is already map "
+                    f"{owner[changelog]}'s changelog"
+                )
+            owner.setdefault(changelog, name)
+            if changelog in m.source.topics:
+                problems.append(f"maps.{name}.changelog.topic: {changelog!r} is a source topic")
+            if m.dead_letter and m.dead_letter.topic in m.source.topics:
+                problems.append(
+                    f"maps.{name}.dead_letter.topic: {m.dead_letter.topic!r} is a source topic"
+                )
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
+
+    @model_validator(mode="after")
     def _query_maps_declared(self) -> AppConfig:
         """Names under ``query`` must be declared maps, or a typo would go unnoticed."""
         problems = [

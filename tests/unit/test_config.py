@@ -99,3 +99,24 @@ def test_transforms_and_folds_report_their_own_key_paths():
         "maps.users.fold.aggregates.total: sum needs field",
         "maps.users.on_error: must be one of dead_letter, fail, skip",
     ]
+
+
+def test_maps_cannot_share_a_changelog_or_write_into_their_sources():
+    def m(**extra):
+        return {"source": {"topics": ["events"]}, "key": "id", **extra}
+
+    with pytest.raises(ConfigError) as info:
+        parse_config(
+            {
+                "maps": {
+                    "a": m(changelog={"topic": "shared"}),
+                    "b": m(changelog={"topic": "shared"}),
+                    "c": m(changelog={"topic": "events"}, dead_letter={"topic": "events"}),
+                }
+            }
+        )
+    assert info.value.problems == [
+        "maps.b.changelog.topic: 'shared' is already map a's changelog",
+        "maps.c.changelog.topic: 'events' is a source topic",
+        "maps.c.dead_letter.topic: 'events' is a source topic",
+    ]
