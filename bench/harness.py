@@ -240,7 +240,7 @@ def instrument() -> None:
     timed(DeltaSink, "write", "delta")
 
 
-def batch_profile(map_name: str, query: Any) -> dict[str, Any]:
+def batch_profile(query: Any) -> dict[str, Any]:
     """Where the fold query's batches spent their time, summed over its batches (seconds)."""
     progress = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
     totals: dict[str, float] = collections.Counter()
@@ -402,7 +402,7 @@ def freshness(
         # Redis is written before Delta in each batch: let the last MERGE finish, so the
         # profile covers every batch and stopping interrupts nothing.
         queries.process_all_available()
-        profile = batch_profile(name, queries.fold)
+        profile = batch_profile(queries.fold)
     finally:
         queries.stop()
     ms = sorted(x * 1000 for x in follower.latencies)

@@ -98,7 +98,7 @@ def main() -> None:
         try:
             queries.process_all_available()
             c_seconds = time.perf_counter() - started
-            profile = batch_profile("ingest", queries.fold)
+            profile = batch_profile(queries.fold)
         finally:
             queries.stop()
         c = args.events / c_seconds

@@ -133,7 +133,7 @@ def main() -> None:
             try:
                 queries.process_all_available()
                 seconds = time.perf_counter() - started
-                profile = batch_profile(name, queries.fold)
+                profile = batch_profile(queries.fold)
             finally:
                 queries.stop()
             entities = entity_count(client, name)

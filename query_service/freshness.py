@@ -102,8 +102,3 @@ class FreshnessGate:
                 await asyncio.sleep(POLL_SECONDS)
         finally:
             del self._pollers[map_name]
-
-    async def close(self) -> None:
-        """Stop the pollers (waiters time out on their own)."""
-        for task in list(self._pollers.values()):
-            task.cancel()

@@ -8,6 +8,7 @@ a map: the last known request stands and reports resume when Redis is back.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Sequence
@@ -48,13 +49,7 @@ class ControlChannel:
         try:
             pipe = self._client.pipeline(transaction=False)
             for name, report in reports.items():
-                stamped = MapReport(
-                    state=report.state,
-                    error=report.error,
-                    reported_at_ms=now,
-                    input_rows_per_second=report.input_rows_per_second,
-                    processed_rows_per_second=report.processed_rows_per_second,
-                )
+                stamped = dataclasses.replace(report, reported_at_ms=now)
                 pipe.hset(status_key(name), mapping=stamped.to_hash())  # type: ignore[arg-type]
             pipe.execute()
         except redis.RedisError as exc:

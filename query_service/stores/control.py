@@ -16,12 +16,10 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
 import redis.asyncio as aioredis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from materializer.config import KafkaConfig
 from materializer.layout import Control, MapReport, Watermark, control_key, meta_key, status_key
-from query_service.errors import StoreUnavailable
+from query_service.stores.redis import redis_where, unavailable_on_connection_errors
 
 log = logging.getLogger(__name__)
 
@@ -41,18 +39,19 @@ class ControlStore:
 
     def __init__(self, client: aioredis.Redis) -> None:
         self._client = client
+        self._where = redis_where(client)
 
     async def snapshot(self, names: Sequence[str]) -> dict[str, MapSnapshot]:
         """Watermark, report and control of each map, in one round trip."""
-        try:
-            async with self._client.pipeline(transaction=False) as pipe:
-                for name in names:
-                    pipe.hgetall(meta_key(name))
-                    pipe.hgetall(status_key(name))
-                    pipe.hgetall(control_key(name))
-                replies = iter(await pipe.execute())
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            raise StoreUnavailable(f"redis is unavailable ({type(exc).__name__})") from exc
+        async with (
+            unavailable_on_connection_errors(self._where),
+            self._client.pipeline(transaction=False) as pipe,
+        ):
+            for name in names:
+                pipe.hgetall(meta_key(name))
+                pipe.hgetall(status_key(name))
+                pipe.hgetall(control_key(name))
+            replies = iter(await pipe.execute())
         return {
             name: MapSnapshot(
                 Watermark.from_hash(next(replies)),
@@ -71,10 +70,8 @@ class ControlStore:
             fields["desired"] = desired
         if restart:
             fields["restart_id"] = uuid.uuid4().hex
-        try:
+        async with unavailable_on_connection_errors(self._where):
             await self._client.hset(control_key(name), mapping=cast("Any", fields))
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            raise StoreUnavailable(f"redis is unavailable ({type(exc).__name__})") from exc
 
 
 class LogEnds:

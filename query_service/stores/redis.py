@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, cast
 
 import redis.asyncio as aioredis
@@ -42,6 +42,23 @@ def _client_defaults() -> dict[str, Any]:
     }
 
 
+def redis_where(client: aioredis.Redis) -> str:
+    """Host and port (or socket path) of a client, for messages: never the URL, which may
+    hold a password."""
+    kwargs = client.connection_pool.connection_kwargs
+    return str(kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}")
+
+
+@asynccontextmanager
+async def unavailable_on_connection_errors(where: str) -> AsyncIterator[None]:
+    """Connection failures and timeouts as ``StoreUnavailable`` (UNAVAILABLE to clients)."""
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        log.warning("redis at %s unavailable: %s", where, exc)
+        raise StoreUnavailable(f"redis at {where} is unavailable ({type(exc).__name__})") from exc
+
+
 class RedisMapStore(MapStore):
     """One shared ``redis.asyncio`` client (a connection pool) for the whole process.
 
@@ -54,7 +71,7 @@ class RedisMapStore(MapStore):
     def __init__(self, client: aioredis.Redis) -> None:
         self._client = client
         kwargs = client.connection_pool.connection_kwargs
-        self._where = kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}"
+        self._where = redis_where(client)
         self._waiting: aioredis.Redis | None = None
         self._reply_seconds = float(kwargs.get("socket_timeout") or REPLY_SECONDS)
         self._coalescer = Coalescer(self.get_many)
@@ -69,15 +86,8 @@ class RedisMapStore(MapStore):
         """A store on ``redis://`` / ``rediss://`` / ``unix://`` URL; connects lazily."""
         return cls(aioredis.Redis.from_url(url, **_client_defaults()))
 
-    @asynccontextmanager
-    async def _unavailable_on_connection_errors(self) -> AsyncIterator[None]:
-        try:
-            yield
-        except (RedisConnectionError, RedisTimeoutError) as exc:
-            log.warning("redis at %s unavailable: %s", self._where, exc)
-            raise StoreUnavailable(
-                f"redis at {self._where} is unavailable ({type(exc).__name__})"
-            ) from exc
+    def _unavailable_on_connection_errors(self) -> AbstractAsyncContextManager[None]:
+        return unavailable_on_connection_errors(self._where)
 
     async def get(self, map_name: str, key: str) -> bytes | None:
         """``GET <map>:<key>``."""
