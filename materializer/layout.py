@@ -9,7 +9,13 @@ Written down in docs/redis-layout.md and pinned by tests/unit/test_layout.py.
 - ``<map>:__changes__`` stream (capped), one entry per key a batch wrote:
   ``key``, ``op`` (``upsert`` | ``delete``), ``batch_id``;
 - ``<map>:__status__`` hash, what the running materializer reports of the map;
-- ``<map>:__control__`` hash, what operators ask of it (pause, resume, restart).
+- ``<map>:__control__`` hash, what operators ask of it (pause, resume, restart);
+- ``<map>:__generation__`` string, which generation of the map readers use.
+
+A map's data (entities, ``__meta__``, ``__changes__``) lives under its
+*physical* name: the map's own name for generation 0, ``<map>~<n>`` for the
+generation a rebuild created. Status, control and the generation pointer stay
+under the map's own name: they belong to the map, not to one copy of its data.
 
 Offsets in the watermark are *next* offsets (exclusive ends, as Kafka commits
 them): a record at offset ``o`` is reflected once the watermark's offset for its
@@ -28,8 +34,32 @@ META_SUFFIX = "__meta__"
 CHANGES_SUFFIX = "__changes__"
 STATUS_SUFFIX = "__status__"
 CONTROL_SUFFIX = "__control__"
-RESERVED_KEYS = frozenset({META_SUFFIX, CHANGES_SUFFIX, STATUS_SUFFIX, CONTROL_SUFFIX})
+GENERATION_SUFFIX = "__generation__"
+RESERVED_KEYS = frozenset(
+    {META_SUFFIX, CHANGES_SUFFIX, STATUS_SUFFIX, CONTROL_SUFFIX, GENERATION_SUFFIX}
+)
 """Entity keys that would collide with a map's own bookkeeping keys."""
+
+
+GENERATION_MARK = "~"
+"""Joins a map's name and generation; map names cannot contain it, so no map shadows another."""
+
+
+def generation_key(map_name: str) -> str:
+    """The Redis string that names the generation readers use (absent: generation 0)."""
+    return f"{map_name}:{GENERATION_SUFFIX}"
+
+
+def physical_name(map_name: str, generation: int) -> str:
+    """Where one generation of a map keeps its data: in Redis, Delta and checkpoints."""
+    return map_name if generation == 0 else f"{map_name}{GENERATION_MARK}{generation}"
+
+
+def parse_generation(raw: bytes | str | None) -> int:
+    """``GET <map>:__generation__``; no key means the map was never rebuilt."""
+    if raw is None:
+        return 0
+    return int(raw.decode() if isinstance(raw, bytes) else raw)
 
 
 def entity_key(map_name: str, key: str) -> str:

@@ -87,6 +87,7 @@ class ChangeCursor:
         self._batch = batch
         self._wait = wait_seconds
         self._position = ORIGIN
+        self._generation: int | None = None
         self._pending: list[Change] = []
 
     async def open(self, after: str) -> None:
@@ -98,6 +99,7 @@ class ChangeCursor:
         caller answers anything; a malformed one is ``InvalidArgument``.
         """
         if not after:
+            self._generation = await self._store.generation(self._map)
             newest = await self._store.last_change_id(self._map)
             self._position = ORIGIN if newest is None else parse_change_id(newest)
             return
@@ -131,7 +133,14 @@ class ChangeCursor:
         read = await self._store.read_changes(
             self._map, format_change_id(self._position), self._batch
         )
+        if self._generation is None:
+            self._generation = read.generation
         problem = missed(self._map, self._position, read)
+        if read.generation != self._generation:
+            problem = (
+                f"map {self._map!r} was rebuilt (generation {read.generation}) and its changes "
+                "start over"
+            )
         if problem is not None:
             raise OutOfRange(f"{problem}: re-read the map, then watch from the newest change")
         if read.changes:

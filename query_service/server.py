@@ -123,7 +123,7 @@ async def create_server(
     topics = {name: m.source.topics for name, m in config.maps.items()}
     gate = FreshnessGate(store, topics)
     map_pb_grpc.add_MapServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        MapServicer(config, store, gate, TableReads(config), near_caches), server
+        MapServicer(config, store, gate, TableReads(config, store.generation), near_caches), server
     )
     enrich_pb_grpc.add_EnrichServiceServicer_to_server(  # type: ignore[no-untyped-call]
         EnrichServicer(config, store, gate), server

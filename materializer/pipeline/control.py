@@ -15,7 +15,14 @@ from collections.abc import Sequence
 
 import redis
 
-from materializer.layout import Control, MapReport, control_key, status_key
+from materializer.layout import (
+    Control,
+    MapReport,
+    control_key,
+    generation_key,
+    parse_generation,
+    status_key,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +49,14 @@ class ControlChannel:
         self._warned = False
         self._last = {n: Control.from_hash(r) for n, r in zip(self._names, replies, strict=True)}
         return dict(self._last)
+
+    def generation(self, name: str) -> int:
+        """The generation of the map's data to run (a rebuild moves it); raises when unreadable.
+
+        Unlike a request, this is never guessed: starting the wrong
+        generation would fold into a copy readers no longer use.
+        """
+        return parse_generation(self._client.get(generation_key(name)))
 
     def report(self, reports: dict[str, MapReport]) -> None:
         """Write each map's report (best effort: a missed report is only a stale status)."""

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import grpc
 
 from materializer.config import AppConfig, validate_text
 from materializer.layout import MapReport
+from materializer.ops.status import effective_state, partition_lags, total_lag
 from materializer.paths import table_path
 from materializer.v1 import admin_service_pb2 as pb
 from materializer.v1 import admin_service_pb2_grpc as pb_grpc
@@ -16,11 +18,10 @@ from query_service.services.map_service import watermark_to_proto
 from query_service.stores.control import ControlStore, LogEnds, MapSnapshot
 
 State = pb.MapStatus.State
-STALE_REPORT_SECONDS = 15.0
-"""A running materializer reports every half second; silence this long means it is gone."""
 MAX_CONFIG_BYTES = 1024 * 1024
 
 _STATES = {
+    "not_started": State.NOT_STARTED,
     "running": State.RUNNING,
     "paused": State.PAUSED,
     "failed": State.FAILED,
@@ -29,14 +30,8 @@ _STATES = {
 
 
 def map_state(report: MapReport | None, now_ms: int) -> pb.MapStatus.State:
-    """The state a report implies; a running or paused map that went silent is STOPPED."""
-    if report is None:
-        return State.NOT_STARTED
-    state = _STATES.get(report.state, State.STATE_UNSPECIFIED)
-    alive = now_ms - report.reported_at_ms <= STALE_REPORT_SECONDS * 1000
-    if state in (State.RUNNING, State.PAUSED) and not alive:
-        return State.STOPPED
-    return state
+    """The state a report implies (``materializer.ops.status.effective_state``)."""
+    return _STATES.get(effective_state(report, now_ms), State.STATE_UNSPECIFIED)
 
 
 class AdminServicer(pb_grpc.AdminServiceServicer):
@@ -98,23 +93,9 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             status.last_batch_id = mark.batch_id
             if mark.updated_at_ms:
                 status.last_batch_at.FromMilliseconds(mark.updated_at_ms)
-        for topic in sorted(self._config.maps[name].source.topics):
-            done = mark.offsets.get(topic, {}) if mark else {}
-            known = ends.get(topic, {}) if ends is not None else {}
-            for partition in sorted(set(done) | set(known)):
-                materialized = done.get(partition, 0)
-                end = known.get(partition, -1) if ends is not None else -1
-                status.partitions.append(
-                    pb.PartitionLag(
-                        topic=topic,
-                        partition=partition,
-                        materialized_offset=materialized,
-                        log_end_offset=end,
-                        lag=max(0, end - materialized) if end >= 0 else -1,
-                    )
-                )
-        lags = [p.lag for p in status.partitions]
-        status.total_lag = -1 if ends is None or -1 in lags else sum(lags)
+        rows = partition_lags(self._config.maps[name].source.topics, mark, ends)
+        status.partitions.extend(pb.PartitionLag(**dataclasses.asdict(row)) for row in rows)
+        status.total_lag = -1 if ends is None else total_lag(rows)
         return status
 
     async def Pause(

@@ -9,19 +9,19 @@ they come; the client's flow control holds back the next fetch.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 from deltalake import DeltaTable
 
 from materializer.config import AppConfig
+from materializer.ops.entity_json import encode_rows
 from materializer.pipeline.columns import TABLE_KEY
 from materializer.v1 import map_service_pb2 as pb
 from query_service.errors import InvalidArgument
 from query_service.filters import render_filter
 from query_service.stores.delta import DeltaTables
 from query_service.tables import query_plan
-from query_service.tables.entity_json import encode_rows
 from query_service.tables.page_token import PageToken
 from query_service.tables.query_plan import QueryPlan
 from query_service.tables.time_travel import entity_as_of
@@ -36,8 +36,11 @@ class TableReads:
     table does not exist yet is NOT_FOUND.
     """
 
-    def __init__(self, config: AppConfig) -> None:
+    def __init__(
+        self, config: AppConfig, generation: Callable[[str], Awaitable[int]] | None = None
+    ) -> None:
         self._tables = DeltaTables(config)
+        self._generation = generation
 
     async def query(
         self, request: pb.QueryRequest, context: grpc.aio.ServicerContext
@@ -50,7 +53,10 @@ class TableReads:
         page_size = query_plan.page_size(request)
         limit = query_plan.limit(request)
         token = PageToken.decode(request.page_token) if request.page_token else None
-        plan, table = await asyncio.to_thread(self._plan, request, page_size, limit, token)
+        generation = await self._generation(request.map) if self._generation else 0
+        plan, table = await asyncio.to_thread(
+            self._plan, request, page_size, limit, token, generation
+        )
         after = token.last_key if token else None
         sent = token.sent if token else 0
         while True:
@@ -87,6 +93,7 @@ class TableReads:
         at_ns = None
         if kind == "timestamp":
             at_ns = request.timestamp.seconds * 1_000_000_000 + request.timestamp.nanos
+        generation = await self._generation(request.map) if self._generation else 0
         as_of = await asyncio.to_thread(
             entity_as_of,
             self._tables,
@@ -94,6 +101,7 @@ class TableReads:
             request.key,
             version=request.version if kind == "version" else None,
             at_ns=at_ns,
+            generation=generation,
         )
         response = pb.GetAsOfResponse(
             found=as_of.entity is not None,
@@ -104,10 +112,18 @@ class TableReads:
         return response
 
     def _plan(
-        self, request: pb.QueryRequest, page_size: int, limit: int, token: PageToken | None
+        self,
+        request: pb.QueryRequest,
+        page_size: int,
+        limit: int,
+        token: PageToken | None,
+        generation: int,
     ) -> tuple[QueryPlan, DeltaTable]:
-        """Open the snapshot to read and check the request against its columns (blocking)."""
-        table = self._tables.open(request.map, token.version if token else None)
+        """Open the snapshot to read and check the request against its columns (blocking).
+
+        A token from before a rebuild names another table: it fails the check.
+        """
+        table = self._tables.open(request.map, token.version if token else None, generation)
         columns = self._tables.columns(request.map, table)
         plan = QueryPlan(
             map_name=request.map,
@@ -116,6 +132,7 @@ class TableReads:
             fields=query_plan.projection(request, columns),
             page_size=page_size,
             limit=limit,
+            generation=generation,
         )
         if token is not None:
             token.check(plan.fingerprint)

@@ -49,6 +49,8 @@ class ChangeRead(NamedTuple):
     """The oldest retained entry; ``None`` when the stream is empty or absent."""
     last_id: str | None
     """The newest entry; ``None`` when the stream is empty or absent."""
+    generation: int = 0
+    """The generation of the map's data read; a rebuild starts a new stream with a new one."""
 
 
 class MapStore(ABC):
@@ -94,6 +96,10 @@ class MapStore(ABC):
     async def get_across(self, keys_by_map: Mapping[str, Sequence[str]]) -> dict[str, BatchLookup]:
         """Entities of several maps in one round trip: one watermark read and one ``MGET``
         per map, all pipelined. The enrichment join's batched lookup."""
+
+    async def generation(self, map_name: str) -> int:
+        """The generation of the map's data lookups read now (0 for a store without rebuilds)."""
+        return 0
 
     async def last_change_id(self, map_name: str) -> str | None:
         """The id of the map's newest change, or ``None`` when its stream is empty or absent."""

@@ -18,12 +18,21 @@ from typing import Any, NamedTuple, cast
 import redis.asyncio as aioredis
 
 from materializer.config import KafkaConfig
-from materializer.layout import Control, MapReport, Watermark, control_key, meta_key, status_key
+from materializer.layout import (
+    Control,
+    MapReport,
+    Watermark,
+    control_key,
+    generation_key,
+    meta_key,
+    parse_generation,
+    physical_name,
+    status_key,
+)
+from materializer.ops.kafka_offsets import admin_client, partition_offsets
 from query_service.stores.redis import redis_where, unavailable_on_connection_errors
 
 log = logging.getLogger(__name__)
-
-KAFKA_TIMEOUT_SECONDS = 5.0
 
 
 class MapSnapshot(NamedTuple):
@@ -42,13 +51,20 @@ class ControlStore:
         self._where = redis_where(client)
 
     async def snapshot(self, names: Sequence[str]) -> dict[str, MapSnapshot]:
-        """Watermark, report and control of each map, in one round trip."""
+        """Watermark (of the map's current generation), report and control of each map.
+
+        Two round trips: the generations, then everything else.
+        """
+        if not names:
+            return {}
+        async with unavailable_on_connection_errors(self._where):
+            generations = await self._client.mget([generation_key(n) for n in names])
         async with (
             unavailable_on_connection_errors(self._where),
             self._client.pipeline(transaction=False) as pipe,
         ):
-            for name in names:
-                pipe.hgetall(meta_key(name))
+            for name, generation in zip(names, generations, strict=True):
+                pipe.hgetall(meta_key(physical_name(name, parse_generation(generation))))
                 pipe.hgetall(status_key(name))
                 pipe.hgetall(control_key(name))
             replies = iter(await pipe.execute())
@@ -78,43 +94,18 @@ class LogEnds:
     """Log end offsets of source partitions, asked of Kafka's admin API."""
 
     def __init__(self, kafka: KafkaConfig) -> None:
-        self._settings: dict[str, str | int | float | bool] = {
-            "bootstrap.servers": kafka.bootstrap_servers,
-            **kafka.properties,
-        }
+        self._kafka = kafka
         self._admin: Any = None
 
     def _client(self) -> Any:
         if self._admin is None:
-            from confluent_kafka.admin import AdminClient
-
-            self._admin = AdminClient(self._settings)
+            self._admin = admin_client(self._kafka)
         return self._admin
 
     async def ends(self, topics: Sequence[str]) -> dict[str, dict[int, int]] | None:
         """Per topic and partition, the log end offset now; ``None`` when Kafka cannot say."""
         try:
-            return await asyncio.to_thread(self._ends, list(topics))
+            return await asyncio.to_thread(partition_offsets, self._client(), list(topics))
         except Exception as exc:  # Kafka down or slow: lag is unknown, status still answers
             log.warning("cannot read log end offsets of %s: %s", ", ".join(topics), exc)
             return None
-
-    def _ends(self, topics: list[str]) -> dict[str, dict[int, int]]:
-        from confluent_kafka import TopicPartition
-        from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
-
-        admin = self._client()
-        wanted: dict[TopicPartition, Any] = {}
-        for topic in topics:
-            metadata = admin.list_topics(topic, timeout=KAFKA_TIMEOUT_SECONDS).topics[topic]
-            if metadata.error is not None:
-                raise RuntimeError(f"{topic}: {metadata.error}")
-            for partition in metadata.partitions:
-                wanted[TopicPartition(topic, partition)] = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        out: dict[str, dict[int, int]] = {t: {} for t in topics}
-        if not wanted:
-            return out
-        futures = admin.list_offsets(wanted, request_timeout=KAFKA_TIMEOUT_SECONDS)
-        for tp, future in futures.items():
-            out[tp.topic][tp.partition] = future.result().offset
-        return out

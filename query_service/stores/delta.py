@@ -24,6 +24,7 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.schema import PrimitiveType
 
 from materializer.config import AppConfig
+from materializer.layout import physical_name
 from materializer.paths import table_path
 from query_service.errors import InvalidArgument, OutOfRange, QueryServiceError, StoreUnavailable
 from query_service.filters.columns import Columns
@@ -55,17 +56,19 @@ class DeltaTables:
     def __init__(self, config: AppConfig) -> None:
         self._config = config
 
-    def path(self, map_name: str) -> str:
-        """Where the map's table lives (the pipeline's ``table_path``)."""
-        return table_path(self._config, map_name)
+    def path(self, map_name: str, generation: int = 0) -> str:
+        """Where the map's table of that generation lives (the pipeline's ``table_path``)."""
+        return table_path(self._config, physical_name(map_name, generation))
 
-    def open(self, map_name: str, version: int | None = None) -> DeltaTable:
-        """The table at ``version``, or at its latest version.
+    def open(self, map_name: str, version: int | None = None, generation: int = 0) -> DeltaTable:
+        """The table of the map's ``generation`` at ``version``, or at its latest version.
 
         A version beyond the latest, or whose log the table no longer retains,
-        is ``OutOfRange``; the latest version is named in the message.
+        is ``OutOfRange``; the latest version is named in the message. Each
+        generation (a rebuild makes a new one) is a table of its own, with
+        versions of its own.
         """
-        path = self.path(map_name)
+        path = self.path(map_name, generation)
         try:
             return DeltaTable(path, version=version)
         except TableNotFoundError:
@@ -79,7 +82,7 @@ class DeltaTables:
             if version is None:
                 raise unreadable(map_name, exc) from None
         # The log cannot produce that version: the latest tells "not yet" from "no longer".
-        latest = self.open(map_name).version()
+        latest = self.open(map_name, generation=generation).version()
         if version > latest:
             raise version_not_yet(map_name, version, latest)
         raise version_not_retained(map_name, version)

@@ -14,10 +14,11 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from materializer.layout import Watermark, changes_key, entity_key, meta_key
+from materializer.layout import Watermark, changes_key, entity_key, meta_key, physical_name
 from query_service.errors import StoreUnavailable
 from query_service.stores.base import BatchLookup, Change, ChangeRead, Lookup, MapStore
 from query_service.stores.coalesce import Coalescer
+from query_service.stores.generations import Generations
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class RedisMapStore(MapStore):
         self._waiting: aioredis.Redis | None = None
         self._reply_seconds = float(kwargs.get("socket_timeout") or REPLY_SECONDS)
         self._coalescer = Coalescer(self.get_many)
+        self._generations = Generations(client)
 
     @property
     def client(self) -> aioredis.Redis:
@@ -89,16 +91,26 @@ class RedisMapStore(MapStore):
     def _unavailable_on_connection_errors(self) -> AbstractAsyncContextManager[None]:
         return unavailable_on_connection_errors(self._where)
 
-    async def get(self, map_name: str, key: str) -> bytes | None:
-        """``GET <map>:<key>``."""
+    async def generation(self, map_name: str) -> int:
+        """The generation lookups read, refreshed twice a second (``stores.generations``)."""
         async with self._unavailable_on_connection_errors():
-            value = await self._client.get(entity_key(map_name, key))
+            return await self._generations.generation(map_name)
+
+    async def _physical(self, map_name: str) -> str:
+        return physical_name(map_name, await self.generation(map_name))
+
+    async def get(self, map_name: str, key: str) -> bytes | None:
+        """``GET <map>:<key>`` (of the map's current generation, as every read here)."""
+        physical = await self._physical(map_name)
+        async with self._unavailable_on_connection_errors():
+            value = await self._client.get(entity_key(physical, key))
         return cast("bytes | None", value)  # bytes: the client does not decode replies
 
     async def watermark(self, map_name: str) -> Watermark | None:
         """``HGETALL <map>:__meta__``."""
+        physical = await self._physical(map_name)
         async with self._unavailable_on_connection_errors():
-            raw = await self._client.hgetall(meta_key(map_name))
+            raw = await self._client.hgetall(meta_key(physical))
         return Watermark.from_hash(cast("dict[bytes, bytes]", raw))
 
     async def get_with_watermark(self, map_name: str, key: str) -> Lookup:
@@ -118,15 +130,16 @@ class RedisMapStore(MapStore):
     async def get_across(self, keys_by_map: Mapping[str, Sequence[str]]) -> dict[str, BatchLookup]:
         """Per map ``HGETALL <map>:__meta__`` then ``MGET`` of its keys, all in one pipeline."""
         names = list(keys_by_map)
+        physical = {name: await self._physical(name) for name in names}
         async with (
             self._unavailable_on_connection_errors(),
             self._client.pipeline(transaction=False) as pipe,
         ):
             for name in names:
-                pipe.hgetall(meta_key(name))
+                pipe.hgetall(meta_key(physical[name]))
                 keys = keys_by_map[name]
                 if keys:
-                    pipe.mget([entity_key(name, k) for k in keys])
+                    pipe.mget([entity_key(physical[name], k) for k in keys])
             replies = iter(await pipe.execute())
         out = {}
         for name in names:
@@ -137,8 +150,9 @@ class RedisMapStore(MapStore):
 
     async def last_change_id(self, map_name: str) -> str | None:
         """``XREVRANGE <map>:__changes__ + - COUNT 1``."""
+        physical = await self._physical(map_name)
         async with self._unavailable_on_connection_errors():
-            newest = await self._client.xrevrange(changes_key(map_name), count=1)
+            newest = await self._client.xrevrange(changes_key(physical), count=1)
         return _entry_id(cast("list[tuple[bytes, Any]]", newest))
 
     async def read_changes(self, map_name: str, after: str, count: int) -> ChangeRead:
@@ -147,7 +161,8 @@ class RedisMapStore(MapStore):
         The transaction touches one key, so it works on Redis Cluster too, and
         no trim can fall between reading the bounds and reading the changes.
         """
-        stream = changes_key(map_name)
+        generation = await self.generation(map_name)
+        stream = changes_key(physical_name(map_name, generation))
         async with (
             self._unavailable_on_connection_errors(),
             self._client.pipeline(transaction=True) as pipe,
@@ -161,6 +176,7 @@ class RedisMapStore(MapStore):
             changes=[_change(entry_id, fields) for entry_id, fields in entries],
             first_id=_entry_id(oldest),
             last_id=_entry_id(newest),
+            generation=generation,
         )
 
     async def wait_for_changes(self, map_name: str, after: str, timeout: float) -> None:
@@ -176,12 +192,11 @@ class RedisMapStore(MapStore):
         reach the next user of it.
         """
         block_ms = max(1, int(timeout * 1000))  # 0 would block forever
+        stream = changes_key(await self._physical(map_name))
         async with self._unavailable_on_connection_errors():
             try:
                 async with asyncio.timeout(timeout + self._reply_seconds):
-                    await self._waiting_client().xread(
-                        {changes_key(map_name): after}, count=1, block=block_ms
-                    )
+                    await self._waiting_client().xread({stream: after}, count=1, block=block_ms)
             except TimeoutError:  # the built-in one: asyncio.timeout expired
                 raise RedisTimeoutError("no reply to a blocking read in time") from None
 

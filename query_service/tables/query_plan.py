@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from materializer.layout import physical_name
 from materializer.pipeline.columns import TABLE_KEY
 from materializer.v1 import map_service_pb2 as pb
 from query_service.errors import InvalidArgument
@@ -35,11 +36,15 @@ class QueryPlan:
     page_size: int
     limit: int
     """Rows in all, over every page and continuation; 0: no limit."""
+    generation: int = 0
+    """The copy of the map read: a rebuild's new table has versions of its own."""
 
     @property
     def fingerprint(self) -> str:
         """What a page token of this query must carry (``page_token.fingerprint``)."""
-        return fingerprint(self.map_name, self.filter_sql, self.fields)
+        return fingerprint(
+            physical_name(self.map_name, self.generation), self.filter_sql, self.fields
+        )
 
     def fetch_size(self, sent: int) -> int:
         """Rows to ask the engine for next, once ``sent`` rows have gone out (0: done)."""

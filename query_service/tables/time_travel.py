@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 
 from deltalake import DeltaTable
 
+from materializer.ops.entity_json import encode_rows
 from materializer.pipeline.columns import TABLE_KEY
 from query_service.errors import OutOfRange
 from query_service.filters import sql
@@ -25,7 +26,6 @@ from query_service.stores.delta import (
     version_not_retained,
     version_not_yet,
 )
-from query_service.tables.entity_json import encode_rows
 
 FIRST_HISTORY_SLICE = 64
 """Commits read first when looking for a time; each further slice is 8 times larger."""
@@ -40,10 +40,17 @@ class AsOf:
 
 
 def entity_as_of(
-    tables: DeltaTables, map_name: str, key: str, *, version: int | None, at_ns: int | None
+    tables: DeltaTables,
+    map_name: str,
+    key: str,
+    *,
+    version: int | None,
+    at_ns: int | None,
+    generation: int = 0,
 ) -> AsOf:
-    """The entity under ``key`` at ``version``, or at the newest commit at or before ``at_ns``."""
-    latest = tables.open(map_name)
+    """The entity under ``key`` at ``version``, or at the newest commit at or before ``at_ns``,
+    in the table of the map's ``generation``."""
+    latest = tables.open(map_name, generation=generation)
     if version is not None:
         commit = _commit_of(tables, map_name, latest, version)
     elif at_ns is not None:
@@ -51,7 +58,9 @@ def entity_as_of(
     else:
         raise ValueError("entity_as_of needs a version or a time")
     snapshot = (
-        latest if commit.version == latest.version() else tables.open(map_name, commit.version)
+        latest
+        if commit.version == latest.version()
+        else tables.open(map_name, commit.version, generation)
     )
     key_is = f"{sql.identifier(TABLE_KEY)} = {sql.string(key)}"
     query = sql.select(None, TABLE, [key_is], limit=1)

@@ -11,7 +11,10 @@ from materializer.layout import (
     changes_key,
     control_key,
     entity_key,
+    generation_key,
     meta_key,
+    parse_generation,
+    physical_name,
     status_key,
 )
 
@@ -50,7 +53,13 @@ def test_watermark_round_trips_through_redis_bytes():
 def test_status_and_control_hashes_are_the_contract():
     assert status_key("users") == "users:__status__"
     assert control_key("users") == "users:__control__"
-    assert {"__meta__", "__changes__", "__status__", "__control__"} == RESERVED_KEYS
+    assert {
+        "__meta__",
+        "__changes__",
+        "__status__",
+        "__control__",
+        "__generation__",
+    } == RESERVED_KEYS
     report = MapReport("failed", "boom", 1700, 12.5, 3.0)
     assert report.to_hash() == {
         "state": "failed",
@@ -65,3 +74,12 @@ def test_status_and_control_hashes_are_the_contract():
     assert Control("paused", "r1").to_hash() == {"desired": "paused", "restart_id": "r1"}
     assert Control.from_hash({}) == Control("running", "")
     assert Control.from_hash({b"desired": b"bogus"}).desired == "running"
+
+
+def test_generations_are_the_contract():
+    assert generation_key("users") == "users:__generation__"
+    assert physical_name("users", 0) == "users"
+    assert physical_name("users", 3) == "users~3"
+    assert entity_key(physical_name("users", 3), "u-1") == "users~3:u-1"
+    assert parse_generation(None) == 0
+    assert parse_generation(b"4") == 4

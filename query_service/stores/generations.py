@@ -1,0 +1,56 @@
+"""Which generation of each map's data readers use, kept in memory and refreshed often.
+
+A rebuild writes a new copy of a map under ``<map>~<n>`` and then points
+``<map>:__generation__`` at it (``materializer.layout``). Reading the pointer
+on every lookup would add a round trip to each one, so each process keeps it
+for ``REFRESH_SECONDS``: after a switch, a process goes on reading the old
+copy for at most that long, and the rebuild keeps the old copy in place for a
+grace period far longer than that, so no lookup finds a key missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import redis.asyncio as aioredis
+
+from materializer.layout import generation_key, parse_generation, physical_name
+
+REFRESH_SECONDS = 0.5
+
+
+class Generations:
+    """Map name to generation, one ``GET`` per map per refresh, concurrent askers sharing it."""
+
+    def __init__(self, client: aioredis.Redis, refresh_seconds: float = REFRESH_SECONDS) -> None:
+        self._client = client
+        self._refresh = refresh_seconds
+        self._known: dict[str, tuple[int, float]] = {}
+        self._pending: dict[str, asyncio.Future[int]] = {}
+
+    async def generation(self, map_name: str) -> int:
+        """The map's current generation; store errors propagate (the caller maps them)."""
+        known = self._known.get(map_name)
+        if known is not None and time.monotonic() - known[1] < self._refresh:
+            return known[0]
+        pending = self._pending.get(map_name)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending[map_name] = future
+        try:
+            generation = parse_generation(await self._client.get(generation_key(map_name)))
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: askers that come later re-raise it themselves
+            raise
+        finally:
+            self._pending.pop(map_name, None)
+        self._known[map_name] = (generation, time.monotonic())
+        future.set_result(generation)
+        return generation
+
+    async def physical(self, map_name: str) -> str:
+        """Where the map's current data lives (``materializer.layout.physical_name``)."""
+        return physical_name(map_name, await self.generation(map_name))
