@@ -414,6 +414,14 @@ class QueryConfig(_Model):
     """Prometheus metrics over HTTP; null turns them off."""
 
 
+class MetricsConfig(_Model):
+    """Prometheus metrics of ``materializer run`` (batches, rows, lag, freshness) over HTTP."""
+
+    host: str = "0.0.0.0"  # noqa: S104 - scraped from the pod network
+    port: Annotated[int, Field(ge=0, le=65535)] = 9465
+    """``/metrics`` on this port; 0 turns it off."""
+
+
 class AppConfig(_Model):
     """The whole file."""
 
@@ -422,6 +430,7 @@ class AppConfig(_Model):
     delta: DeltaConfig = DeltaConfig()
     spark: SparkConfig = SparkConfig()
     query: QueryConfig = QueryConfig()
+    metrics: MetricsConfig = MetricsConfig()
     maps: dict[str, MapConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -4,7 +4,9 @@ Each map runs its own queries over its topics, each with its own checkpoint
 under ``<checkpoint_root>/<map>/``, so one map's failure leaves the others running:
 
 - ``fold``: decode, fold in the state store, and project every micro-batch into
-  Redis, then into the map's changelog topic (both idempotent per batch);
+  Redis, then into the map's changelog topic (both idempotent per batch), then
+  commit its end offsets to the consumer group ``materializer.<map>`` for
+  Kafka's tools to see (the checkpoint, not the group, is where the fold resumes);
 - ``delta``: the changelog into the Delta table, one MERGE per trigger of
   ``delta.trigger_interval`` (exactly once through Delta's transaction ids).
   Lookups see a batch as soon as Redis has it; the table follows within a
@@ -27,6 +29,7 @@ from typing import TYPE_CHECKING
 
 from materializer.config import AppConfig
 from materializer.errors import ConfigError
+from materializer.layout import physical_name
 from materializer.paths import checkpoint_path, history_path, table_path
 from materializer.pipeline import columns as c
 from materializer.pipeline.checkpoint import Checkpoint
@@ -37,6 +40,7 @@ from materializer.pipeline.fold import fold
 from materializer.pipeline.formats.batch_typing import changelog_entity, typed_batches
 from materializer.pipeline.formats.json_inferred import is_inferred
 from materializer.pipeline.keys import assign_keys, bad, good
+from materializer.pipeline.metrics import BatchMetrics, observe_dead_letters, observe_fold_input
 from materializer.pipeline.progress import BatchLog
 from materializer.pipeline.source import kafka_options, read_source
 from materializer.pipeline.topics import ensure_changelog_topic, ensure_dead_letter_topic
@@ -44,6 +48,7 @@ from materializer.pipeline.transforms import apply_transforms
 from materializer.sinks.base import Batch, Sink
 from materializer.sinks.changelog import ChangelogSink
 from materializer.sinks.delta import DeltaSink
+from materializer.sinks.group_offsets import GroupOffsetsSink
 from materializer.sinks.redis import RedisSink
 
 if TYPE_CHECKING:
@@ -53,6 +58,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+FINISH_BATCH_TIMEOUT = 120.0
+
+MAP_GROUP = "materializer.{map}"
+"""The consumer group a map's offsets are committed to; ``{map}`` stands for the map's name."""
+
 
 def dead_letter_topic(config: AppConfig, map_name: str) -> str:
     """The configured dead-letter topic, or ``<map>.dlq``."""
@@ -60,10 +70,14 @@ def dead_letter_topic(config: AppConfig, map_name: str) -> str:
     return dead_letter.topic if dead_letter else f"{map_name}.dlq"
 
 
-def changelog_topic(config: AppConfig, map_name: str) -> str:
-    """The configured changelog topic, or ``<map>.changelog``."""
+def changelog_topic(config: AppConfig, map_name: str, generation: int = 0) -> str:
+    """The configured changelog topic, or ``<map>.changelog``; ``.g<n>`` for a rebuilt generation.
+
+    Each generation has its own, so a rebuild's replay never reaches the live table.
+    """
     changelog = config.map(map_name).changelog
-    return changelog.topic if changelog else f"{map_name}.changelog"
+    topic = changelog.topic if changelog else f"{map_name}.changelog"
+    return topic if generation == 0 else f"{topic}.g{generation}"
 
 
 class Projector:
@@ -147,6 +161,20 @@ class MapQueries:
         for query in self.queries:
             query.stop()
 
+    def stop_after_batch(self, timeout: float = FINISH_BATCH_TIMEOUT) -> None:
+        """Stop each query once its batch in flight is done (cut short only after ``timeout``).
+
+        A batch cut short is replayed by the next start and changes nothing
+        twice, but letting it finish keeps that replay from happening at all.
+        """
+        for query in self.queries:
+            deadline = time.monotonic() + timeout
+            while (
+                query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline
+            ):
+                time.sleep(0.05)
+            query.stop()
+
 
 def records(spark: SparkSession, config: AppConfig, map_name: str) -> DataFrame:
     """The map's records decoded and keyed, errors marked but not yet removed."""
@@ -170,51 +198,91 @@ def start_map(
     config: AppConfig,
     map_name: str,
     batch_log: BatchLog | None = None,
+    *,
+    generation: int = 0,
+    side_queries: bool = True,
+    metrics: BatchMetrics | None = None,
+    offsets_group: str | None = MAP_GROUP,
 ) -> MapQueries:
-    """Start the fold query of one map and its side queries."""
+    """Start the fold query of one map and its side queries.
+
+    ``generation`` picks the copy of the map's data the fold and Delta queries
+    write (``materializer.layout.physical_name``): its Redis keys, table,
+    changelog and checkpoints. Dead letters and history belong to the map
+    itself, whatever the generation; ``side_queries=False`` leaves them out
+    (a rebuild's replay must not send the map's dead letters twice).
+
+    ``offsets_group`` is the consumer group each fold batch's end offsets are
+    committed to, for Kafka's tools (``{map}``: the map's name); None commits
+    none, for queries whose progress is not the map's (a rebuild's replay).
+    """
     from pyspark.sql.types import StructType
 
     map_config = config.map(map_name)
+    physical = physical_name(map_name, generation)
     keyed = records(spark, config, map_name)
     trigger = {"processingTime": config.spark.trigger_interval}
 
-    fold_checkpoint = checkpoint_path(config, map_name, "fold")
+    fold_checkpoint = checkpoint_path(config, physical, "fold")
     checkpoint = Checkpoint(spark, fold_checkpoint)
-    changelog = changelog_topic(config, map_name)
+    changelog = changelog_topic(config, map_name, generation)
     max_record_bytes = ensure_changelog_topic(config, map_name, changelog)
     # Redis first, so lookups see a batch as soon as possible. Both writes are
     # idempotent per batch: a crash between them is repaired by the batch's replay.
+    # The consumer group last: it reports what the stores already hold.
     sinks: list[Sink] = [
-        RedisSink(config.redis.url, map_name, checkpoint.end_offsets, map_config.changes.max_len),
+        RedisSink(config.redis.url, physical, checkpoint.end_offsets, map_config.changes.max_len),
         ChangelogSink(changelog, producer_options(config, max_record_bytes)),
     ]
-    folding = fail_on_error(keyed) if map_config.on_error == "fail" else good(keyed)
+    if offsets_group is not None:
+        group = offsets_group.replace("{map}", map_name)
+        client = {"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.properties}
+        sinks.append(GroupOffsetsSink(group, checkpoint.end_offsets, client))
+    rows_out = _rows_out(batch_log, metrics)
+    folding = observe_fold_input(
+        fail_on_error(keyed) if map_config.on_error == "fail" else good(keyed)
+    )
     with map_key_paths(map_name):
         folded = fold(folding, map_config.fold)
     entity = folded.schema[c.ENTITY].dataType
     if not isinstance(entity, StructType):
         raise TypeError(f"the fold's entity must be a struct, got {entity.simpleString()}")
     fold_query = (
-        folded.writeStream.queryName(f"{map_name}.fold")
+        folded.writeStream.queryName(f"{physical}.fold")
         .outputMode("update")
         .option("checkpointLocation", fold_checkpoint)
         .trigger(**trigger)
         .foreachBatch(
             typed_batches(
-                Projector(map_name, sinks, checkpoint, batch_log.rows_out if batch_log else None),
-                table_path(config, map_name),
+                Projector(physical, sinks, checkpoint, rows_out),
+                table_path(config, physical),
                 is_inferred(map_config),
             )
         )
         .start()
     )
-    side = [_start_delta(spark, config, map_name, entity, batch_log)]
+    side = [_start_delta(spark, config, map_name, entity, rows_out, generation)]
     side_trigger = {"processingTime": config.spark.side_trigger_interval}
-    if map_config.on_error == "dead_letter":
+    if side_queries and map_config.on_error == "dead_letter":
         side.append(_start_dead_letters(config, map_name, bad(keyed), side_trigger))
-    if map_config.history:
+    if side_queries and map_config.history:
         side.append(_start_history(config, map_name, good(keyed), side_trigger))
     return MapQueries(name=map_name, fold=fold_query, side=side)
+
+
+def _rows_out(
+    *listeners: BatchLog | BatchMetrics | None,
+) -> Callable[[str, int, int], None] | None:
+    """The projector's one count of a batch's rows out, for the log line and the metrics."""
+    targets = [listener.rows_out for listener in listeners if listener is not None]
+    if not targets:
+        return None
+
+    def report(query: str, batch_id: int, count: int) -> None:
+        for target in targets:
+            target(query, batch_id, count)
+
+    return report
 
 
 def producer_options(config: AppConfig, max_record_bytes: int) -> dict[str, str]:
@@ -244,16 +312,17 @@ def _start_delta(
     config: AppConfig,
     map_name: str,
     entity: StructType,
-    batch_log: BatchLog | None,
+    rows_out: Callable[[str, int, int], None] | None,
+    generation: int,
 ) -> StreamingQuery:
     """The changelog into the Delta table: MERGE per batch, ``txnVersion`` = this query's batch."""
     from pyspark.sql import functions as F
 
+    physical = physical_name(map_name, generation)
     inferred = is_inferred(config.map(map_name))
     reader = spark.readStream.format("kafka")
-    for key, value in kafka_options(
-        config, [changelog_topic(config, map_name)], "earliest"
-    ).items():
+    changelog = changelog_topic(config, map_name, generation)
+    for key, value in kafka_options(config, [changelog], "earliest").items():
         reader = reader.option(key, value)
     raw = reader.load()
     changes = raw.select(
@@ -263,20 +332,20 @@ def _start_delta(
         F.col("partition").alias(c.PARTITION),
         F.col("offset").alias(c.OFFSET),
     )
-    delta_checkpoint = checkpoint_path(config, map_name, "delta")
+    delta_checkpoint = checkpoint_path(config, physical, "delta")
     projector = Projector(
-        map_name,
-        [DeltaSink(table_path(config, map_name))],
+        physical,
+        [DeltaSink(table_path(config, physical))],
         Checkpoint(spark, delta_checkpoint),
-        batch_log.rows_out if batch_log else None,
+        rows_out,
         query="delta",
         prepare=last_per_key,
     )
     return (
-        changes.writeStream.queryName(f"{map_name}.delta")
+        changes.writeStream.queryName(f"{physical}.delta")
         .option("checkpointLocation", delta_checkpoint)
         .trigger(processingTime=config.delta.trigger_interval)
-        .foreachBatch(typed_batches(projector, table_path(config, map_name), inferred))
+        .foreachBatch(typed_batches(projector, table_path(config, physical), inferred))
         .start()
     )
 
@@ -287,7 +356,7 @@ def _start_dead_letters(
     topic = dead_letter_topic(config, map_name)
     max_record_bytes = ensure_dead_letter_topic(config, map_name, topic)
     writer = (
-        dead_letters(failed)
+        observe_dead_letters(dead_letters(failed))
         .writeStream.queryName(f"{map_name}.dead_letter")
         .format("kafka")
         .option("topic", topic)

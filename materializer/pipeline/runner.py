@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +24,7 @@ from materializer.errors import MaterializerError
 from materializer.layout import Control, MapReport
 from materializer.pipeline.control import ControlChannel
 from materializer.pipeline.job import MapQueries, start_map
+from materializer.pipeline.metrics import BatchMetrics, serve_metrics
 from materializer.pipeline.progress import BatchLog
 from materializer.spark.session import build_spark_session
 
@@ -33,16 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FINISH_BATCH_TIMEOUT = 120.0
 LOOP_SECONDS = 0.5
-
-
-def _finish_and_stop(queries: MapQueries) -> None:
-    for query in queries.queries:
-        deadline = time.monotonic() + FINISH_BATCH_TIMEOUT
-        while query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline:
-            time.sleep(0.05)
-        query.stop()
 
 
 @dataclass
@@ -75,15 +66,35 @@ class _Map:
 class Supervisor:
     """Starts, pauses, resumes, restarts and watches the maps of one run."""
 
-    def __init__(self, spark: SparkSession, config: AppConfig, batch_log: BatchLog) -> None:
+    def __init__(
+        self,
+        spark: SparkSession,
+        config: AppConfig,
+        batch_log: BatchLog,
+        generation: Callable[[str], int] = lambda _: 0,
+        metrics: BatchMetrics | None = None,
+    ) -> None:
         self._spark = spark
         self._config = config
         self._batch_log = batch_log
+        self._generation = generation
+        self._metrics = metrics
 
     def start(self, m: _Map) -> None:
-        """Start a map's queries; a start that fails marks the map failed."""
+        """Start a map's queries on its current generation; a start that fails marks it failed.
+
+        The generation is read at every start, so a map a rebuild switched over
+        while paused resumes on the new copy of its data.
+        """
         try:
-            m.queries = start_map(self._spark, self._config, m.name, self._batch_log)
+            m.queries = start_map(
+                self._spark,
+                self._config,
+                m.name,
+                self._batch_log,
+                generation=self._generation(m.name),
+                metrics=self._metrics,
+            )
         except MaterializerError:
             raise  # the configuration: no restart can mend it, so the run reports it and ends
         except Exception as exc:  # Spark's own errors while building the queries
@@ -95,7 +106,7 @@ class Supervisor:
     def stop(self, m: _Map, state: str) -> None:
         """Stop a map's queries after their batch in flight."""
         if m.queries is not None:
-            _finish_and_stop(m.queries)
+            m.queries.stop_after_batch()
             m.queries = None
         m.state = state
         log.info("map %s %s", m.name, state)
@@ -135,11 +146,15 @@ def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> 
     Returns the maps that failed. A map paused before the run starts stays
     paused until resumed.
     """
+    metrics = BatchMetrics()
+    # Before the JVM starts, so that a port already taken ends the run at once.
+    metrics_server = serve_metrics(config.metrics, metrics.registry)
     spark = build_spark_session(config.spark)
     batch_log = BatchLog()
     spark.streams.addListener(batch_log)
+    spark.streams.addListener(metrics)
     channel = ControlChannel(config.redis.url, names)
-    supervisor = Supervisor(spark, config, batch_log)
+    supervisor = Supervisor(spark, config, batch_log, channel.generation, metrics)
     maps = {name: _Map(name) for name in names}
     try:
         requests = channel.requests()
@@ -163,4 +178,7 @@ def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> 
         channel.report({m.name: m.report() for m in maps.values()})
         channel.close()
         spark.stop()
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
     return [m.name for m in maps.values() if m.state == "failed"]

@@ -31,6 +31,8 @@ def slice_config(
     return {
         "kafka": {"bootstrap_servers": kafka},
         "redis": {"url": redis_url},
+        # Tests run several materializers on one machine: no fixed metrics port.
+        "metrics": {"port": 0},
         "delta": {"root": str(tmp / "warehouse"), "trigger_interval": "500 milliseconds"},
         "spark": {
             "master": "local[2]",

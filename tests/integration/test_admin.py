@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -27,7 +28,7 @@ from materializer.layout import (
     meta_key,
     status_key,
 )
-from materializer.testing import produce
+from materializer.testing import free_port, produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_latest
 from materializer.v1 import admin_service_pb2 as pb
@@ -264,12 +265,25 @@ def test_a_running_materializer_obeys_pause_resume_and_restart(
             out[p] = max(out.get(p, 0), o + 1)
         return out
 
+    def scrape(port: int) -> str:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                return str(r.read().decode())
+        except OSError:
+            return ""
+
+    metrics_port = free_port()
     proc = ManagedProcess(
-        [sys.executable, "-m", "materializer", "run", "-c", str(config_file)], tmp_path / "run.log"
+        [sys.executable, "-m", "materializer", "run", "-c", str(config_file)]
+        + ["--metrics-port", str(metrics_port)],  # over the config's metrics.port
+        tmp_path / "run.log",
     )
     try:
         wait_for("the first events folded", lambda: offsets() == ends(positions))
         wait_for("RUNNING reported", lambda: state() == State.RUNNING)
+        # The run serves its metrics: the first batch read the 40 records there were.
+        rows_in = f'materializer_rows_in_total{{map="{name}",query="fold"}} 40.0'
+        wait_for("the first batch on /metrics", lambda: rows_in in scrape(metrics_port))
 
         call(cfg, "Pause", pb.ControlRequest(map=name))
         wait_for("PAUSED reported", lambda: state() == State.PAUSED)

@@ -1,0 +1,142 @@
+"""The consumer group ``materializer.<map>`` mirrors the fold's checkpoint, for Kafka's tools."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter
+from pathlib import Path
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, ConsumerGroupTopicPartitions
+from confluent_kafka.admin import AdminClient
+from slice_helpers import config, slice_config, wait_for, watermark
+
+from materializer.paths import checkpoint_path
+from materializer.pipeline.checkpoint import Checkpoint
+from materializer.pipeline.job import start_map
+from materializer.sinks.base import Batch
+from materializer.sinks.group_offsets import GroupOffsetsSink
+from materializer.testing import produce
+
+pytestmark = pytest.mark.integration
+
+
+def committed(bootstrap: str, group: str) -> dict[str, dict[int, int]]:
+    """The group's committed offsets, as Kafka's tools read them."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    request = ConsumerGroupTopicPartitions(group)
+    result = admin.list_consumer_group_offsets([request])[group].result(30)
+    out: dict[str, dict[int, int]] = {}
+    for tp in result.topic_partitions:
+        assert tp.error is None, tp.error
+        if tp.offset >= 0:  # partitions without a commit report OFFSET_INVALID
+            out.setdefault(tp.topic, {})[tp.partition] = tp.offset
+    return out
+
+
+def latest_committed_batch(spark, location: str) -> int:
+    """The newest batch id in the checkpoint's ``commits/`` folder (batches that completed)."""
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(f"{location}/commits")
+    fs = path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    names = [status.getPath().getName() for status in fs.listStatus(path)]
+    return max(int(n) for n in names if n.isdigit())
+
+
+def test_each_batch_leaves_the_group_at_the_checkpoint_offsets(
+    spark, kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
+):
+    topic = new_topic(2)
+    name = f"grp{uuid.uuid4().hex[:8]}"
+    cfg = config(slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name=name))
+    group = f"materializer.{name}"
+    location = checkpoint_path(cfg, name, "fold")
+    produced: Counter[int] = Counter()
+    queries = start_map(spark, cfg, name)
+    try:
+        for round_ in range(3):
+            records = [
+                (f"k{i}".encode(), orjson.dumps({"id": f"k{i}", "age": round_}))
+                for i in range(round_ * 7, round_ * 7 + 20)
+            ]
+            produced.update(partition for partition, _ in produce(kafka_bootstrap, topic, records))
+            queries.process_all_available()
+
+            batch_id = latest_committed_batch(spark, location)
+            checkpointed = Checkpoint(spark, location).end_offsets(batch_id)
+            assert committed(kafka_bootstrap, group) == checkpointed
+            mark = watermark(redis_client, name)
+            assert mark is not None and mark.batch_id == batch_id
+            assert mark.offsets == checkpointed
+            # On a fresh topic offsets count records: the reference is what was produced.
+            assert checkpointed == {topic: dict(produced)}
+            assert len(produced) == 2  # both partitions took records
+    finally:
+        queries.stop()
+
+
+def test_without_a_group_nothing_is_committed(
+    spark, kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
+):
+    topic = new_topic(1)
+    name = f"nogrp{uuid.uuid4().hex[:8]}"
+    cfg = config(slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name=name))
+    produce(kafka_bootstrap, topic, [(b"a", b'{"id": "a"}'), (b"b", b'{"id": "b"}')])
+    queries = start_map(spark, cfg, name, offsets_group=None)
+    try:
+        queries.process_all_available()
+    finally:
+        queries.stop()
+    mark = watermark(redis_client, name)
+    assert mark is not None and mark.offsets == {topic: {0: 2}}
+    assert committed(kafka_bootstrap, f"materializer.{name}") == {}
+
+
+def _batch(batch_id: int) -> Batch:
+    # The sink reads only the batch id; the rows stay in Spark.
+    return Batch(rows=None, batch_id=batch_id, app_id="test")  # type: ignore[arg-type]
+
+
+def test_a_failed_commit_leaves_the_batch_alone_and_the_next_one_mends_the_group(
+    kafka_bootstrap, new_topic, caplog: pytest.LogCaptureFixture
+):
+    topic = new_topic(2)
+    group = f"materializer.sink{uuid.uuid4().hex[:8]}"
+    produce(kafka_bootstrap, topic, [(f"k{i}".encode(), b"{}") for i in range(10)])
+    checkpoint = {
+        0: {topic: {0: 1, 1: 2}},
+        1: {topic: {0: 3, 1: 4}},
+        2: {topic: {0: 5, 1: 5}},
+        3: {topic: {0: 6, 1: 4}},
+    }
+    sink = GroupOffsetsSink(group, checkpoint.__getitem__, {"bootstrap.servers": kafka_bootstrap})
+
+    sink.write(_batch(0))
+    assert committed(kafka_bootstrap, group) == checkpoint[0]
+    sink.write(_batch(0))  # a replay commits the same offsets again
+    assert committed(kafka_bootstrap, group) == checkpoint[0]
+
+    # Someone consumes with the group: the broker refuses commits from outside it.
+    member = Consumer(
+        {"bootstrap.servers": kafka_bootstrap, "group.id": group, "enable.auto.commit": False}
+    )
+    member.subscribe([topic])
+    try:
+        wait_for("the member's assignment", lambda: bool(member.poll(0.5) or member.assignment()))
+        with caplog.at_level(logging.INFO, logger="materializer.sinks.group_offsets"):
+            sink.write(_batch(1))  # no exception: the batch goes on
+            sink.write(_batch(2))
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, caplog.text  # once, not once per batch
+        assert group in warnings[0].getMessage()
+    finally:
+        member.close()
+
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="materializer.sinks.group_offsets"):
+        sink.write(_batch(3))
+    assert "committed again" in caplog.text
+    # All partitions are committed, even one whose offset went back (a fresh checkpoint).
+    assert committed(kafka_bootstrap, group) == checkpoint[3]
