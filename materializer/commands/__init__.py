@@ -1,0 +1,1 @@
+"""The ``materializer`` subcommands that operate maps; ``materializer.cli`` registers them."""

@@ -1,0 +1,64 @@
+"""What every subcommand shares: the config option, consoles, and errors as exit codes.
+
+Exit codes: 0 done, 1 the operation found a problem (a failed map, a
+mismatch), 2 the command could not run as asked (bad config, unknown map,
+a map in the wrong state).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Annotated
+
+import redis
+import typer
+from rich.console import Console
+
+from materializer.config import AppConfig, load_config
+from materializer.errors import MaterializerError
+from materializer.ops.control import MapControl
+
+err = Console(stderr=True)
+out = Console()
+
+ConfigOption = Annotated[
+    Path, typer.Option("--config", "-c", help="The YAML file that declares the maps.")
+]
+MapArgument = Annotated[str, typer.Argument(help="A map declared in the config.")]
+
+
+def fail(message: object, code: int = 2) -> typer.Exit:
+    """Print ``message`` in red on stderr; raise the returned ``typer.Exit``."""
+    err.print(f"[red]{message}[/red]", highlight=False, soft_wrap=True)
+    return typer.Exit(code)
+
+
+@contextmanager
+def exits_on_errors() -> Iterator[None]:
+    """The product's own errors (config, state, Kafka, checkpoints) as a message and exit 2."""
+    try:
+        yield
+    except MaterializerError as exc:
+        raise fail(exc) from None
+    except redis.RedisError as exc:
+        raise fail(f"redis: {exc}") from None
+
+
+def load(path: Path) -> AppConfig:
+    """The config, or exit 2 with every problem and its key path."""
+    with exits_on_errors():
+        return load_config(path)
+
+
+def redis_client(config: AppConfig) -> redis.Redis:
+    """A client for one command: short timeouts, so a Redis that is down fails fast."""
+    return redis.Redis.from_url(config.redis.url, socket_timeout=10.0, socket_connect_timeout=5.0)
+
+
+def map_control(config: AppConfig, name: str) -> MapControl:
+    """The map's control, once the map is known to be declared."""
+    with exits_on_errors():
+        config.map(name)
+    return MapControl(redis_client(config), name)

@@ -1,0 +1,178 @@
+"""``status``, ``pause``, ``resume``, ``restart``: a running materializer's maps, from outside.
+
+Requests are written to ``<map>:__control__`` (as the query service's
+AdminService does); the materializer obeys within one supervisor loop, and
+with ``--wait`` the command returns once its report shows it did.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import orjson
+import typer
+from rich.table import Table
+
+from materializer.commands.common import (
+    ConfigOption,
+    MapArgument,
+    exits_on_errors,
+    load,
+    map_control,
+    out,
+    redis_client,
+)
+from materializer.config import AppConfig
+from materializer.ops.control import MapControl, now_ms
+from materializer.ops.kafka_offsets import admin_client, partition_offsets
+from materializer.ops.status import MapView, map_view
+
+WaitOption = Annotated[
+    bool, typer.Option("--wait/--no-wait", help="Return once the materializer obeyed.")
+]
+
+
+def _views(config: AppConfig, names: list[str]) -> list[MapView]:
+    client = redis_client(config)
+    try:
+        topics = sorted({t for n in names for t in config.map(n).source.topics})
+        try:
+            ends = partition_offsets(admin_client(config.kafka), topics) if topics else {}
+        except Exception as exc:  # Kafka down: show the rest, lag unknown
+            out.print(f"[yellow]log end offsets unknown: {exc}[/yellow]", highlight=False)
+            ends = None
+        views = []
+        for name in names:
+            control = MapControl(client, name)
+            generation = control.generation()
+            views.append(
+                map_view(
+                    name,
+                    config.map(name).source.topics,
+                    generation,
+                    control.report(),
+                    control.watermark(generation),
+                    ends,
+                    now_ms(),
+                )
+            )
+        return views
+    finally:
+        client.close()
+
+
+_STATE_STYLE = {"running": "green", "paused": "yellow", "failed": "red", "stopped": "dim"}
+
+
+def _age(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return f"{ms / 1000:.1f} s ago" if ms < 120_000 else f"{ms / 60_000:.0f} min ago"
+
+
+def _render(views: list[MapView]) -> None:
+    maps = Table(title="maps", title_justify="left")
+    for column in ("map", "state", "gen", "last batch", "written", "in/s", "out/s", "lag"):
+        maps.add_column(column, justify="right" if column not in ("map", "state") else "left")
+    for v in views:
+        style = _STATE_STYLE.get(v.state, "")
+        maps.add_row(
+            v.name,
+            f"[{style}]{v.state}[/{style}]" if style else v.state,
+            str(v.generation),
+            str(v.watermark.batch_id) if v.watermark else "-",
+            _age(v.freshness_ms),
+            f"{v.report.input_rows_per_second:.0f}" if v.report else "-",
+            f"{v.report.processed_rows_per_second:.0f}" if v.report else "-",
+            "unknown" if v.total_lag < 0 else str(v.total_lag),
+        )
+    out.print(maps)
+    parts = Table(title="partitions", title_justify="left")
+    for column in ("map", "topic", "partition", "materialized", "log end", "lag"):
+        parts.add_column(column, justify="right" if column not in ("map", "topic") else "left")
+    for v in views:
+        for p in v.partitions:
+            parts.add_row(
+                v.name,
+                p.topic,
+                str(p.partition),
+                str(p.materialized_offset),
+                str(p.log_end_offset) if p.log_end_offset >= 0 else "?",
+                str(p.lag) if p.lag >= 0 else "?",
+            )
+    out.print(parts)
+    for v in views:
+        if v.report is not None and v.report.error:
+            out.print(f"[red]{v.name}: {v.report.error}[/red]", highlight=False, soft_wrap=True)
+
+
+def status(
+    config: ConfigOption,
+    map_name: Annotated[str | None, typer.Argument(help="One map; all when left out.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document per map.")] = False,
+) -> None:
+    """Each map's state, last batch, rates, and lag per partition against Kafka's log ends.
+
+    Exits 1 when a map has failed, so a health check can run it.
+    """
+    cfg = load(config)
+    names = [map_name] if map_name else sorted(cfg.maps)
+    with exits_on_errors():
+        for name in names:
+            cfg.map(name)
+        views = _views(cfg, names)
+    if as_json:
+        for v in views:
+            typer.echo(orjson.dumps(v.to_json()).decode())
+    else:
+        _render(views)
+    if any(v.state == "failed" for v in views):
+        raise typer.Exit(1)
+
+
+def _request(config_path: Path, name: str, desired: str, restart: bool, wait: bool) -> None:
+    cfg = load(config_path)
+    control = map_control(cfg, name)
+    with exits_on_errors():
+        control.ask(desired, restart=restart)
+        out.print(f"{name}: {'restart' if restart else desired} requested", highlight=False)
+        if not wait:
+            return
+        if control.state() in ("not_started", "stopped"):
+            out.print(
+                f"{name}: no materializer runs it now; the request holds for the next run",
+                highlight=False,
+            )
+            return
+        # A report written after the request may come from a loop that read the
+        # control hash just before it; the second new report comes from a loop
+        # that started after it.
+        seen: set[int] = set()
+        first = control.report()
+        if first is not None:
+            seen.add(first.reported_at_ms)
+
+        def obeyed(state: str) -> bool:
+            report = control.report()
+            if report is not None:
+                seen.add(report.reported_at_ms)
+            return len(seen) >= 3 and state == desired
+
+        state = control.wait_for(obeyed, desired)
+        out.print(f"{name}: {state}", highlight=False)
+
+
+def pause(config: ConfigOption, map_name: MapArgument, wait: WaitOption = True) -> None:
+    """Stop folding the map after its batch in flight; its offsets stay where they are."""
+    _request(config, map_name, "paused", restart=False, wait=wait)
+
+
+def resume(config: ConfigOption, map_name: MapArgument, wait: WaitOption = True) -> None:
+    """Fold the map again from its checkpoint: nothing lost, nothing folded twice."""
+    _request(config, map_name, "running", restart=False, wait=wait)
+
+
+def restart(config: ConfigOption, map_name: MapArgument, wait: WaitOption = True) -> None:
+    """Stop and start the map's queries (a failed map tries again)."""
+    _request(config, map_name, "running", restart=True, wait=wait)

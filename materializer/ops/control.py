@@ -1,0 +1,141 @@
+"""Operators' side of a map from the command line: its state, requests, and a hold on it.
+
+The same keys as the query service's AdminService (``materializer.layout``):
+requests go to ``<map>:__control__``, the running materializer obeys within one
+loop and reports in ``<map>:__status__``.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+from materializer.errors import MaterializerError
+from materializer.layout import (
+    Control,
+    MapReport,
+    Watermark,
+    control_key,
+    generation_key,
+    meta_key,
+    parse_generation,
+    physical_name,
+    status_key,
+)
+from materializer.ops.status import effective_state
+
+OBEY_TIMEOUT_SECONDS = 180.0
+"""A pause waits for the batch in flight; a slow batch on a busy cluster may take minutes."""
+
+
+class MapBusy(MaterializerError):
+    """The map is running, or did not reach the state an operation needs in time."""
+
+
+def control_fields(desired: str | None = None, restart: bool = False) -> dict[str, str]:
+    """The ``<map>:__control__`` fields of one request (a restart gets a fresh id)."""
+    fields: dict[str, str] = {}
+    if desired is not None:
+        fields["desired"] = desired
+    if restart:
+        fields["restart_id"] = uuid.uuid4().hex
+    return fields
+
+
+def now_ms() -> int:
+    """UTC epoch milliseconds, as reports and watermarks carry them."""
+    return int(time.time() * 1000)
+
+
+class MapControl:
+    """One map's control, status, generation and watermark on a synchronous Redis client."""
+
+    def __init__(self, client: redis.Redis, map_name: str) -> None:
+        self.client = client
+        self.map_name = map_name
+
+    def generation(self) -> int:
+        """The generation readers use now."""
+        return parse_generation(self.client.get(generation_key(self.map_name)))
+
+    def physical(self) -> str:
+        """Where the current generation's data lives."""
+        return physical_name(self.map_name, self.generation())
+
+    def report(self) -> MapReport | None:
+        """The materializer's last report of the map."""
+        return MapReport.from_hash(self.client.hgetall(status_key(self.map_name)))
+
+    def state(self) -> str:
+        """``not_started``, ``running``, ``paused``, ``failed`` or ``stopped`` (gone silent)."""
+        return effective_state(self.report(), now_ms())
+
+    def request(self) -> Control:
+        """What operators last asked of the map."""
+        return Control.from_hash(self.client.hgetall(control_key(self.map_name)))
+
+    def ask(self, desired: str | None = None, restart: bool = False) -> None:
+        """Write a request; a running materializer obeys within one loop."""
+        fields: dict[Any, Any] = control_fields(desired, restart)
+        self.client.hset(control_key(self.map_name), mapping=fields)
+
+    def watermark(self, generation: int | None = None) -> Watermark | None:
+        """The watermark of a generation's data (the current one by default)."""
+        gen = self.generation() if generation is None else generation
+        raw = self.client.hgetall(meta_key(physical_name(self.map_name, gen)))
+        return Watermark.from_hash(raw)
+
+    def wait_for(
+        self,
+        accept: Callable[[str], bool],
+        what: str,
+        timeout: float = OBEY_TIMEOUT_SECONDS,
+    ) -> str:
+        """Poll the state until ``accept`` takes it; ``MapBusy`` naming ``what`` on timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self.state()
+            if accept(state):
+                return state
+            if time.monotonic() > deadline:
+                raise MapBusy(
+                    f"map {self.map_name!r} did not become {what} within {timeout:.0f} s "
+                    f"(state: {state})"
+                )
+            time.sleep(0.2)
+
+    @contextmanager
+    def held(self, on_pause: Callable[[], None] | None = None) -> Iterator[bool]:
+        """Keep the map from folding for the duration: paused if a materializer runs it.
+
+        Yields whether a running map was paused. Afterwards the request in
+        force before is restored, so a map that was running resumes from its
+        checkpoint (nothing lost) and one that was paused stays paused. With no
+        live materializer nothing is asked: the map is already still.
+        """
+        if self.state() != "running":
+            yield False
+            return
+        before = self.request().desired
+        self.ask("paused")
+        try:
+            if on_pause is not None:
+                on_pause()
+            self.wait_for(lambda s: s != "running", "paused")
+            yield True
+        finally:
+            self.ask(before)
+
+    def ensure_still(self) -> None:
+        """Refuse while a live materializer runs the map (operations that edit its checkpoint)."""
+        state = self.state()
+        if state == "running":
+            raise MapBusy(
+                f"map {self.map_name!r} is running: pause it (materializer pause "
+                f"{self.map_name}) or stop the materializer first"
+            )

@@ -1,0 +1,228 @@
+"""``rebuild``: fold a map again from the first event into a new copy, then move readers to it.
+
+The live copy keeps serving throughout. Steps:
+
+1. a new generation ``g`` (``materializer.layout.physical_name``) gets its own
+   Redis keys, Delta table, changelog topic and checkpoints; leftovers of an
+   earlier rebuild that never switched are removed first;
+2. the map's fold and Delta queries run into it from the earliest offsets
+   (dead letters and history are the map's own and are not sent again);
+3. once the copy has caught up with the log ends seen at the start, the live
+   map is held still (paused, if a materializer runs it), the copy takes in
+   what arrived meanwhile, its queries stop, and ``<map>:__generation__``
+   switches to ``g`` in one write; the live map resumes on the new copy from
+   the copy's own checkpoints, so nothing is folded twice or lost;
+4. after a grace period longer than any reader keeps the old generation in
+   mind (the query service re-reads it twice a second), the old copy is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import pyarrow.fs as pafs
+import redis
+
+from materializer.config import AppConfig
+from materializer.errors import MaterializerError
+from materializer.layout import (
+    CONTROL_SUFFIX,
+    GENERATION_SUFFIX,
+    STATUS_SUFFIX,
+    generation_key,
+    physical_name,
+)
+from materializer.ops.control import MapControl
+from materializer.ops.kafka_offsets import admin_client, partition_offsets
+from materializer.paths import checkpoint_path, table_path
+from materializer.pipeline.job import MapQueries, changelog_topic, start_map
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
+
+MAP_QUERIES = ("fold", "delta")
+"""The queries whose checkpoints belong to a generation; the others belong to the map."""
+POLL_SECONDS = 0.5
+
+
+class RebuildFailed(MaterializerError):
+    """The replay into the new copy stopped; the live copy was never touched."""
+
+
+@dataclass
+class Progress:
+    """What a rebuild reports while it runs (the command draws it)."""
+
+    phase: str
+    folded: int = 0
+    """Source records the new copy has read (sum of its watermark offsets)."""
+    target: int = 0
+    """Sum of the log ends it must reach before the switch."""
+
+
+Report = Callable[[Progress], None]
+
+
+def _offsets_sum(offsets: dict[str, dict[int, int]]) -> int:
+    return sum(o for parts in offsets.values() for o in parts.values())
+
+
+def _covers(mark: dict[str, dict[int, int]], ends: dict[str, dict[int, int]]) -> bool:
+    return all(
+        mark.get(topic, {}).get(partition, 0) >= end
+        for topic, parts in ends.items()
+        for partition, end in parts.items()
+    )
+
+
+def replay_config(config: AppConfig, map_name: str) -> AppConfig:
+    """The config with the map reading from the earliest offsets (a new copy starts there)."""
+    map_config = config.map(map_name)
+    source = map_config.source.model_copy(update={"starting_offsets": "earliest"})
+    replay = map_config.model_copy(update={"source": source})
+    return config.model_copy(update={"maps": {**config.maps, map_name: replay}})
+
+
+class GenerationFiles:
+    """A generation's folders (its Delta table and checkpoints) on any pyarrow file system."""
+
+    def __init__(self, config: AppConfig, map_name: str, generation: int) -> None:
+        physical = physical_name(map_name, generation)
+        self.folders = [table_path(config, physical)] + [
+            checkpoint_path(config, physical, q) for q in MAP_QUERIES
+        ]
+
+    def delete(self) -> None:
+        """Remove every folder that exists."""
+        for folder in self.folders:
+            if "://" in folder:
+                fs, path = pafs.FileSystem.from_uri(folder)
+            else:
+                fs, path = pafs.LocalFileSystem(), folder
+            if fs.get_file_info(path).type != pafs.FileType.NotFound:
+                fs.delete_dir(path)
+
+
+def drop_redis_copy(client: redis.Redis, map_name: str, generation: int) -> int:
+    """Delete a generation's keys (entities, watermark, changes); the map's own keys stay."""
+    physical = physical_name(map_name, generation)
+    keep = {f"{map_name}:{s}".encode() for s in (STATUS_SUFFIX, CONTROL_SUFFIX, GENERATION_SUFFIX)}
+    dropped = 0
+    batch: list[bytes] = []
+    for key in client.scan_iter(match=f"{physical}:*", count=5000):
+        if key in keep:
+            continue
+        batch.append(key)
+        if len(batch) >= 5000:
+            dropped += int(client.unlink(*batch))
+            batch = []
+    if batch:
+        dropped += int(client.unlink(*batch))
+    return dropped
+
+
+def drop_copy(config: AppConfig, client: redis.Redis, map_name: str, generation: int) -> None:
+    """Remove one generation of a map everywhere: Redis, table, checkpoints, changelog."""
+    dropped = drop_redis_copy(client, map_name, generation)
+    GenerationFiles(config, map_name, generation).delete()
+    topic = changelog_topic(config, map_name, generation)
+    admin = admin_client(config.kafka)
+    if topic in admin.list_topics(timeout=10).topics:
+        for future in admin.delete_topics([topic], operation_timeout=30).values():
+            future.result()
+    log.info("map %s: generation %d dropped (%d Redis keys)", map_name, generation, dropped)
+
+
+def rebuild(
+    spark: SparkSession,
+    config: AppConfig,
+    map_name: str,
+    *,
+    grace_seconds: float = 60.0,
+    report: Report = lambda _: None,
+) -> int:
+    """Rebuild ``map_name`` into a new generation, switch readers to it, drop the old one.
+
+    Returns the new generation. Blocks until the old copy is dropped. A
+    failure before the switch leaves the live copy untouched.
+    """
+    client = redis.Redis.from_url(config.redis.url)
+    control = MapControl(client, map_name)
+    old = control.generation()
+    new = old + 1
+    try:
+        report(Progress("cleaning"))
+        drop_copy(config, client, map_name, new)
+        topics = config.map(map_name).source.topics
+        admin = admin_client(config.kafka)
+        target = partition_offsets(admin, topics, "latest")
+        queries = start_map(
+            spark,
+            replay_config(config, map_name),
+            map_name,
+            generation=new,
+            side_queries=False,
+            offsets_group=None,
+        )
+        try:
+            _catch_up(control, new, target, report, queries)
+            report(Progress("switching", _offsets_sum(target), _offsets_sum(target)))
+            with control.held():
+                # The live copy is still now: once the new one holds at least as much,
+                # readers lose nothing by moving. Waiting for the source to run dry
+                # instead would never end while producers keep producing.
+                live = control.watermark(old)
+                target = live.offsets if live else {}
+                _catch_up(control, new, target, report, queries, "switching")
+                queries.stop_after_batch()
+                client.set(generation_key(map_name), str(new))
+            log.info("map %s: readers moved to generation %d", map_name, new)
+        finally:
+            queries.stop()
+        _grace(grace_seconds, report)
+        report(Progress("dropping"))
+        drop_copy(config, client, map_name, old)
+        report(Progress("done"))
+        return new
+    finally:
+        client.close()
+
+
+def _catch_up(
+    control: MapControl,
+    generation: int,
+    target: dict[str, dict[int, int]],
+    report: Report,
+    queries: MapQueries,
+    phase: str = "replaying",
+) -> None:
+    """Wait until the new copy's watermark reaches ``target``; a failed query ends the wait."""
+    goal = _offsets_sum(target)
+    while True:
+        broken = [q for q in queries.queries if not q.isActive]
+        if broken:
+            raise RebuildFailed(
+                f"map {control.map_name!r}: the replay query {broken[0].name} stopped: "
+                f"{broken[0].exception()}"
+            )
+        mark = control.watermark(generation)
+        offsets: dict[str, dict[int, int]] = mark.offsets if mark else {}
+        report(Progress(phase, _offsets_sum(offsets), goal))
+        if mark is not None and _covers(offsets, target):
+            return
+        if goal == 0:
+            return
+        time.sleep(POLL_SECONDS)
+
+
+def _grace(seconds: float, report: Report) -> None:
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        report(Progress("grace", int(seconds - left), int(seconds)))
+        time.sleep(min(POLL_SECONDS, left))

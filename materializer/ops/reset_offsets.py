@@ -1,0 +1,92 @@
+"""``reset-offsets``: move where a still map's fold reads next, as Kafka Connect's offset reset.
+
+The fold's position lives in its Spark checkpoint, not in a consumer group: the
+last committed batch's end offsets are where the next batch starts. A reset
+rewrites those offsets (``CheckpointFiles.rewrite_end_offsets``) and leaves the
+fold's state, Redis and the Delta table as they are: events skipped are never
+folded, events replayed are folded again (a ``latest`` or ``merge`` map
+converges to the same entities; an ``aggregate`` map counts them twice). To
+start over from nothing, ``rebuild`` the map instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from materializer.config import AppConfig
+from materializer.errors import MaterializerError
+from materializer.ops.checkpoint_files import CheckpointError, CheckpointFiles
+from materializer.ops.control import MapControl
+from materializer.ops.kafka_offsets import (
+    Position,
+    admin_client,
+    commit_group_offsets,
+    group_name,
+    partition_offsets,
+)
+from materializer.paths import checkpoint_path
+
+
+class BadPosition(MaterializerError):
+    """``--to`` is neither earliest, latest, epoch milliseconds nor an ISO-8601 time."""
+
+
+def parse_position(text: str) -> Position:
+    """``earliest`` | ``latest`` | epoch milliseconds | ISO-8601 time (UTC unless it says)."""
+    if text in ("earliest", "latest"):
+        return text
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise BadPosition(
+            f"--to {text!r}: use earliest, latest, epoch milliseconds or an ISO-8601 time "
+            "such as 2026-11-23T10:00:00Z"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=datetime.now().astimezone().tzinfo).astimezone()
+    return int(moment.timestamp() * 1000)
+
+
+@dataclass(frozen=True)
+class OffsetReset:
+    """What a reset changes: the batch whose end offsets move, from ``before`` to ``after``."""
+
+    map_name: str
+    batch_id: int
+    before: dict[str, dict[int, int]]
+    after: dict[str, dict[int, int]]
+
+
+def plan_reset(config: AppConfig, control: MapControl, to: Position) -> OffsetReset:
+    """Where the fold would start after the reset; nothing is changed yet."""
+    name = control.map_name
+    control.ensure_still()
+    files = CheckpointFiles(checkpoint_path(config, control.physical(), "fold"))
+    batch = files.settled_batch() if files.exists() else None
+    if batch is None:
+        raise CheckpointError(
+            f"map {name!r} has not folded a batch yet: its first run starts at "
+            f"maps.{name}.source.starting_offsets, set that instead"
+        )
+    topics = config.map(name).source.topics
+    after = partition_offsets(admin_client(config.kafka), topics, to)
+    return OffsetReset(name, batch, files.end_offsets(batch), after)
+
+
+def apply_reset(config: AppConfig, control: MapControl, reset: OffsetReset) -> None:
+    """Rewrite the checkpoint, then move the map's consumer group to match.
+
+    The map is checked again first: a materializer that started meanwhile
+    would race the edit.
+    """
+    control.ensure_still()
+    files = CheckpointFiles(checkpoint_path(config, control.physical(), "fold"))
+    if files.settled_batch() != reset.batch_id:
+        raise CheckpointError(
+            f"map {reset.map_name!r} folded batches since the reset was planned; plan it again"
+        )
+    files.rewrite_end_offsets(reset.batch_id, reset.after)
+    commit_group_offsets(admin_client(config.kafka), group_name(reset.map_name), reset.after)
