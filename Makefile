@@ -69,6 +69,7 @@ bench: setup ## run the benchmarks (JSON lines on stdout)
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/pipeline.py
 	$(BIN)/python bench/query.py
+	$(BIN)/python bench/rehydrate.py
 
 clean: ## remove the venv, resolved jars and local data
 	rm -rf $(VENV) jvm/lib warehouse checkpoints tests/interop/node_modules

@@ -10,11 +10,11 @@ import orjson
 import pyarrow as pa
 import pytest
 
+from materializer.ops.entity_json import encode_rows
 from materializer.v1 import map_service_pb2 as pb
 from query_service.errors import InvalidArgument
 from query_service.filters import Columns
 from query_service.tables import query_plan
-from query_service.tables.entity_json import encode_rows
 from query_service.tables.page_token import PageToken, fingerprint
 from query_service.tables.query_plan import QueryPlan
 
@@ -97,7 +97,7 @@ def test_rows_encode_like_the_pipelines_json():
     assert rows[0][1] == (
         b'{"name":"Ann","joined":"2026-01-02T03:04:05.000000Z",'
         b'"local":"2026-01-02T03:04:05.000006","day":"2026-01-02","score":"NaN",'
-        b'"price":1.5,"raw":"AAE=","tags":["x",null],"addr":{"city":"Oslo"},'
+        b'"price":1.50,"raw":"AAE=","tags":["x",null],"addr":{"city":"Oslo"},'
         b'"attrs":{"k":1,"n":null}}'
     )
     assert rows[1][1] == b'{"score":"-Infinity"}'

@@ -1,0 +1,151 @@
+"""Bulk writes and scans of a Redis map for operations that touch every entity.
+
+Loading a million entities one ``SET`` at a time spends its time in round
+trips and in the client's command packing. Here the keys and values arrive as
+Arrow arrays and leave as ``MSET`` commands of thousands of pairs whose RESP
+bytes Arrow's kernels assemble, so no Python object is made per entity. A few
+commands stay in flight while the next batch is encoded, so Redis works on one
+core while the encoding runs on the other.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import redis
+
+from materializer.layout import RESERVED_KEYS
+
+PAIRS_PER_COMMAND = 4096
+"""Entities per MSET: large enough that Redis's per-command cost vanishes, small enough that
+one command holds the server for a few milliseconds only (live lookups wait behind it)."""
+IN_FLIGHT = 8
+"""Commands sent before their replies are read."""
+SCAN_COUNT = 5000
+KEYS_PER_READ = 2000
+
+
+class BulkWriter:
+    """MSET and DEL on one connection, pipelined; ``close`` waits for every reply."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._client = client
+        self._connection = client.connection_pool.get_connection()
+        self._pending: deque[str] = deque()
+        self.written = 0
+
+    def mset(self, keys: pa.Array, values: pa.Array) -> None:
+        """``SET`` every key (binary or string array) to its value (binary array)."""
+        for start in range(0, len(keys), PAIRS_PER_COMMAND):
+            chunk_keys = keys.slice(start, PAIRS_PER_COMMAND)
+            chunk_values = values.slice(start, PAIRS_PER_COMMAND)
+            self._send(b"MSET", _bulk_pairs(chunk_keys, chunk_values), 2 * len(chunk_keys))
+            self.written += len(chunk_keys)
+
+    def delete(self, keys: Iterable[bytes]) -> int:
+        """``DEL`` the keys, in commands of ``PAIRS_PER_COMMAND``; the number asked."""
+        batch: list[bytes] = []
+        asked = 0
+        for key in keys:
+            batch.append(key)
+            if len(batch) >= PAIRS_PER_COMMAND:
+                asked += self._delete(batch)
+                batch = []
+        if batch:
+            asked += self._delete(batch)
+        return asked
+
+    def _delete(self, keys: list[bytes]) -> int:
+        array = pa.array(keys, pa.binary())
+        self._send(b"DEL", _bulk_strings(array), len(keys))
+        return len(keys)
+
+    def _send(self, command: bytes, arguments: pa.Array, count: int) -> None:
+        """One command whose arguments are the concatenated RESP bulk strings of ``arguments``."""
+        count_rows = len(arguments)
+        header = b"*%d\r\n$%d\r\n%s\r\n" % (count + 1, len(command), command)
+        _, offsets_buffer, body = arguments.buffers()
+        offsets = np.frombuffer(offsets_buffer, np.int32)
+        first, last = int(offsets[arguments.offset]), int(offsets[arguments.offset + count_rows])
+        self._connection.send_packed_command(  # type: ignore[no-untyped-call]
+            [header, memoryview(body)[first:last]]
+        )
+        self._pending.append(command.decode())
+        while len(self._pending) > IN_FLIGHT:
+            self._reply()
+
+    def _reply(self) -> None:
+        command = self._pending.popleft()
+        reply = self._connection.read_response()
+        if isinstance(reply, redis.ResponseError):
+            raise reply
+        if command == "MSET" and reply not in (b"OK", "OK", True):
+            raise redis.ResponseError(f"MSET answered {reply!r}")
+
+    def close(self) -> None:
+        """Wait for the replies of every command sent, then give the connection back."""
+        try:
+            while self._pending:
+                self._reply()
+        except BaseException:
+            self._connection.disconnect()  # type: ignore[no-untyped-call]
+            raise
+        finally:
+            self._client.connection_pool.release(self._connection)
+
+    def __enter__(self) -> BulkWriter:
+        return self
+
+    def __exit__(self, error_type: type[BaseException] | None, *_: object) -> None:
+        if error_type is None:
+            self.close()
+            return
+        # Replies still owed would be read from a connection in an unknown state: drop it.
+        self._connection.disconnect()  # type: ignore[no-untyped-call]
+        self._client.connection_pool.release(self._connection)
+
+
+def _bulk_strings(items: pa.Array) -> pa.Array:
+    """Each item as a RESP bulk string, ``$<len>\\r\\n<bytes>\\r\\n``."""
+    binary = pc.cast(items, pa.binary())
+    lengths = pc.cast(pc.cast(pc.binary_length(binary), pa.string()), pa.binary())
+    return pc.binary_join_element_wise(b"$", lengths, b"\r\n", binary, b"\r\n", b"")
+
+
+def _bulk_pairs(keys: pa.Array, values: pa.Array) -> pa.Array:
+    """Each key and its value as two RESP bulk strings, one array element per pair."""
+    return pc.binary_join_element_wise(_bulk_strings(keys), _bulk_strings(values), b"")
+
+
+def match_pattern(prefix: str) -> str:
+    """A SCAN pattern for keys starting with ``prefix`` (its glob characters escaped)."""
+    escaped = "".join(f"\\{ch}" if ch in "*?[]\\" else ch for ch in prefix)
+    return f"{escaped}*"
+
+
+def entity_keys(client: redis.Redis, physical: str) -> Iterator[list[bytes]]:
+    """The map's entity keys (``<physical>:<key>``, bookkeeping keys left out), a page at a time."""
+    prefix = f"{physical}:".encode()
+    reserved = {prefix + name.encode() for name in RESERVED_KEYS}
+    cursor = 0
+    pattern = match_pattern(f"{physical}:")
+    while True:
+        cursor, page = client.scan(cursor=cursor, match=pattern, count=SCAN_COUNT)
+        keys = [k for k in page if isinstance(k, bytes) and k not in reserved]
+        if keys:
+            yield keys
+        if cursor == 0:
+            return
+
+
+def entity_values(client: redis.Redis, physical: str) -> Iterator[tuple[list[bytes], list[Any]]]:
+    """Each page of ``entity_keys`` with its values (``None`` for a key gone in between)."""
+    for keys in entity_keys(client, physical):
+        for start in range(0, len(keys), KEYS_PER_READ):
+            chunk = keys[start : start + KEYS_PER_READ]
+            yield chunk, client.mget(chunk)

@@ -1,0 +1,363 @@
+"""Rebuild a Redis map from its Delta table and changelog, or check that Redis still matches them.
+
+Redis is a projection that can always be rebuilt (``docs/redis-layout.md``):
+the Delta table holds every entity as of the Delta query's last MERGE, and the
+map's changelog topic holds every change after it. The state Redis should
+hold is the table with that tail on top (:class:`ExpectedState`);
+``rehydrate`` writes it, ``verify`` compares Redis with it. Both run while the
+map is held still (``MapControl.held``), so nothing moves under them.
+
+The watermark comes from the fold query's checkpoint: its last committed batch
+is the last one whose Redis and changelog writes both returned, so the
+rehydrated entities are at least as new as the watermark says, as after any
+batch the pipeline writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import redis
+
+from materializer.config import AppConfig
+from materializer.errors import MaterializerError
+from materializer.layout import Watermark, meta_key, physical_name
+from materializer.ops.changelog_tail import Tail, read_tail
+from materializer.ops.checkpoint_files import CheckpointFiles
+from materializer.ops.control import MapControl
+from materializer.ops.entity_json import encode_columns
+from materializer.ops.redis_bulk import BulkWriter, entity_keys, entity_values
+from materializer.paths import checkpoint_path, table_path
+from materializer.pipeline.columns import TABLE_KEY
+
+BATCH_ROWS = 16_384
+"""Table rows encoded at a time: enough to amortize each Arrow kernel call over many rows."""
+
+Progress = Callable[[int], None]
+"""Told how many source rows (table rows, then tail entities) were just handled."""
+
+
+class TableError(MaterializerError):
+    """The map's Delta table could not be read."""
+
+
+def fold_watermark(config: AppConfig, physical: str) -> Watermark | None:
+    """The watermark the fold's last committed batch wrote, as ``RedisSink`` wrote it.
+
+    The time is when Spark planned the batch (the sink's own clock is gone);
+    no committed batch means no watermark.
+    """
+    files = CheckpointFiles(checkpoint_path(config, physical, "fold"))
+    if not files.exists():
+        return None
+    batch = files.last_committed()
+    if batch is None:
+        return None
+    return Watermark(
+        batch_id=batch,
+        offsets=files.end_offsets(batch),
+        updated_at_ms=files.batch_timestamp_ms(batch),
+        # The pipeline's Projector.app_id: the query id, then the physical map name.
+        app_id=f"{files.query_id()}:{physical}",
+    )
+
+
+def delta_offsets(config: AppConfig, physical: str, topic: str) -> dict[int, int] | None:
+    """Where the Delta query stands in the changelog: its last committed batch's end offsets.
+
+    ``None`` when it never committed a batch: the whole changelog is the tail.
+    """
+    files = CheckpointFiles(checkpoint_path(config, physical, "delta"))
+    if not files.exists():
+        return None
+    batch = files.last_committed()
+    if batch is None:
+        return None
+    return files.end_offsets(batch).get(topic, {})
+
+
+@dataclass
+class EntityBatch:
+    """Entity keys (string) and their JSON (binary), and how many source rows they came from."""
+
+    keys: pa.Array
+    values: pa.Array
+    source_rows: int
+
+
+@dataclass
+class ExpectedState:
+    """What a map's Redis copy should hold: the Delta table with the changelog tail on top."""
+
+    map_name: str
+    generation: int
+    table_uri: str
+    table_version: int | None
+    table_rows: int
+    tail: Tail
+    _dataset: Any = field(default=None, repr=False)
+
+    @property
+    def physical(self) -> str:
+        """Where this generation's data lives."""
+        return physical_name(self.map_name, self.generation)
+
+    @property
+    def source_rows(self) -> int:
+        """Rows ``batches`` goes through: for progress bars."""
+        return self.table_rows + self.tail.upserts
+
+    @classmethod
+    def open(cls, config: AppConfig, map_name: str, generation: int) -> ExpectedState:
+        """Pin the table's latest version and read the changelog tail after it.
+
+        The Delta checkpoint is read first and the log ends last: the table is
+        at least as new as that checkpoint (a MERGE commits before its batch
+        does), and every change after the checkpoint is in the tail, so the
+        later record wins even where the table already has it.
+        """
+        # Imported here: the pipeline's module pulls in pyspark, which only this name needs.
+        from materializer.pipeline.job import changelog_topic
+
+        physical = physical_name(map_name, generation)
+        topic = changelog_topic(config, map_name, generation)
+        start = delta_offsets(config, physical, topic)
+        uri = table_path(config, physical)
+        version, rows, dataset = _open_table(uri)
+        tail = read_tail(config.kafka, topic, start)
+        return cls(map_name, generation, uri, version, rows, tail, dataset)
+
+    def batches(self) -> Iterator[EntityBatch]:
+        """Every entity exactly once: table rows the tail does not override, then the tail's.
+
+        Keys the tail deletes are in neither, so the pairs are the final state
+        and a writer never has to undo one.
+        """
+        changes = self.tail.changes
+        overridden = pa.array(list(changes), pa.string()) if changes else None
+        if self._dataset is not None:
+            for batch in self._dataset.to_batches(batch_size=BATCH_ROWS):
+                if batch.num_rows == 0:
+                    continue
+                keys, values = encode_columns(batch, TABLE_KEY)
+                if overridden is not None:
+                    keep = pc.invert(pc.is_in(keys, value_set=overridden))
+                    keys, values = pc.filter(keys, keep), pc.filter(values, keep)
+                yield EntityBatch(keys, values, batch.num_rows)
+        live = [(k, v) for k, v in changes.items() if v is not None]
+        for start in range(0, len(live), BATCH_ROWS):
+            chunk = live[start : start + BATCH_ROWS]
+            yield EntityBatch(
+                pa.array([k for k, _ in chunk], pa.string()),
+                pa.array([v for _, v in chunk], pa.binary()),
+                len(chunk),
+            )
+
+
+def _open_table(uri: str) -> tuple[int | None, int, Any]:
+    """(version, rows by the log's statistics, dataset); a table not created yet is empty."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import DeltaError, TableNotFoundError
+
+    try:
+        table = DeltaTable(uri)
+        actions = pa.table(table.get_add_actions(flatten=True))
+        counts = actions.column("num_records") if "num_records" in actions.column_names else None
+        rows = int(pc.sum(counts).as_py() or 0) if counts is not None else 0
+        return table.version(), rows, table.to_pyarrow_dataset()
+    except TableNotFoundError:
+        return None, 0, None
+    except (DeltaError, OSError) as exc:
+        raise TableError(f"Delta table {uri}: {exc}") from None
+
+
+def _prefixed(physical: str, keys: pa.Array) -> pa.Array:
+    """``<physical>:<key>`` of each entity key, as binary."""
+    return pc.binary_join_element_wise(f"{physical}:".encode(), pc.cast(keys, pa.binary()), b"")
+
+
+@dataclass
+class RehydrateReport:
+    """What ``rehydrate`` did."""
+
+    map_name: str
+    generation: int
+    physical: str
+    paused: bool
+    table_version: int | None
+    table_rows: int
+    tail: Tail
+    written: int
+    removed: int
+    watermark: Watermark | None
+    seconds: float
+
+
+def rehydrate(
+    config: AppConfig,
+    map_name: str,
+    client: redis.Redis,
+    *,
+    generation: int | None = None,
+    on_start: Callable[[ExpectedState], None] | None = None,
+    on_progress: Progress | None = None,
+) -> RehydrateReport:
+    """Make Redis hold exactly the map's expected state, then its fold watermark.
+
+    Entities go first and the watermark last, the pipeline's own write order,
+    so a lookup during the load never sees a watermark ahead of its entity.
+    Keys Redis holds that the expected state does not (stale, or deleted in the
+    tail) are removed after the load.
+    """
+    config.map(map_name)
+    control = MapControl(client, map_name)
+    gen = control.generation() if generation is None else generation
+    physical = physical_name(map_name, gen)
+    started = time.monotonic()
+    with control.held() as paused:
+        existing: set[bytes] = set()
+        for page in entity_keys(client, physical):
+            existing.update(page)
+        state = ExpectedState.open(config, map_name, gen)
+        if on_start is not None:
+            on_start(state)
+        with BulkWriter(client) as writer:
+            for batch in state.batches():
+                keys = _prefixed(physical, batch.keys)
+                writer.mset(keys, batch.values)
+                if existing:
+                    existing.difference_update(keys.to_pylist())
+                if on_progress is not None:
+                    on_progress(batch.source_rows)
+            removed = writer.delete(sorted(existing))
+        watermark = fold_watermark(config, physical)
+        with client.pipeline(transaction=True) as pipe:
+            pipe.delete(meta_key(physical))
+            if watermark is not None:
+                pipe.hset(meta_key(physical), mapping=dict(watermark.to_hash()))  # type: ignore[arg-type]
+            pipe.execute()
+    return RehydrateReport(
+        map_name=map_name,
+        generation=gen,
+        physical=physical,
+        paused=paused,
+        table_version=state.table_version,
+        table_rows=state.table_rows,
+        tail=state.tail,
+        written=writer.written,
+        removed=removed,
+        watermark=watermark,
+        seconds=time.monotonic() - started,
+    )
+
+
+def value_digest(value: bytes) -> bytes:
+    """A short hash of an entity's bytes: maps of key to digest compare a million entities
+    without holding their JSON twice."""
+    return hashlib.blake2b(value, digest_size=16).digest()
+
+
+@dataclass
+class Differences:
+    """Keys of one kind of difference: the first few, and how many in all."""
+
+    count: int = 0
+    first: list[str] = field(default_factory=list)
+
+
+@dataclass
+class VerifyReport:
+    """Redis against the expected state: counts, differing keys, and the watermarks."""
+
+    map_name: str
+    generation: int
+    physical: str
+    paused: bool
+    table_version: int | None
+    table_rows: int
+    tail: Tail
+    expected: int
+    actual: int
+    missing: Differences
+    extra: Differences
+    different: Differences
+    expected_watermark: Watermark | None
+    actual_watermark: Watermark | None
+
+    @property
+    def watermark_matches(self) -> bool:
+        """Batch, offsets and writer agree (the time is the writer's clock, never compared)."""
+        return _watermark_identity(self.expected_watermark) == _watermark_identity(
+            self.actual_watermark
+        )
+
+    @property
+    def identical(self) -> bool:
+        """Every entity and the watermark as expected."""
+        return (
+            not (self.missing.count or self.extra.count or self.different.count)
+            and self.watermark_matches
+        )
+
+
+def _watermark_identity(
+    mark: Watermark | None,
+) -> tuple[int, dict[str, dict[int, int]], str] | None:
+    return None if mark is None else (mark.batch_id, mark.offsets, mark.app_id)
+
+
+def verify(
+    config: AppConfig,
+    map_name: str,
+    client: redis.Redis,
+    *,
+    generation: int | None = None,
+    show: int = 10,
+) -> VerifyReport:
+    """Compare the map's Redis copy with its expected state, key by key, under the same hold."""
+    config.map(map_name)
+    control = MapControl(client, map_name)
+    gen = control.generation() if generation is None else generation
+    physical = physical_name(map_name, gen)
+    with control.held() as paused:
+        state = ExpectedState.open(config, map_name, gen)
+        expected: dict[str, bytes] = {}
+        for batch in state.batches():
+            for key, value in zip(batch.keys.to_pylist(), batch.values.to_pylist(), strict=True):
+                expected[key] = value_digest(value)
+        prefix = len(physical) + 1
+        actual: dict[str, bytes] = {}
+        for keys, values in entity_values(client, physical):
+            for key, value in zip(keys, values, strict=True):
+                if value is not None:
+                    actual[key[prefix:].decode()] = value_digest(value)
+        actual_watermark = control.watermark(gen)
+        expected_watermark = fold_watermark(config, physical)
+    return VerifyReport(
+        map_name=map_name,
+        generation=gen,
+        physical=physical,
+        paused=paused,
+        table_version=state.table_version,
+        table_rows=state.table_rows,
+        tail=state.tail,
+        expected=len(expected),
+        actual=len(actual),
+        missing=_first(expected.keys() - actual.keys(), show),
+        extra=_first(actual.keys() - expected.keys(), show),
+        different=_first(
+            {k for k in expected.keys() & actual.keys() if expected[k] != actual[k]}, show
+        ),
+        expected_watermark=expected_watermark,
+        actual_watermark=actual_watermark,
+    )
+
+
+def _first(keys: set[str], show: int) -> Differences:
+    return Differences(len(keys), sorted(keys)[:show])
