@@ -5,29 +5,24 @@ from __future__ import annotations
 import logging
 import signal
 import threading
-from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
-from materializer.config import AppConfig, config_problems, load_config
+from materializer.commands import maps, offsets, rebuild, rehydrate
+from materializer.commands.common import ConfigOption, err, load
+from materializer.config import config_problems
 from materializer.errors import ConfigError, MaterializerError
 
 app = typer.Typer(help="Fold Kafka topics into Delta tables and Redis maps.", no_args_is_help=True)
-err = Console(stderr=True)
+_load = load
 
-ConfigOption = Annotated[
-    Path, typer.Option("--config", "-c", help="The YAML file that declares the maps.")
-]
-
-
-def _load(path: Path) -> AppConfig:
-    try:
-        return load_config(path)
-    except MaterializerError as exc:
-        err.print(f"[red]{exc}[/red]", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
+for command in (maps.status, maps.pause, maps.resume, maps.restart):
+    app.command()(command)
+app.command("reset-offsets")(offsets.reset_offsets)
+app.command()(rebuild.rebuild)
+app.command()(rehydrate.rehydrate)
+app.command()(rehydrate.verify)
 
 
 @app.command()
@@ -49,6 +44,15 @@ def run(
     map_names: Annotated[
         list[str] | None, typer.Option("--map", "-m", help="Run only these maps.")
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            help="Serve Prometheus /metrics on this port instead of metrics.port (0: off).",
+        ),
+    ] = None,
 ) -> None:
     """Run the streaming jobs of every map (or the named ones) until SIGTERM or Ctrl-C."""
     from materializer.pipeline.runner import run_maps
@@ -57,6 +61,10 @@ def run(
     # py4j logs every callback from the JVM (each batch's foreachBatch) at INFO.
     logging.getLogger("py4j").setLevel(logging.WARNING)
     cfg = _load(config)
+    if metrics_port is not None:
+        cfg = cfg.model_copy(
+            update={"metrics": cfg.metrics.model_copy(update={"port": metrics_port})}
+        )
     names = map_names or sorted(cfg.maps)
     try:
         for name in names:
@@ -79,3 +87,58 @@ def run(
     if failed:
         err.print(f"[red]failed maps: {', '.join(failed)}[/red]", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
+
+
+@app.command()
+def demo(
+    duration: Annotated[
+        float,
+        typer.Option(
+            min=0, help="Seconds of producing, then serve until Ctrl-C; 0: produce until Ctrl-C."
+        ),
+    ] = 0,
+    rate: Annotated[float, typer.Option(min=1, help="Events per second, both topics.")] = 200,
+    seed: Annotated[int, typer.Option(help="The generator's seed: same seed, same users.")] = 1,
+    port: Annotated[
+        int, typer.Option(min=1, max=65535, help="Query service port; another if it is taken.")
+    ] = 50051,
+    redis_url: Annotated[
+        str | None,
+        typer.Option(
+            envvar="REDIS_URL",
+            help="Use this Redis (its users and user_orders maps are cleared) "
+            "instead of starting redis-server.",
+        ),
+    ] = None,
+    workdir: Annotated[
+        str | None,
+        typer.Option(help="Keep config, logs and Delta tables here, not in a temp dir."),
+    ] = None,
+    exit_after_duration: Annotated[
+        bool,
+        typer.Option(
+            "--exit-after-duration",
+            help="With --duration: exit once every event is folded, instead of serving on.",
+        ),
+    ] = False,
+) -> None:
+    """Start Kafka, Redis, the pipeline and the query service on a sample stream, and watch it."""
+    from pathlib import Path
+
+    from materializer.demo import DemoOptions, run_demo
+
+    if exit_after_duration and not duration:
+        err.print("--exit-after-duration needs --duration", highlight=False)
+        raise typer.Exit(2)
+    options = DemoOptions(
+        duration=duration,
+        rate=rate,
+        seed=seed,
+        port=port,
+        redis_url=redis_url,
+        workdir=Path(workdir) if workdir else None,
+        exit_after_duration=exit_after_duration,
+    )
+    code = run_demo(options)
+    if code:
+        raise typer.Exit(code)
