@@ -15,20 +15,12 @@ from materializer.config import config_problems
 from materializer.errors import ConfigError, MaterializerError
 
 app = typer.Typer(help="Fold Kafka topics into Delta tables and Redis maps.", no_args_is_help=True)
-_load = load
-
-for command in (maps.status, maps.pause, maps.resume, maps.restart):
-    app.command()(command)
-app.command("reset-offsets")(offsets.reset_offsets)
-app.command()(rebuild.rebuild)
-app.command()(rehydrate.rehydrate)
-app.command()(rehydrate.verify)
 
 
 @app.command()
 def validate(config: ConfigOption) -> None:
     """Check a configuration file; every problem is printed with its key path."""
-    cfg = _load(config)
+    cfg = load(config)
     problems = config_problems(cfg)
     if problems:
         err.print(
@@ -60,7 +52,7 @@ def run(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # py4j logs every callback from the JVM (each batch's foreachBatch) at INFO.
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    cfg = _load(config)
+    cfg = load(config)
     if metrics_port is not None:
         cfg = cfg.model_copy(
             update={"metrics": cfg.metrics.model_copy(update={"port": metrics_port})}
@@ -142,3 +134,12 @@ def demo(
     code = run_demo(options)
     if code:
         raise typer.Exit(code)
+
+
+# Operating maps, in the order an operator meets them.
+for command in (maps.status, maps.pause, maps.resume, maps.restart):
+    app.command()(command)
+app.command("reset-offsets")(offsets.reset_offsets)
+app.command()(rehydrate.rehydrate)
+app.command()(rehydrate.verify)
+app.command()(rebuild.rebuild)

@@ -115,6 +115,14 @@ def verify(
     map_name: MapArgument,
     generation: GenerationOption = None,
     show: Annotated[int, typer.Option(min=0, help="Keys listed per kind of difference.")] = 10,
+    replay: Annotated[
+        bool,
+        typer.Option(
+            "--replay",
+            help="Also fold the topics again from the earliest offsets, up to Redis's "
+            "watermark, in a throwaway copy (Spark), and compare Redis with that.",
+        ),
+    ] = False,
 ) -> None:
     """Compare a map's Redis copy with its Delta table and changelog tail, key by key.
 
@@ -123,11 +131,31 @@ def verify(
     """
     cfg = load(config)
     client = redis_client(cfg)
+    spark = None
     try:
         with exits_on_errors(), err.status(f"comparing {map_name}"):
-            report = ops.verify(cfg, map_name, client, generation=generation, show=show)
+            replayer = None
+            if replay:
+                from pyspark.sql import SparkSession
+
+                from materializer.ops.replay import replay_digests
+                from materializer.spark.session import build_spark_session
+
+                # A session the process already had (an embedding application) stays up.
+                own = SparkSession.getActiveSession() is None
+                session = build_spark_session(cfg.spark, app_name=f"materializer-verify-{map_name}")
+                spark = session if own else None
+
+                def replayer(until: dict[str, dict[int, int]]) -> dict[str, bytes]:
+                    return replay_digests(session, cfg, map_name, until, client)
+
+            report = ops.verify(
+                cfg, map_name, client, generation=generation, show=show, replay=replayer
+            )
     finally:
         client.close()
+        if spark is not None:
+            spark.stop()
     summary = Table(title=f"verify {report.physical}", title_justify="left")
     summary.add_column("")
     summary.add_column("expected (Delta + changelog)", justify="right")
@@ -146,18 +174,26 @@ def verify(
         highlight=False,
         soft_wrap=True,
     )
-    for label, found in (
-        ("missing in Redis", report.missing),
-        ("extra in Redis", report.extra),
-        ("different value", report.different),
-    ):
-        if found.count:
-            more = f" (first {len(found.first)})" if found.count > len(found.first) else ""
-            out.print(f"[red]{label}: {found.count}[/red]{more}", highlight=False)
-            for key in found.first:
-                out.print(f"  {key}", highlight=False, markup=False)
+    _print_differences(report.stores, "")
+    if report.replayed is not None:
+        _print_differences(report.replayed, " (against the replayed fold)")
+        if report.replayed.identical:
+            out.print("the fold replayed from Kafka agrees with Redis", highlight=False)
     if not report.watermark_matches:
         out.print("[red]watermark differs from the fold checkpoint's last batch[/red]")
     if not report.identical:
         raise typer.Exit(1)
     out.print(f"[green]identical[/green]: {report.expected} entities and the watermark")
+
+
+def _print_differences(found: ops.Comparison, against: str) -> None:
+    for label, keys in (
+        ("missing in Redis", found.missing),
+        ("extra in Redis", found.extra),
+        ("different value", found.different),
+    ):
+        if keys.count:
+            more = f" (first {len(keys.first)})" if keys.count > len(keys.first) else ""
+            out.print(f"[red]{label}{against}: {keys.count}[/red]{more}", highlight=False)
+            for key in keys.first:
+                out.print(f"  {key}", highlight=False, markup=False)

@@ -171,7 +171,7 @@ def rebuild(
             offsets_group=None,
         )
         try:
-            _catch_up(control, new, target, report, queries)
+            catch_up(control, new, target, report, queries)
             report(Progress("switching", _offsets_sum(target), _offsets_sum(target)))
             with control.held():
                 # The live copy is still now: once the new one holds at least as much,
@@ -179,7 +179,7 @@ def rebuild(
                 # instead would never end while producers keep producing.
                 live = control.watermark(old)
                 target = live.offsets if live else {}
-                _catch_up(control, new, target, report, queries, "switching")
+                catch_up(control, new, target, report, queries, "switching")
                 queries.stop_after_batch()
                 client.set(generation_key(map_name), str(new))
             log.info("map %s: readers moved to generation %d", map_name, new)
@@ -194,7 +194,7 @@ def rebuild(
         client.close()
 
 
-def _catch_up(
+def catch_up(
     control: MapControl,
     generation: int,
     target: dict[str, dict[int, int]],

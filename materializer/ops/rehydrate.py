@@ -272,6 +272,20 @@ class Differences:
 
 
 @dataclass
+class Comparison:
+    """What one copy of a map holds that another does not, or holds otherwise."""
+
+    missing: Differences
+    extra: Differences
+    different: Differences
+
+    @property
+    def identical(self) -> bool:
+        """No difference of any kind."""
+        return not (self.missing.count or self.extra.count or self.different.count)
+
+
+@dataclass
 class VerifyReport:
     """Redis against the expected state: counts, differing keys, and the watermarks."""
 
@@ -284,11 +298,12 @@ class VerifyReport:
     tail: Tail
     expected: int
     actual: int
-    missing: Differences
-    extra: Differences
-    different: Differences
+    stores: Comparison
+    """Redis against the Delta table and changelog tail."""
     expected_watermark: Watermark | None
     actual_watermark: Watermark | None
+    replayed: Comparison | None = None
+    """A fold replayed from Kafka up to Redis's watermark against Redis (``--replay``)."""
 
     @property
     def watermark_matches(self) -> bool:
@@ -301,8 +316,9 @@ class VerifyReport:
     def identical(self) -> bool:
         """Every entity and the watermark as expected."""
         return (
-            not (self.missing.count or self.extra.count or self.different.count)
+            self.stores.identical
             and self.watermark_matches
+            and (self.replayed is None or self.replayed.identical)
         )
 
 
@@ -319,8 +335,13 @@ def verify(
     *,
     generation: int | None = None,
     show: int = 10,
+    replay: Callable[[dict[str, dict[int, int]]], dict[str, bytes]] | None = None,
 ) -> VerifyReport:
-    """Compare the map's Redis copy with its expected state, key by key, under the same hold."""
+    """Compare the map's Redis copy with its expected state, key by key, under the same hold.
+
+    ``replay`` folds the map's topics again up to the given offsets and returns
+    the digests it found (``ops.replay``); Redis is compared with that too.
+    """
     config.map(map_name)
     control = MapControl(client, map_name)
     gen = control.generation() if generation is None else generation
@@ -331,14 +352,14 @@ def verify(
         for batch in state.batches():
             for key, value in zip(batch.keys.to_pylist(), batch.values.to_pylist(), strict=True):
                 expected[key] = value_digest(value)
-        prefix = len(physical) + 1
-        actual: dict[str, bytes] = {}
-        for keys, values in entity_values(client, physical):
-            for key, value in zip(keys, values, strict=True):
-                if value is not None:
-                    actual[key[prefix:].decode()] = value_digest(value)
+        actual = redis_digests(client, physical)
         actual_watermark = control.watermark(gen)
         expected_watermark = fold_watermark(config, physical)
+    # Redis was read at its watermark; the replay stops at the same offsets, so the
+    # map need not stay still while it runs.
+    replayed = None
+    if replay is not None and actual_watermark is not None:
+        replayed = compare(replay(actual_watermark.offsets), actual, show)
     return VerifyReport(
         map_name=map_name,
         generation=gen,
@@ -349,13 +370,32 @@ def verify(
         tail=state.tail,
         expected=len(expected),
         actual=len(actual),
+        stores=compare(expected, actual, show),
+        expected_watermark=expected_watermark,
+        actual_watermark=actual_watermark,
+        replayed=replayed,
+    )
+
+
+def redis_digests(client: redis.Redis, physical: str) -> dict[str, bytes]:
+    """Key to value digest of every entity of one copy of a map in Redis."""
+    prefix = len(physical) + 1
+    digests: dict[str, bytes] = {}
+    for keys, values in entity_values(client, physical):
+        for key, value in zip(keys, values, strict=True):
+            if value is not None:
+                digests[key[prefix:].decode()] = value_digest(value)
+    return digests
+
+
+def compare(expected: dict[str, bytes], actual: dict[str, bytes], show: int) -> Comparison:
+    """Keys missing from ``actual``, extra in it, and with another value."""
+    return Comparison(
         missing=_first(expected.keys() - actual.keys(), show),
         extra=_first(actual.keys() - expected.keys(), show),
         different=_first(
             {k for k in expected.keys() & actual.keys() if expected[k] != actual[k]}, show
         ),
-        expected_watermark=expected_watermark,
-        actual_watermark=actual_watermark,
     )
 
 

@@ -52,7 +52,7 @@ from materializer.sinks.group_offsets import GroupOffsetsSink
 from materializer.sinks.redis import RedisSink
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.types import StructType
 
@@ -176,12 +176,39 @@ class MapQueries:
             query.stop()
 
 
-def records(spark: SparkSession, config: AppConfig, map_name: str) -> DataFrame:
-    """The map's records decoded and keyed, errors marked but not yet removed."""
+def records(
+    spark: SparkSession,
+    config: AppConfig,
+    map_name: str,
+    until: dict[str, dict[int, int]] | None = None,
+) -> DataFrame:
+    """The map's records decoded and keyed, errors marked but not yet removed.
+
+    With ``until`` (next offsets per topic and partition), only the records
+    before it: a replay that must end exactly where another copy stands.
+    """
     map_config = config.map(map_name)
+    source = read_source(spark, config, map_config)
+    if until is not None:
+        source = source.where(before_offsets(until))
     with map_key_paths(map_name):
-        decoded = decode(read_source(spark, config, map_config), map_config)
+        decoded = decode(source, map_config)
         return assign_keys(apply_transforms(decoded, map_config.transforms), map_config)
+
+
+def before_offsets(until: dict[str, dict[int, int]]) -> Column:
+    """Records whose offset is below ``until`` for their partition; other partitions: none."""
+    from pyspark.sql import functions as F
+
+    condition = F.lit(False)
+    for topic, partitions in until.items():
+        for partition, offset in partitions.items():
+            condition = condition | (
+                (F.col(c.TOPIC) == topic)
+                & (F.col(c.PARTITION) == partition)
+                & (F.col(c.OFFSET) < offset)
+            )
+    return condition
 
 
 @contextmanager
@@ -203,6 +230,7 @@ def start_map(
     side_queries: bool = True,
     metrics: BatchMetrics | None = None,
     offsets_group: str | None = MAP_GROUP,
+    until: dict[str, dict[int, int]] | None = None,
 ) -> MapQueries:
     """Start the fold query of one map and its side queries.
 
@@ -215,12 +243,13 @@ def start_map(
     ``offsets_group`` is the consumer group each fold batch's end offsets are
     committed to, for Kafka's tools (``{map}``: the map's name); None commits
     none, for queries whose progress is not the map's (a rebuild's replay).
+    ``until`` folds only the records before those offsets (``records``).
     """
     from pyspark.sql.types import StructType
 
     map_config = config.map(map_name)
     physical = physical_name(map_name, generation)
-    keyed = records(spark, config, map_name)
+    keyed = records(spark, config, map_name, until)
     trigger = {"processingTime": config.spark.trigger_interval}
 
     fold_checkpoint = checkpoint_path(config, physical, "fold")

@@ -121,3 +121,24 @@ def test_an_unknown_map_or_config_is_a_usage_error(folded: FoldedMap, tmp_path: 
     broken.write_text(yaml.safe_dump({"maps": {"x": {"key": "id"}}}))
     result = runner.invoke(app, ["verify", "x", "-c", str(broken)])
     assert result.exit_code == 2
+
+
+def test_replay_from_kafka_agrees_and_sees_a_changed_value(folded: FoldedMap):
+    client = folded.client()
+    name = folded.name
+    code, output = verify(folded, "--replay")
+    assert code == 0, output
+    assert "the fold replayed from Kafka agrees with Redis" in output
+
+    changed = sorted(folded.snapshot)[0]
+    try:
+        client.set(entity_key(name, changed), b'{"id":"changed"}')
+        code, output = verify(folded, "--replay")
+        assert code == 1, output
+        lines = output.splitlines()
+        start = lines.index("different value (against the replayed fold): 1")
+        assert lines[start + 1].strip() == changed
+    finally:
+        client.set(entity_key(name, changed), folded.snapshot[changed])
+    # The replay's throwaway copy is gone.
+    assert list(client.scan_iter(match=f"{name}~*")) == []
