@@ -89,6 +89,8 @@ def _fragments(name: str, values: pa.Array) -> pa.Array:
 
 def _json_text(values: pa.Array) -> pa.Array:
     """Each value's JSON text (string), null where the value is null."""
+    if len(values) == 0:  # numpy's fixed-width layouts cannot shape zero rows
+        return pa.array([], pa.string())
     kind = values.type
     if pa.types.is_string(kind):
         return _strings(values)

@@ -6,18 +6,16 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import grpc
-import orjson
 import pytest
 import redis
 import yaml
-from slice_helpers import SCHEMA, redis_map, slice_config, wait_for, watermark
+from slice_helpers import SCHEMA
 
 from materializer.config import AppConfig, parse_config
 from materializer.layout import (
@@ -30,7 +28,6 @@ from materializer.layout import (
 )
 from materializer.testing import free_port, produce
 from materializer.testing.process import ManagedProcess
-from materializer.testing.reference import fold_latest
 from materializer.v1 import admin_service_pb2 as pb
 from materializer.v1 import admin_service_pb2_grpc as pb_grpc
 from query_service.server import create_server
@@ -140,7 +137,6 @@ def test_status_reports_state_and_lag_against_the_log_end(
 def test_status_of_silent_and_unstarted_maps_and_unreachable_kafka(
     redis_url, redis_client: redis.Redis
 ):
-    from materializer.testing import free_port
 
     cfg = two_maps(f"127.0.0.1:{free_port()}", redis_url, "ta", "tb")
     a, b = sorted(cfg.maps)
@@ -226,102 +222,3 @@ def test_validate_config_gives_the_same_problems_as_the_cli(redis_url, tmp_path:
     assert good.valid and not good.problems
     broken = call(cfg, "ValidateConfig", pb.ValidateConfigRequest(config="a: [1"))
     assert not broken.valid and broken.problems[0].startswith("<file>: not valid YAML")
-
-
-# ---------------------------------------------------------------- a real run obeys
-
-
-def _events(start: int, n: int) -> list[tuple[bytes | None, bytes | None]]:
-    return [
-        (f"u{i % 13}".encode(), orjson.dumps({"id": f"u{i % 13}", "age": i}))
-        for i in range(start, start + n)
-    ]
-
-
-def test_a_running_materializer_obeys_pause_resume_and_restart(
-    kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
-):
-    topic = new_topic(2)
-    doc = slice_config(
-        tmp_path, kafka_bootstrap, redis_url, topic, map_name=f"ctl{uuid.uuid4().hex[:6]}"
-    )
-    name = next(iter(doc["maps"]))
-    config_file = tmp_path / "maps.yaml"
-    config_file.write_text(yaml.safe_dump(doc))
-    cfg = parse_config(doc)
-    produced = _events(0, 40)
-    positions = produce(kafka_bootstrap, topic, produced)
-
-    def state() -> int:
-        return call(cfg, "GetStatus", pb.GetStatusRequest(map=name)).maps[0].state
-
-    def offsets() -> dict[int, int]:
-        mark = watermark(redis_client, name)
-        return mark.offsets.get(topic, {}) if mark else {}
-
-    def ends(pos: list[tuple[int, int]]) -> dict[int, int]:
-        out: dict[int, int] = {}
-        for p, o in pos:
-            out[p] = max(out.get(p, 0), o + 1)
-        return out
-
-    def scrape(port: int) -> str:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-                return str(r.read().decode())
-        except OSError:
-            return ""
-
-    metrics_port = free_port()
-    proc = ManagedProcess(
-        [sys.executable, "-m", "materializer", "run", "-c", str(config_file)]
-        + ["--metrics-port", str(metrics_port)],  # over the config's metrics.port
-        tmp_path / "run.log",
-    )
-    try:
-        wait_for("the first events folded", lambda: offsets() == ends(positions))
-        wait_for("RUNNING reported", lambda: state() == State.RUNNING)
-        # The run serves its metrics: the first batch read the 40 records there were.
-        rows_in = f'materializer_rows_in_total{{map="{name}",query="fold"}} 40.0'
-        wait_for("the first batch on /metrics", lambda: rows_in in scrape(metrics_port))
-
-        call(cfg, "Pause", pb.ControlRequest(map=name))
-        wait_for("PAUSED reported", lambda: state() == State.PAUSED)
-        held = offsets()
-        more = _events(40, 30)
-        positions += produce(kafka_bootstrap, topic, more)
-        produced += more
-        # Paused: the offsets do not move. Checked after the producer's records are in
-        # the log and several supervisor loops have passed (each reports a fresh time).
-        first_report = call(cfg, "GetStatus", pb.GetStatusRequest(map=name)).maps[0]
-        wait_for(
-            "two more reports while paused",
-            lambda: (
-                call(cfg, "GetStatus", pb.GetStatusRequest(map=name))
-                .maps[0]
-                .reported_at.ToMilliseconds()
-                > first_report.reported_at.ToMilliseconds() + 1500
-            ),
-        )
-        assert offsets() == held
-        status = call(cfg, "GetStatus", pb.GetStatusRequest(map=name)).maps[0]
-        assert status.total_lag == len(more)
-
-        call(cfg, "Resume", pb.ControlRequest(map=name))
-        wait_for("the paused events folded", lambda: offsets() == ends(positions))
-        assert state() == State.RUNNING
-
-        call(cfg, "Restart", pb.ControlRequest(map=name))
-        wait_for("the restart logged", lambda: "restart requested" in proc.log())
-        later = _events(70, 10)
-        positions += produce(kafka_bootstrap, topic, later)
-        produced += later
-        wait_for("events after the restart folded", lambda: offsets() == ends(positions))
-        assert state() == State.RUNNING
-    finally:
-        proc.stop()
-
-    events = [(p, o, k, v) for (p, o), (k, v) in zip(positions, produced, strict=True)]
-    assert redis_map(redis_client, name) == fold_latest(events, "id", ["id", "age"])
-    after = call(cfg, "GetStatus", pb.GetStatusRequest(map=name)).maps[0]
-    assert after.state == State.STOPPED

@@ -1,5 +1,6 @@
-"""Operating a real ``materializer run`` from the command line: status, pause, resume, restart,
-and a rebuild that switches readers while they keep calling ``Get``."""
+"""Operating one real ``materializer run`` (each costs a JVM start, so one test walks through
+it all): status, pause and resume from AdminService and the command line, metrics, rehydrate
+under the hold, a rebuild that switches readers while they keep calling ``Get``, restart."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import random
 import sys
 import threading
+import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -18,15 +20,18 @@ import redis
 import yaml
 from confluent_kafka.admin import AdminClient
 from slice_helpers import FIELDS, delta_map_rs, end_offsets, redis_map, slice_config, wait_for
+from test_admin import call
 from typer.testing import CliRunner
 
 from materializer.cli import app
 from materializer.config import AppConfig, parse_config
-from materializer.layout import Watermark, generation_key, meta_key
+from materializer.layout import Watermark, entity_key, generation_key, meta_key
+from materializer.ops.control import MapControl
 from materializer.ops.rebuild import rebuild
-from materializer.testing import produce
+from materializer.testing import free_port, produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_latest
+from materializer.v1 import admin_service_pb2 as admin_pb
 from materializer.v1 import map_service_pb2 as map_pb
 from materializer.v1 import map_service_pb2_grpc as map_grpc
 from query_service.server import create_server
@@ -43,6 +48,14 @@ def _records(start: int, n: int) -> list[tuple[bytes | None, bytes | None]]:
         key = f"u{i % KEYS}"
         out.append((key.encode(), orjson.dumps({"id": key, "name": f"n{i}", "age": i})))
     return out
+
+
+def _scrape(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            return str(r.read().decode())
+    except OSError:
+        return ""
 
 
 def _cli(*args: str) -> Any:
@@ -120,8 +133,11 @@ def test_operate_a_running_map_and_rebuild_it_under_reads(
         events = [(p, o, k, v) for (p, o), (k, v) in zip(positions, records, strict=True)]
         return fold_latest(events, "id", FIELDS)
 
+    metrics_port = free_port()
     proc = ManagedProcess(
-        [sys.executable, "-m", "materializer", "run", "-c", c], tmp_path / "r.log"
+        [sys.executable, "-m", "materializer", "run", "-c", c]
+        + ["--metrics-port", str(metrics_port)],  # over the config's metrics.port
+        tmp_path / "r.log",
     )
     try:
         wait_for("the first events folded", lambda: folded(name))
@@ -130,7 +146,12 @@ def test_operate_a_running_map_and_rebuild_it_under_reads(
         assert status["total_lag"] == 0
         assert status["generation"] == 0
         assert {(p["partition"], p["lag"]) for p in status["partitions"]} == {(0, 0), (1, 0)}
+        # The run serves its metrics: the fold read every record there was.
+        rows_in = f'materializer_rows_in_total{{map="{name}",query="fold"}} 300.0'
+        wait_for("the fold's rows on /metrics", lambda: rows_in in _scrape(metrics_port))
 
+        # Paused through AdminService, seen and resumed from the command line.
+        call(cfg, "Pause", admin_pb.ControlRequest(map=name))
         paused = _cli("pause", name, "-c", c)
         assert paused.exit_code == 0, paused.output
         assert f"{name}: paused" in paused.output
@@ -143,6 +164,15 @@ def test_operate_a_running_map_and_rebuild_it_under_reads(
         resumed = _cli("resume", name, "-c", c)
         assert resumed.exit_code == 0, resumed.output
         wait_for("the paused events folded", lambda: folded(name))
+        assert redis_map(redis_client, name) == expected()
+
+        # Rehydrate under a live run: the map is held still for the load, then resumed.
+        redis_client.delete(entity_key(name, "u1"))
+        redis_client.set(entity_key(name, "zzz"), b"{}")
+        rehydrated = _cli("rehydrate", name, "-c", c)
+        assert rehydrated.exit_code == 0, rehydrated.output
+        assert "paused meanwhile" in rehydrated.output
+        assert MapControl(redis_client, name).request().desired == "running"
         assert redis_map(redis_client, name) == expected()
 
         # Rebuild while a reader keeps calling Get and a producer keeps updating.
@@ -214,6 +244,8 @@ def test_operate_a_running_map_and_rebuild_it_under_reads(
         proc.stop()
 
     assert _status(config_file, name)["state"] == "stopped"
+    stopped = call(cfg, "GetStatus", admin_pb.GetStatusRequest(map=name)).maps[0]
+    assert stopped.state == admin_pb.MapStatus.State.STOPPED
     failed = _cli("status", "nosuchmap", "-c", c)
     assert failed.exit_code == 2
     assert "maps.nosuchmap: no such map" in failed.output

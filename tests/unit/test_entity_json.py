@@ -102,3 +102,28 @@ def test_fields_keep_the_tables_order_and_leave_nulls_out():
         ("k1", b'{"z":1,"m":{"x":1.0}}'),
         ("k2", b'{"a":true}'),
     ]
+
+
+def test_a_table_without_rows_encodes_to_nothing():
+    import datetime as dt
+
+    empty = pa.table(
+        {
+            "_key": pa.array([], pa.string()),
+            "at": pa.array([], pa.timestamp("us", "UTC")),
+            "on": pa.array([], pa.date32()),
+            "score": pa.array([], pa.float64()),
+        }
+    )
+    assert encode_rows(empty, "_key") == []
+    one = pa.table(
+        {
+            "_key": ["k"],
+            "at": pa.array([dt.datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=dt.UTC)]),
+            "on": pa.array([dt.date(2026, 1, 2)]),
+            "score": [1.5],
+        }
+    )
+    assert encode_rows(one, "_key") == [
+        ("k", b'{"at":"2026-01-02T03:04:05.000006Z","on":"2026-01-02","score":1.5}')
+    ]
