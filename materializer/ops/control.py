@@ -71,6 +71,10 @@ class MapControl:
         """The materializer's last report of the map."""
         return MapReport.from_hash(self.client.hgetall(status_key(self.map_name)))
 
+    def _reported(self) -> str:
+        report = self.report()
+        return report.state if report is not None else "not_started"
+
     def state(self) -> str:
         """``not_started``, ``running``, ``paused``, ``failed`` or ``stopped`` (gone silent)."""
         return effective_state(self.report(), now_ms())
@@ -126,7 +130,9 @@ class MapControl:
         try:
             if on_pause is not None:
                 on_pause()
-            self.wait_for(lambda s: s != "running", "paused")
+            # What the run itself wrote, not the age-based state: a run busy finishing a
+            # long batch reports nothing meanwhile and would look stopped while it writes.
+            self.wait_for(lambda _: self._reported() != "running", "paused")
             yield True
         finally:
             self.ask(before)
