@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
@@ -29,6 +28,7 @@ from materializer.layout import (
     physical_name,
     status_key,
 )
+from materializer.ops.control import control_fields
 from materializer.ops.kafka_offsets import admin_client, partition_offsets
 from query_service.stores.redis import redis_where, unavailable_on_connection_errors
 
@@ -81,11 +81,7 @@ class ControlStore:
         self, name: str, *, desired: str | None = None, restart: bool = False
     ) -> None:
         """Ask the materializer to change a map's state (it obeys within one loop)."""
-        fields: dict[str, str] = {}
-        if desired is not None:
-            fields["desired"] = desired
-        if restart:
-            fields["restart_id"] = uuid.uuid4().hex
+        fields = control_fields(desired, restart)
         async with unavailable_on_connection_errors(self._where):
             await self._client.hset(control_key(name), mapping=cast("Any", fields))
 
