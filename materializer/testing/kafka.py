@@ -75,7 +75,10 @@ class KafkaBroker:
                 "transaction.state.log.num.partitions=4",
                 "share.coordinator.state.topic.replication.factor=1",
                 "group.initial.rebalance.delay.ms=0",
-                "auto.create.topics.enable=true",
+                # As production brokers should run: Materializer creates every topic it
+                # writes, and a producer still holding a dropped generation's changelog
+                # topic in its metadata would make an auto-creating broker bring it back.
+                "auto.create.topics.enable=false",
                 "message.max.bytes=16777216",
                 "log.flush.interval.messages=9223372036854775807",
                 "",
