@@ -9,15 +9,16 @@ from dataclasses import dataclass
 import grpc
 
 from materializer.config import AppConfig
+from materializer.joins.plan import JoinPlan
 from materializer.layout import Watermark
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import enrich_service_pb2 as pb
 from materializer.v1 import enrich_service_pb2_grpc as pb_grpc
 from query_service.enrich.batch import Job, run_jobs
 from query_service.enrich.errors import ProfileNotFound
+from query_service.enrich.events import parse_event
 from query_service.enrich.inbox import Inbox
-from query_service.enrich.join import parse_event
-from query_service.enrich.plan import JoinPlan, plan_from_profile, plan_from_spec
+from query_service.enrich.plan import plan_from_profile, plan_from_spec
 from query_service.errors import InvalidArgument, QueryServiceError, ResourceExhausted
 from query_service.freshness import FreshnessGate
 from query_service.services.map_service import watermark_to_proto

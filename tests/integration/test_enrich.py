@@ -30,7 +30,7 @@ from materializer.v1 import common_pb2 as common
 from materializer.v1 import enrich_service_pb2 as pb
 from materializer.v1 import enrich_service_pb2_grpc as pb_grpc
 from query_service.enrich.batch import Job, run_jobs
-from query_service.enrich.join import parse_event
+from query_service.enrich.events import parse_event
 from query_service.enrich.plan import plan_from_spec
 from query_service.enrich.reference import Outcome, reference_join
 from query_service.services.enrich_service import MAX_EVENTS_IN_FLIGHT, READER_TASK

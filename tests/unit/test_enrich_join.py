@@ -11,10 +11,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from materializer.joins.apply import BadKey, apply_round, key_of, round_keys
+from materializer.joins.plan import JoinPlan
 from materializer.v1 import enrich_service_pb2 as pb
+from query_service.enrich.events import parse_event
 from query_service.enrich.inbox import Inbox
-from query_service.enrich.join import BadKey, apply_round, key_of, parse_event, round_keys
-from query_service.enrich.plan import JoinPlan, plan_from_spec
+from query_service.enrich.plan import plan_from_spec
 from query_service.enrich.reference import Outcome, reference_join
 from query_service.errors import InvalidArgument
 

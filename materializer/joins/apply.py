@@ -1,5 +1,8 @@
 """The join's semantics on parsed events, without a store: keys, hits, misses.
 
+Shared by the query service's Enrich and the streaming enrichment jobs, so an
+event joined either way comes out the same.
+
 One round works in three steps: ``round_keys`` takes every lookup's key from
 each live event, the caller reads the entities of all those keys at once, and
 ``apply_round`` applies the lookups to each event in their order. An event
@@ -14,9 +17,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from materializer.joins.plan import LookupStep
 from materializer.layout import RESERVED_KEYS
-from query_service.enrich.plan import LookupStep
-from query_service.errors import InvalidArgument
 
 
 class BadKey(NamedTuple):
@@ -47,17 +49,6 @@ class EventState:
         return b"" if self.doc is None else orjson.dumps(self.doc)
 
 
-def parse_event(raw: bytes, where: str) -> EventState:
-    """A request's event, which must be a UTF-8 JSON object; else ``InvalidArgument``."""
-    try:
-        doc = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidArgument(f"{where}: not a UTF-8 JSON object ({exc})") from None
-    if not isinstance(doc, dict):
-        raise InvalidArgument(f"{where}: must be a JSON object, not {_kind(doc)}")
-    return EventState(doc)
-
-
 def key_of(doc: Mapping[str, Any], path: Sequence[str]) -> KeyOutcome:
     """The key at ``path``: strings as they are, numbers and booleans as their JSON text.
 
@@ -74,7 +65,7 @@ def key_of(doc: Mapping[str, Any], path: Sequence[str]) -> KeyOutcome:
     if isinstance(value, str):
         return None if not value or value in RESERVED_KEYS else value
     if isinstance(value, dict | list):
-        return BadKey(_kind(value))
+        return BadKey(kind(value))
     return orjson.dumps(value).decode()
 
 
@@ -147,13 +138,14 @@ def _entity_value(step: LookupStep, raw: bytes) -> Any:
         return orjson.Fragment(raw)
     entity = orjson.loads(raw)
     if not isinstance(entity, dict):
-        raise ValueError(f"map {step.map!r} holds {_kind(entity)} where an object belongs")
+        raise ValueError(f"map {step.map!r} holds {kind(entity)} where an object belongs")
     if not step.fields:
         return entity
     return {name: entity[name] for name in step.fields if name in entity}
 
 
-def _kind(value: Any) -> str:
+def kind(value: Any) -> str:
+    """How a JSON value is named in messages: "an object", "a number"..."""
     if isinstance(value, dict):
         return "an object"
     if isinstance(value, list):
