@@ -5,6 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 JARS := jvm/lib/.resolved
 PYTEST_ARGS ?=
+# Test files spread over this many workers, each with its own broker, Redis and Spark.
+TEST_WORKERS ?= 2
 
 .DEFAULT_GOAL := help
 
@@ -63,13 +65,14 @@ format: venv ## apply ruff's formatting and fixes
 	$(BIN)/ruff format .
 
 test: setup lint ## set up, lint, and run every test against real services
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 bench: setup ## run the benchmarks (JSON lines on stdout)
 	$(BIN)/python bench/ingest.py
 	$(BIN)/python bench/pipeline.py
 	$(BIN)/python bench/query.py
 	$(BIN)/python bench/rehydrate.py
+	$(BIN)/python bench/enrich.py
 
 clean: ## remove the venv, resolved jars and local data
 	rm -rf $(VENV) jvm/lib warehouse checkpoints tests/interop/node_modules

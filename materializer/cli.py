@@ -34,7 +34,8 @@ def validate(config: ConfigOption) -> None:
 def run(
     config: ConfigOption,
     map_names: Annotated[
-        list[str] | None, typer.Option("--map", "-m", help="Run only these maps.")
+        list[str] | None,
+        typer.Option("--map", "-m", help="Run only these maps and enrichments."),
     ] = None,
     metrics_port: Annotated[
         int | None,
@@ -46,7 +47,7 @@ def run(
         ),
     ] = None,
 ) -> None:
-    """Run the streaming jobs of every map (or the named ones) until SIGTERM or Ctrl-C."""
+    """Run every map and enrichment (or the named ones) until SIGTERM or Ctrl-C."""
     from materializer.pipeline.runner import run_maps
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -57,15 +58,16 @@ def run(
         cfg = cfg.model_copy(
             update={"metrics": cfg.metrics.model_copy(update={"port": metrics_port})}
         )
-    names = map_names or sorted(cfg.maps)
+    names = map_names or [*sorted(cfg.maps), *sorted(cfg.enrichments)]
     try:
         for name in names:
-            cfg.map(name)
+            if name not in cfg.enrichments:
+                cfg.map(name)
     except MaterializerError as exc:
         err.print(f"[red]{exc}[/red]", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     if not names:
-        err.print("no maps declared: nothing to run")
+        err.print("no maps or enrichments declared: nothing to run")
         raise typer.Exit(2)
 
     stop = threading.Event()
@@ -77,7 +79,7 @@ def run(
         err.print(f"[red]{exc}[/red]", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     if failed:
-        err.print(f"[red]failed maps: {', '.join(failed)}[/red]", highlight=False, soft_wrap=True)
+        err.print(f"[red]failed: {', '.join(failed)}[/red]", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
 
 

@@ -8,15 +8,18 @@ from __future__ import annotations
 
 import os
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -29,6 +32,45 @@ _MAP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$")
+_DURATION_UNITS: dict[str, float] = {
+    **dict.fromkeys(("ms", "millisecond", "milliseconds"), 0.001),
+    **dict.fromkeys(("", "s", "sec", "secs", "second", "seconds"), 1.0),
+    **dict.fromkeys(("m", "min", "mins", "minute", "minutes"), 60.0),
+    **dict.fromkeys(("h", "hour", "hours"), 3600.0),
+    **dict.fromkeys(("d", "day", "days"), 86400.0),
+}
+_DURATION_FORM = (
+    'must be a duration such as "30 minutes", "500 ms", "1.5 hours" or a number of seconds '
+    "(units: ms, s, m, h, d, or their words)"
+)
+
+
+def _duration(value: Any) -> Any:
+    """A human duration (``"30 minutes"``) or a number of seconds, as a ``timedelta``."""
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, bool):
+        raise ValueError(_DURATION_FORM)
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (match := _DURATION.match(value.lower())):
+        unit = _DURATION_UNITS.get(match.group(2))
+        if unit is None:
+            raise ValueError(f"unknown unit {match.group(2)!r}: {_DURATION_FORM}")
+        seconds = float(match.group(1)) * unit
+    else:
+        raise ValueError(_DURATION_FORM)
+    try:
+        return timedelta(seconds=seconds)
+    except (OverflowError, ValueError):  # inf, nan, beyond timedelta's 999,999,999 days
+        raise ValueError(_DURATION_FORM) from None
+
+
+Duration = Annotated[timedelta, BeforeValidator(_duration)]
+"""A ``timedelta`` written as ``"30 minutes"``, ``"2 s"``, ``"500 ms"`` or seconds (``90``)."""
 
 
 class KafkaConfig(_Model):
@@ -320,6 +362,39 @@ class ChangesConfig(_Model):
     max_len: Annotated[int, Field(ge=1)] = 100_000
 
 
+class TtlConfig(_Model):
+    """How long an entity nobody updates is kept; Redis and Delta expire independently."""
+
+    redis: Duration | None = None
+    """Each write of a key sets its expiry: a key not written for this long is gone."""
+    delta: Duration | None = None
+    """Rows of the table not updated for this long are deleted by the periodic cleanup."""
+    cleanup_interval: Duration = timedelta(hours=1)
+    """How often the Delta query runs the retention DELETE (and VACUUM) after its MERGE."""
+    vacuum_retention: Duration | None = timedelta(hours=168)
+    """VACUUM keeps data files removed this long ago: the time-travel window; null: no VACUUM."""
+
+    @field_validator("redis", "delta", "cleanup_interval")
+    @classmethod
+    def _positive(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value <= timedelta(0):
+            raise ValueError("must be more than 0")
+        return value
+
+    @field_validator("vacuum_retention")
+    @classmethod
+    def _not_negative(cls, value: timedelta | None) -> timedelta | None:
+        if value is not None and value < timedelta(0):
+            raise ValueError("must be 0 or more")
+        return value
+
+    @model_validator(mode="after")
+    def _something_expires(self) -> TtlConfig:
+        if self.redis is None and self.delta is None:
+            raise ValueError("give redis, delta or both: how long an entity is kept there")
+        return self
+
+
 class MapConfig(_Model):
     """One materialized map: its source, key, fold and error handling."""
 
@@ -335,6 +410,8 @@ class MapConfig(_Model):
     history: bool = False
     """Also append every folded event to ``<root>/<map>__events``."""
     changes: ChangesConfig = ChangesConfig()
+    ttl: TtlConfig | None = None
+    """Expire entities not updated for a while, in Redis and/or the Delta table."""
 
     @model_validator(mode="after")
     def _record_key_used(self) -> MapConfig:
@@ -371,6 +448,81 @@ class EnrichProfileConfig(_Model):
     """A named join that Enrich requests refer to instead of spelling it out."""
 
     lookups: Annotated[list[LookupConfig], Field(min_length=1)]
+
+
+class EnrichmentLookupConfig(LookupConfig):
+    """A lookup of a streaming enrichment: as Enrich's, and a miss may drop or dead-letter."""
+
+    on_miss: Literal["null", "omit", "drop", "dead_letter"] = "null"  # type: ignore[assignment]
+    """``null``: pass the event with the alias null; ``omit``: without it; ``drop``: leave
+    the event out (as ``join: inner``); ``dead_letter``: to the dead-letter topic."""
+
+    @model_validator(mode="after")
+    def _inner_drops(self) -> EnrichmentLookupConfig:
+        if self.join == "inner" and self.on_miss not in ("null", "drop"):
+            raise ValueError(
+                f"on_miss: join inner drops an event whose lookup misses; "
+                f"{self.on_miss} applies to left joins"
+            )
+        return self
+
+
+class EnrichmentOutputConfig(_Model):
+    """Where enriched events go, keyed how, with which delivery guarantee."""
+
+    topic: Annotated[str, Field(min_length=1)]
+    key: Annotated[str, Field(min_length=1)] = KAFKA_KEY
+    """``$kafka_key`` (the input record's key) or a member of the enriched event (a dotted
+    path into nested objects, ``user.id`` say)."""
+    format: Literal["json"] = "json"
+    """Compact UTF-8 JSON, the entities embedded as the maps store them."""
+    guarantee: Literal["at_least_once", "exactly_once"] = "at_least_once"
+    """``exactly_once``: one Kafka transaction per batch with the batch's input offsets;
+    ``read_committed`` consumers see each output once, after the batch commits."""
+    transaction_timeout_ms: Annotated[int, Field(ge=1000, le=900_000)] = 60_000
+    """``exactly_once``: the broker aborts a transaction left open this long (a crashed run)."""
+
+
+class EnrichmentConfig(_Model):
+    """A streaming enrichment: events of a topic joined with maps, written to a topic."""
+
+    source: SourceConfig
+    transforms: list[Transform] = Field(default_factory=list)
+    """Applied before the lookups, e.g. ``compute`` to derive a lookup key."""
+    lookups: Annotated[list[EnrichmentLookupConfig], Field(min_length=1)]
+    lookups_from: Literal["redis", "delta"] = "redis"
+    """``redis``: the live maps, read in batches per Spark partition; ``delta``: a join
+    with each map's Delta table as of each batch, for backfills of a long history."""
+    output: EnrichmentOutputConfig
+    dead_letter: DeadLetterConfig | None = None
+    """Defaults to ``<enrichment>.dlq``: undecodable events and ``on_miss: dead_letter``."""
+
+    @model_validator(mode="after")
+    def _delta_keys_from_event(self) -> EnrichmentConfig:
+        """A table join is planned before any entity is read: keys must be the event's own."""
+        if self.lookups_from == "delta":
+            aliases: set[str] = set()
+            for i, lookup in enumerate(self.lookups):
+                if lookup.key_field.split(".")[0] in aliases:
+                    raise ValueError(
+                        f"lookups.{i}.key_field: with lookups_from delta, keys come from the "
+                        "event itself, not from an earlier lookup's entity"
+                    )
+                aliases.add(lookup.alias or lookup.map)
+        return self
+
+    @model_validator(mode="after")
+    def _transforms_need_schema(self) -> EnrichmentConfig:
+        """Without a schema, events go to the join as the JSON they are, never as columns."""
+        if self.transforms and self.source.format == "json" and self.source.schema_ is None:
+            raise ValueError(
+                "transforms: need source.schema (JSON events without one are joined as they are)"
+            )
+        return self
+
+    def as_map(self) -> MapConfig:
+        """The source and transforms as a map would have them: the decoders take a map."""
+        return MapConfig(source=self.source, key=KAFKA_KEY, transforms=self.transforms)
 
 
 class AuthConfig(_Model):
@@ -432,6 +584,7 @@ class AppConfig(_Model):
     query: QueryConfig = QueryConfig()
     metrics: MetricsConfig = MetricsConfig()
     maps: dict[str, MapConfig] = Field(default_factory=dict)
+    enrichments: dict[str, EnrichmentConfig] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _own_topics(self) -> AppConfig:
@@ -459,30 +612,57 @@ class AppConfig(_Model):
 
     @model_validator(mode="after")
     def _query_maps_declared(self) -> AppConfig:
-        """Names under ``query`` must be declared maps, or a typo would go unnoticed."""
+        """Maps that lookups and near caches name must be declared, or a typo would go
+        unnoticed; enrichments need names and topics of their own."""
         problems = [
             f"query.near_cache.{name}: no such map"
             for name in self.query.near_cache
             if name not in self.maps
         ]
-        for profile, spec in self.query.enrich_profiles.items():
-            for i, lookup in enumerate(spec.lookups):
+        lookups = [
+            (f"query.enrich_profiles.{profile}", spec.lookups)
+            for profile, spec in self.query.enrich_profiles.items()
+        ] + [(f"enrichments.{name}", spec.lookups) for name, spec in self.enrichments.items()]
+        for where, specs in lookups:
+            for i, lookup in enumerate(specs):
                 if lookup.map not in self.maps:
-                    problems.append(
-                        f"query.enrich_profiles.{profile}.lookups.{i}.map: "
-                        f"no such map {lookup.map!r}"
-                    )
+                    problems.append(f"{where}.lookups.{i}.map: no such map {lookup.map!r}")
+        problems += [
+            f"enrichments.{name}: a map has this name (they share checkpoints and metrics)"
+            for name in self.enrichments
+            if name in self.maps
+        ]
+        for name, spec in self.enrichments.items():
+            if spec.output.topic in spec.source.topics:
+                problems.append(
+                    f"enrichments.{name}.output.topic: {spec.output.topic!r} is a source topic"
+                )
         if problems:
             raise ValueError("\n".join(problems))
         return self
 
-    @field_validator("maps")
+    @field_validator("maps", "enrichments")
     @classmethod
-    def _map_names(cls, maps: dict[str, MapConfig]) -> dict[str, MapConfig]:
-        for name in maps:
+    def _map_names(cls, jobs: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        kind = "map" if info.field_name == "maps" else "enrichment"
+        for name in jobs:
             if not _MAP_NAME.match(name):
-                raise ValueError(f"map name {name!r} must match {_MAP_NAME.pattern}")
-        return maps
+                raise ValueError(f"{kind} name {name!r} must match {_MAP_NAME.pattern}")
+        return jobs
+
+    @model_validator(mode="after")
+    def _near_cache_sees_no_expiry(self) -> AppConfig:
+        """A near cache is invalidated by the change stream, which a Redis expiry never enters:
+        it would go on serving the keys ``ttl.redis`` expired."""
+        problems = [
+            f"query.near_cache.{name}: map {name} has ttl.redis, and the near cache would keep "
+            "serving the keys Redis expired"
+            for name, m in self.maps.items()
+            if name in self.query.near_cache and m.ttl is not None and m.ttl.redis is not None
+        ]
+        if problems:
+            raise ValueError("\n".join(problems))
+        return self
 
     def map(self, name: str) -> MapConfig:
         """The named map, or a ConfigError that lists the ones that exist."""

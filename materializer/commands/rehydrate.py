@@ -102,7 +102,8 @@ def rehydrate(
         f"rehydrated {report.physical}: {report.written} entities "
         f"(Delta version {report.table_version}, {report.table_rows} rows; "
         f"{_tail_text(report.tail)}), {report.removed} stale keys removed, "
-        f"watermark {_watermark_text(report.watermark)}; "
+        + (f"{report.expired} past their TTL left out, " if report.expired else "")
+        + f"watermark {_watermark_text(report.watermark)}; "
         f"{report.seconds:.1f} s, {rate:,.0f} entities/s"
         + ("; the map was paused meanwhile and is resumed" if report.paused else ""),
         highlight=False,

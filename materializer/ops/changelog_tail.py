@@ -33,6 +33,7 @@ class Tail:
 
     ``changes`` maps each key to its entity JSON, ``None`` for a delete; a key
     lives in one partition, so the last record read for it is its latest.
+    ``timestamps`` holds that record's Kafka timestamp (epoch ms), when it has one.
     """
 
     topic: str
@@ -40,6 +41,7 @@ class Tail:
     end: dict[int, int] = field(default_factory=dict)
     records: int = 0
     changes: dict[str, bytes | None] = field(default_factory=dict)
+    timestamps: dict[str, int] = field(default_factory=dict)
 
     @property
     def upserts(self) -> int:
@@ -127,7 +129,7 @@ def _consume(consumer: Any, tail: Tail, open_partitions: set[int], kafka_error: 
     """
     waiting = set(open_partitions)
     last_progress = time.monotonic()
-    changes = tail.changes
+    changes, timestamps = tail.changes, tail.timestamps
     while waiting:
         messages = consumer.consume(num_messages=10_000, timeout=POLL_SECONDS)
         if messages:
@@ -151,7 +153,13 @@ def _consume(consumer: Any, tail: Tail, open_partitions: set[int], kafka_error: 
                 continue
             key = message.key()
             if key is not None:
-                changes[key.decode()] = message.value()
+                name = key.decode()
+                changes[name] = message.value()
+                stamp = message.timestamp()[1]
+                if stamp >= 0:
+                    timestamps[name] = stamp
+                else:
+                    timestamps.pop(name, None)
                 tail.records += 1
             if offset >= end - 1:
                 waiting.discard(partition)

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import base64
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import UTC, date, datetime
 from decimal import Decimal
 from typing import Any
@@ -48,18 +48,23 @@ Data = Any
 """A ``pyarrow.Table`` or ``pyarrow.RecordBatch``."""
 
 
-def encode_rows(table: Data, key_column: str) -> list[tuple[str, bytes]]:
-    """``(key, entity JSON)`` per row; the entity holds every column but ``key_column``."""
-    keys, values = encode_columns(table, key_column)
+def encode_rows(
+    table: Data, key_column: str, skip: Collection[str] = ()
+) -> list[tuple[str, bytes]]:
+    """``(key, entity JSON)`` per row; the entity holds every column but ``key_column`` and
+    ``skip`` (the table's own columns, ``columns.table_meta``)."""
+    keys, values = encode_columns(table, key_column, skip)
     return list(zip(keys.to_pylist(), values.to_pylist(), strict=True))
 
 
-def encode_columns(data: Data, key_column: str) -> tuple[pa.Array, pa.Array]:
+def encode_columns(
+    data: Data, key_column: str, skip: Collection[str] = ()
+) -> tuple[pa.Array, pa.Array]:
     """The keys (string) and entity JSON (binary) of every row, as two Arrow arrays."""
     keys = _flat(data.column(key_column))
     if not pa.types.is_string(keys.type):
         keys = pc.cast(keys, pa.string())
-    fields = [f for f in data.schema if f.name != key_column]
+    fields = [f for f in data.schema if f.name != key_column and f.name not in skip]
     if not fields:
         return keys, pa.array([b"{}"] * len(keys), pa.binary())
     fragments = [_fragments(f.name, _flat(data.column(f.name))) for f in fields]

@@ -5,7 +5,9 @@ trips and in the client's command packing. Here the keys and values arrive as
 Arrow arrays and leave as ``MSET`` commands of thousands of pairs whose RESP
 bytes Arrow's kernels assemble, so no Python object is made per entity. A few
 commands stay in flight while the next batch is encoded, so Redis works on one
-core while the encoding runs on the other.
+core while the encoding runs on the other. Entities that expire (a map's
+``ttl.redis``) need their own ``SET .. PX`` each, assembled the same way and
+sent thousands per write.
 """
 
 from __future__ import annotations
@@ -30,13 +32,18 @@ SCAN_COUNT = 5000
 KEYS_PER_READ = 2000
 
 
+_SET_PX = (b"*5\r\n$3\r\nSET\r\n", b"$2\r\nPX\r\n")
+"""The RESP around ``SET <key> <value> PX <ms>``: before the key, and before the expiry."""
+
+
 class BulkWriter:
-    """MSET and DEL on one connection, pipelined; ``close`` waits for every reply."""
+    """MSET, SET .. PX and DEL on one connection, pipelined; ``close`` waits for every reply."""
 
     def __init__(self, client: redis.Redis) -> None:
         self._client = client
         self._connection = client.connection_pool.get_connection()
-        self._pending: deque[str] = deque()
+        self._pending: deque[tuple[str, int]] = deque()
+        """Writes sent and not answered yet: the command and how many replies it owes."""
         self.written = 0
 
     def mset(self, keys: pa.Array, values: pa.Array) -> None:
@@ -45,6 +52,22 @@ class BulkWriter:
             chunk_keys = keys.slice(start, PAIRS_PER_COMMAND)
             chunk_values = values.slice(start, PAIRS_PER_COMMAND)
             self._send(b"MSET", _bulk_pairs(chunk_keys, chunk_values), 2 * len(chunk_keys))
+            self.written += len(chunk_keys)
+
+    def set_expiring(self, keys: pa.Array, values: pa.Array, expiry_ms: pa.Array) -> None:
+        """``SET key value PX ms`` per entity: each key expires its ``expiry_ms`` (int64, > 0)
+        later. MSET sets no expiry, so each entity is a command, sent thousands at a time."""
+        before, px = _SET_PX
+        for start in range(0, len(keys), PAIRS_PER_COMMAND):
+            chunk_keys = keys.slice(start, PAIRS_PER_COMMAND)
+            commands = pc.binary_join_element_wise(
+                before,
+                _bulk_pairs(chunk_keys, values.slice(start, PAIRS_PER_COMMAND)),
+                px,
+                _bulk_strings(pc.cast(expiry_ms.slice(start, PAIRS_PER_COMMAND), pa.string())),
+                b"",
+            )
+            self._send_packed(commands, "SET", len(chunk_keys))
             self.written += len(chunk_keys)
 
     def delete(self, keys: Iterable[bytes]) -> int:
@@ -67,25 +90,31 @@ class BulkWriter:
 
     def _send(self, command: bytes, arguments: pa.Array, count: int) -> None:
         """One command whose arguments are the concatenated RESP bulk strings of ``arguments``."""
-        count_rows = len(arguments)
         header = b"*%d\r\n$%d\r\n%s\r\n" % (count + 1, len(command), command)
-        _, offsets_buffer, body = arguments.buffers()
+        self._send_packed(arguments, command.decode(), 1, header)
+
+    def _send_packed(
+        self, packed: pa.Array, command: str, replies: int, header: bytes = b""
+    ) -> None:
+        """``header`` then the bytes of ``packed`` (binary, no nulls), owing ``replies`` replies."""
+        _, offsets_buffer, body = packed.buffers()
         offsets = np.frombuffer(offsets_buffer, np.int32)
-        first, last = int(offsets[arguments.offset]), int(offsets[arguments.offset + count_rows])
+        first, last = int(offsets[packed.offset]), int(offsets[packed.offset + len(packed)])
         self._connection.send_packed_command(  # type: ignore[no-untyped-call]
             [header, memoryview(body)[first:last]]
         )
-        self._pending.append(command.decode())
+        self._pending.append((command, replies))
         while len(self._pending) > IN_FLIGHT:
             self._reply()
 
     def _reply(self) -> None:
-        command = self._pending.popleft()
-        reply = self._connection.read_response()
-        if isinstance(reply, redis.ResponseError):
-            raise reply
-        if command == "MSET" and reply not in (b"OK", "OK", True):
-            raise redis.ResponseError(f"MSET answered {reply!r}")
+        command, replies = self._pending.popleft()
+        for _ in range(replies):
+            reply = self._connection.read_response()
+            if isinstance(reply, redis.ResponseError):
+                raise reply
+            if command in ("MSET", "SET") and reply not in (b"OK", "OK", True):
+                raise redis.ResponseError(f"{command} answered {reply!r}")
 
     def close(self) -> None:
         """Wait for the replies of every command sent, then give the connection back."""

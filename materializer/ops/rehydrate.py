@@ -11,6 +11,12 @@ The watermark comes from the fold query's checkpoint: its last committed batch
 is the last one whose Redis and changelog writes both returned, so the
 rehydrated entities are at least as new as the watermark says, as after any
 batch the pipeline writes.
+
+A map with ``ttl.redis`` expires keys in Redis: each entity gets what remains of
+its TTL since it was last written (the table's ``_updated_at``, or the tail
+record's Kafka timestamp), and one whose TTL has run out is not expected at all.
+A table without ``_updated_at`` (no ``ttl.delta``) cannot tell: its rows get the
+full TTL, and verify reports the keys Redis already expired as missing.
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ from materializer.ops.control import MapControl
 from materializer.ops.entity_json import encode_columns
 from materializer.ops.redis_bulk import BulkWriter, entity_keys, entity_values
 from materializer.paths import checkpoint_path, table_path
-from materializer.pipeline.columns import TABLE_KEY
+from materializer.pipeline.columns import TABLE_KEY, TABLE_UPDATED_AT, table_meta
+from materializer.sinks.redis import expiry_ms
 
 BATCH_ROWS = 16_384
 """Table rows encoded at a time: enough to amortize each Arrow kernel call over many rows."""
@@ -84,11 +91,17 @@ def delta_offsets(config: AppConfig, physical: str, topic: str) -> dict[int, int
 
 @dataclass
 class EntityBatch:
-    """Entity keys (string) and their JSON (binary), and how many source rows they came from."""
+    """Entity keys (string) and their JSON (binary), and how many source rows they came from.
+
+    ``expiry_ms``: with ``ttl.redis``, the milliseconds each key has left (int64, > 0).
+    """
 
     keys: pa.Array
     values: pa.Array
     source_rows: int
+    expiry_ms: pa.Array | None = None
+    expired: int = 0
+    """Source entities left out because their ``ttl.redis`` has run out."""
 
 
 @dataclass
@@ -102,6 +115,12 @@ class ExpectedState:
     table_rows: int
     tail: Tail
     _dataset: Any = field(default=None, repr=False)
+    meta: tuple[str, ...] = (TABLE_KEY,)
+    """The table's columns that are not entity fields (``columns.table_meta``)."""
+    ttl_ms: int | None = None
+    """The map's ``ttl.redis``."""
+    clock_ms: Callable[[], int] = field(default=lambda: int(time.time() * 1000), repr=False)
+    """Now, in epoch milliseconds: what remains of each TTL is counted from it, per batch."""
 
     @property
     def physical(self) -> str:
@@ -131,13 +150,18 @@ class ExpectedState:
         uri = table_path(config, physical)
         version, rows, dataset = _open_table(uri)
         tail = read_tail(config.kafka, topic, start)
-        return cls(map_name, generation, uri, version, rows, tail, dataset)
+        map_config = config.map(map_name)
+        ttl = expiry_ms(map_config.ttl.redis if map_config.ttl else None)
+        return cls(
+            map_name, generation, uri, version, rows, tail, dataset, table_meta(map_config), ttl
+        )
 
     def batches(self) -> Iterator[EntityBatch]:
         """Every entity exactly once: table rows the tail does not override, then the tail's.
 
         Keys the tail deletes are in neither, so the pairs are the final state
-        and a writer never has to undo one.
+        and a writer never has to undo one. With ``ttl.redis``, keys whose TTL
+        has run out are in neither too.
         """
         changes = self.tail.changes
         overridden = pa.array(list(changes), pa.string()) if changes else None
@@ -145,19 +169,66 @@ class ExpectedState:
             for batch in self._dataset.to_batches(batch_size=BATCH_ROWS):
                 if batch.num_rows == 0:
                     continue
-                keys, values = encode_columns(batch, TABLE_KEY)
+                keys, values = encode_columns(batch, TABLE_KEY, self.meta)
+                keep = None
                 if overridden is not None:
                     keep = pc.invert(pc.is_in(keys, value_set=overridden))
-                    keys, values = pc.filter(keys, keep), pc.filter(values, keep)
-                yield EntityBatch(keys, values, batch.num_rows)
+                written_at = None
+                if TABLE_UPDATED_AT in batch.schema.names:
+                    millis = pa.timestamp("ms", "UTC")
+                    written_at = pc.cast(
+                        pc.cast(batch.column(TABLE_UPDATED_AT), millis, safe=False), pa.int64()
+                    )
+                yield self._entities(keys, values, written_at, keep, batch.num_rows)
         live = [(k, v) for k, v in changes.items() if v is not None]
+        stamps = self.tail.timestamps
         for start in range(0, len(live), BATCH_ROWS):
             chunk = live[start : start + BATCH_ROWS]
-            yield EntityBatch(
+            yield self._entities(
                 pa.array([k for k, _ in chunk], pa.string()),
                 pa.array([v for _, v in chunk], pa.binary()),
+                pa.array([stamps.get(k) for k, _ in chunk], pa.int64()),
+                None,
                 len(chunk),
             )
+
+    def _entities(
+        self,
+        keys: pa.Array,
+        values: pa.Array,
+        written_at: pa.Array | None,
+        keep: pa.Array | None,
+        source_rows: int,
+    ) -> EntityBatch:
+        """The kept entities, with what remains of their TTL (the whole TTL where the time they
+        were written, epoch ms, is unknown); those whose TTL has run out left out."""
+        expiry = None
+        expired = 0
+        if self.ttl_ms is not None:
+            full = pa.scalar(self.ttl_ms, pa.int64())
+            if written_at is None:
+                expiry = pa.array([self.ttl_ms] * len(keys), pa.int64())
+            else:
+                age = pc.subtract(pa.scalar(self.clock_ms(), pa.int64()), written_at)
+                expiry = pc.fill_null(pc.min_element_wise(pc.subtract(full, age), full), full)
+            alive = pc.greater(expiry, 0)
+            candidates = len(keys) if keep is None else _count(keep)
+            keep = alive if keep is None else pc.and_(keep, alive)
+            expired = candidates - _count(keep)
+        if keep is None:
+            return EntityBatch(keys, values, source_rows)
+        return EntityBatch(
+            pc.filter(keys, keep),
+            pc.filter(values, keep),
+            source_rows,
+            None if expiry is None else pc.filter(expiry, keep),
+            expired,
+        )
+
+
+def _count(mask: pa.Array) -> int:
+    """How many rows a boolean mask keeps."""
+    return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
 
 
 def _open_table(uri: str) -> tuple[int | None, int, Any]:
@@ -197,6 +268,8 @@ class RehydrateReport:
     removed: int
     watermark: Watermark | None
     seconds: float
+    expired: int = 0
+    """Entities not written because their ``ttl.redis`` had run out."""
 
 
 def rehydrate(
@@ -227,10 +300,15 @@ def rehydrate(
         state = ExpectedState.open(config, map_name, gen)
         if on_start is not None:
             on_start(state)
+        expired = 0
         with BulkWriter(client) as writer:
             for batch in state.batches():
                 keys = _prefixed(physical, batch.keys)
-                writer.mset(keys, batch.values)
+                if batch.expiry_ms is None:
+                    writer.mset(keys, batch.values)
+                else:
+                    writer.set_expiring(keys, batch.values, batch.expiry_ms)
+                expired += batch.expired
                 if existing:
                     existing.difference_update(keys.to_pylist())
                 if on_progress is not None:
@@ -254,6 +332,7 @@ def rehydrate(
         removed=removed,
         watermark=watermark,
         seconds=time.monotonic() - started,
+        expired=expired,
     )
 
 

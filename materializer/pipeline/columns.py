@@ -6,6 +6,13 @@ starts with ``__``. The fold's output (one row per key per batch) carries
 ``KEY``, ``DELETED`` and ``ENTITY`` (a struct of the entity's fields).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from materializer.config import MapConfig
+
 PREFIX = "__"
 
 # Spark's kafka source columns, renamed on read.
@@ -38,6 +45,15 @@ ERROR_MESSAGE = "__error_message"
 
 TABLE_KEY = "_key"
 """The key column of a map's Delta table."""
+TABLE_UPDATED_AT = "_updated_at"
+"""When a table row last changed (its changelog record's Kafka timestamp, UTC). Only tables of
+maps with ``ttl.delta`` have it: the retention cleanup deletes rows by it. Not an entity field."""
+
+
+def table_meta(map_config: MapConfig) -> tuple[str, ...]:
+    """The columns of a map's table that are not entity fields, which readers leave out."""
+    ttl = map_config.ttl
+    return (TABLE_KEY, TABLE_UPDATED_AT) if ttl and ttl.delta else (TABLE_KEY,)
 
 
 def is_internal(name: str) -> bool:

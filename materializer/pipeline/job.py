@@ -49,7 +49,8 @@ from materializer.sinks.base import Batch, Sink
 from materializer.sinks.changelog import ChangelogSink
 from materializer.sinks.delta import DeltaSink
 from materializer.sinks.group_offsets import GroupOffsetsSink
-from materializer.sinks.redis import RedisSink
+from materializer.sinks.redis import RedisSink, expiry_ms
+from materializer.sinks.retention import Retention
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -107,6 +108,11 @@ class Projector:
             self._app_id = f"{self.checkpoint.query_id()}:{self.map_name}"
         return self._app_id
 
+    def close(self) -> None:
+        """Release the sinks' clients; the query has stopped."""
+        for sink in self.sinks:
+            sink.close()
+
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
         """Project one batch into every sink, in order."""
         started = time.monotonic()
@@ -145,6 +151,8 @@ class MapQueries:
     name: str
     fold: StreamingQuery
     side: list[StreamingQuery] = field(default_factory=list)
+    projectors: list[Projector] = field(default_factory=list)
+    """Closed once the queries stop, releasing the clients their sinks keep."""
 
     @property
     def queries(self) -> list[StreamingQuery]:
@@ -160,6 +168,11 @@ class MapQueries:
         """Stop the map's queries."""
         for query in self.queries:
             query.stop()
+        self._close()
+
+    def _close(self) -> None:
+        for projector in self.projectors:
+            projector.close()
 
     def stop_after_batch(self, timeout: float = FINISH_BATCH_TIMEOUT) -> None:
         """Stop each query once its batch in flight is done (cut short only after ``timeout``).
@@ -174,6 +187,7 @@ class MapQueries:
             ):
                 time.sleep(0.05)
             query.stop()
+        self._close()
 
 
 def records(
@@ -260,14 +274,20 @@ def start_map(
     # idempotent per batch: a crash between them is repaired by the batch's replay.
     # The consumer group last: it reports what the stores already hold.
     sinks: list[Sink] = [
-        RedisSink(config.redis.url, physical, checkpoint.end_offsets, map_config.changes.max_len),
+        RedisSink(
+            config.redis.url,
+            physical,
+            checkpoint.end_offsets,
+            map_config.changes.max_len,
+            ttl_ms=expiry_ms(map_config.ttl.redis if map_config.ttl else None),
+        ),
         ChangelogSink(changelog, producer_options(config, max_record_bytes)),
     ]
     if offsets_group is not None:
         group = offsets_group.replace("{map}", map_name)
         client = {"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.properties}
         sinks.append(GroupOffsetsSink(group, checkpoint.end_offsets, client))
-    rows_out = _rows_out(batch_log, metrics)
+    rows_out = report_rows_out(batch_log, metrics)
     folding = observe_fold_input(
         fail_on_error(keyed) if map_config.on_error == "fail" else good(keyed)
     )
@@ -276,6 +296,7 @@ def start_map(
     entity = folded.schema[c.ENTITY].dataType
     if not isinstance(entity, StructType):
         raise TypeError(f"the fold's entity must be a struct, got {entity.simpleString()}")
+    projector = Projector(physical, sinks, checkpoint, rows_out)
     fold_query = (
         folded.writeStream.queryName(f"{physical}.fold")
         .outputMode("update")
@@ -283,9 +304,10 @@ def start_map(
         .trigger(**trigger)
         .foreachBatch(
             typed_batches(
-                Projector(physical, sinks, checkpoint, rows_out),
+                projector,
                 table_path(config, physical),
                 is_inferred(map_config),
+                c.table_meta(map_config),
             )
         )
         .start()
@@ -296,10 +318,10 @@ def start_map(
         side.append(_start_dead_letters(config, map_name, bad(keyed), side_trigger))
     if side_queries and map_config.history:
         side.append(_start_history(config, map_name, good(keyed), side_trigger))
-    return MapQueries(name=map_name, fold=fold_query, side=side)
+    return MapQueries(name=map_name, fold=fold_query, side=side, projectors=[projector])
 
 
-def _rows_out(
+def report_rows_out(
     *listeners: BatchLog | BatchMetrics | None,
 ) -> Callable[[str, int, int], None] | None:
     """The projector's one count of a batch's rows out, for the log line and the metrics."""
@@ -326,11 +348,13 @@ def producer_options(config: AppConfig, max_record_bytes: int) -> dict[str, str]
 
 
 def last_per_key(changes: DataFrame) -> DataFrame:
-    """The last change of each key in a batch of changelog records (a key has one partition)."""
+    """The last change of each key in a batch of changelog records (a key has one partition),
+    with its record's ``__timestamp`` if the records carry one."""
     from pyspark.sql import functions as F
 
+    carried = [c.DELETED, c.ENTITY, *([c.TIMESTAMP] if c.TIMESTAMP in changes.columns else [])]
     last = F.max_by(
-        F.struct(F.col(c.DELETED).alias(c.DELETED), F.col(c.ENTITY).alias(c.ENTITY)),
+        F.struct(*[F.col(n).alias(n) for n in carried]),
         F.struct(F.col(c.PARTITION), F.col(c.OFFSET)),
     )
     return changes.groupBy(c.KEY).agg(last.alias("__last")).select(c.KEY, "__last.*")
@@ -348,7 +372,10 @@ def _start_delta(
     from pyspark.sql import functions as F
 
     physical = physical_name(map_name, generation)
-    inferred = is_inferred(config.map(map_name))
+    map_config = config.map(map_name)
+    inferred = is_inferred(map_config)
+    # With ttl.delta each row keeps when the fold wrote its change: its record's Kafka timestamp.
+    ttl = map_config.ttl if map_config.ttl and map_config.ttl.delta else None
     reader = spark.readStream.format("kafka")
     changelog = changelog_topic(config, map_name, generation)
     for key, value in kafka_options(config, [changelog], "earliest").items():
@@ -360,11 +387,24 @@ def _start_delta(
         changelog_entity(raw["value"].cast("string"), entity, inferred).alias(c.ENTITY),
         F.col("partition").alias(c.PARTITION),
         F.col("offset").alias(c.OFFSET),
+        *([F.col("timestamp").alias(c.TIMESTAMP)] if ttl else []),
     )
     delta_checkpoint = checkpoint_path(config, physical, "delta")
+    table = table_path(config, physical)
+    sinks: list[Sink] = [DeltaSink(table, updated_at=ttl is not None)]
+    if ttl is not None and ttl.delta is not None:
+        # After the MERGE, in the same foreachBatch: the cleanup never races a MERGE.
+        sinks.append(
+            Retention(
+                table,
+                ttl=ttl.delta,
+                interval=ttl.cleanup_interval,
+                vacuum_retention=ttl.vacuum_retention,
+            )
+        )
     projector = Projector(
         physical,
-        [DeltaSink(table_path(config, physical))],
+        sinks,
         Checkpoint(spark, delta_checkpoint),
         rows_out,
         query="delta",
@@ -374,7 +414,7 @@ def _start_delta(
         changes.writeStream.queryName(f"{physical}.delta")
         .option("checkpointLocation", delta_checkpoint)
         .trigger(processingTime=config.delta.trigger_interval)
-        .foreachBatch(typed_batches(projector, table_path(config, physical), inferred))
+        .foreachBatch(typed_batches(projector, table, inferred, c.table_meta(map_config)))
         .start()
     )
 

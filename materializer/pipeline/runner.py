@@ -1,4 +1,7 @@
-"""``materializer run``: every map's queries in one Spark session, until told to stop.
+"""``materializer run``: every map's and enrichment's queries in one Spark session.
+
+Enrichments are supervised as maps are (``<enrichment>:__control__`` and
+``__status__`` work the same), in the same loop, until told to stop.
 
 A supervisor loop watches each map: a map whose query fails is reported and
 the others keep running; operators' requests in ``<map>:__control__`` (pause,
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from materializer.config import AppConfig
+from materializer.enrichment.job import start_enrichment
 from materializer.errors import MaterializerError
 from materializer.layout import Control, MapReport
 from materializer.pipeline.control import ControlChannel
@@ -87,14 +91,19 @@ class Supervisor:
         while paused resumes on the new copy of its data.
         """
         try:
-            m.queries = start_map(
-                self._spark,
-                self._config,
-                m.name,
-                self._batch_log,
-                generation=self._generation(m.name),
-                metrics=self._metrics,
-            )
+            if m.name in self._config.enrichments:
+                m.queries = start_enrichment(
+                    self._spark, self._config, m.name, self._batch_log, metrics=self._metrics
+                )
+            else:
+                m.queries = start_map(
+                    self._spark,
+                    self._config,
+                    m.name,
+                    self._batch_log,
+                    generation=self._generation(m.name),
+                    metrics=self._metrics,
+                )
         except MaterializerError:
             raise  # the configuration: no restart can mend it, so the run reports it and ends
         except Exception as exc:  # Spark's own errors while building the queries

@@ -1,4 +1,4 @@
-"""Topics a map writes to (dead letters, changelog), made ready before its queries start.
+"""Topics a map or enrichment writes to, made ready before its queries start.
 
 A dead-letter record is its source record plus a few headers, so the
 dead-letter topic must take records as big as the largest its source topics
@@ -60,16 +60,20 @@ def source_limits(admin: AdminClient, topics: list[str]) -> TopicLimits:
 
 
 def ensure_topic(
-    config: AppConfig, map_name: str, topic: str, key_path: str, settings: Mapping[str, str]
+    config: AppConfig,
+    sources: list[str],
+    topic: str,
+    key_path: str,
+    settings: Mapping[str, str],
 ) -> int:
-    """Create a topic the map writes if it is missing; the record size its producer must allow.
+    """Create a topic a map or enrichment writes if it is missing; the record size its
+    producer must allow, for records made from ``sources``' records.
 
     A new topic gets the sources' partition count and record limit (plus
     header room) and ``settings``; an existing one is left as the operator
     made it, with a warning when it takes smaller records than the sources do.
     """
     admin = _admin(config)
-    sources = config.map(map_name).source.topics
     try:
         limits = source_limits(admin, sources)
         needed = limits.max_message_bytes + HEADER_ROOM
@@ -81,12 +85,12 @@ def ensure_topic(
             have = int(entries[MAX_MESSAGE_BYTES].value)
             if have < needed:
                 log.warning(
-                    "%s: topic %s takes records up to %d bytes, the sources of map %s "
+                    "%s: topic %s takes records up to %d bytes, its sources %s "
                     "up to %d: bigger records would stop the query writing it",
                     key_path,
                     topic,
                     have,
-                    map_name,
+                    ", ".join(sources),
                     limits.max_message_bytes,
                 )
             return max(have, needed)
@@ -109,10 +113,12 @@ def ensure_topic(
 
 def ensure_dead_letter_topic(config: AppConfig, map_name: str, topic: str) -> int:
     """The dead-letter topic, ready for the biggest poison record; its record limit."""
-    return ensure_topic(config, map_name, topic, f"maps.{map_name}.dead_letter.topic", {})
+    sources = config.map(map_name).source.topics
+    return ensure_topic(config, sources, topic, f"maps.{map_name}.dead_letter.topic", {})
 
 
 def ensure_changelog_topic(config: AppConfig, map_name: str, topic: str) -> int:
     """The compacted changelog topic: the latest record per entity is kept for good."""
     settings = {"cleanup.policy": "compact"}
-    return ensure_topic(config, map_name, topic, f"maps.{map_name}.changelog.topic", settings)
+    sources = config.map(map_name).source.topics
+    return ensure_topic(config, sources, topic, f"maps.{map_name}.changelog.topic", settings)

@@ -37,3 +37,6 @@ class Sink(ABC):
     @abstractmethod
     def write(self, batch: Batch) -> None:
         """Project the batch's rows."""
+
+    def close(self) -> None:  # noqa: B027 - most sinks hold nothing to release
+        """Release the clients the sink keeps across batches, once its query has stopped."""

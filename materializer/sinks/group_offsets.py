@@ -51,6 +51,10 @@ class GroupOffsetsSink(Sink):
         self._admin: AdminClient | None = None
         self._failing = False
 
+    def close(self) -> None:
+        """Drop the admin client (librdkafka closes it on release)."""
+        self._admin = None
+
     def write(self, batch: Batch) -> None:
         """Commit the offsets of ``batch``; a failure is logged (once until a commit succeeds)."""
         offsets = self._end_offsets(batch.batch_id)

@@ -4,13 +4,19 @@ Entity writes run on the executors, one pipelined round trip per chunk of a
 partition, so the driver never collects the batch. They write final state
 (SET or DEL), so replaying a batch rewrites the same values. The watermark
 goes last, after every entity of the batch is in place.
+
+With a TTL (``ttl.redis``), every SET also sets the key's expiry (``PX``): a key
+not written again within it expires. Bookkeeping keys (``__meta__``, ...) never
+expire.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Iterable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -36,8 +42,18 @@ def client_for(url: str) -> redis.Redis:
     return client
 
 
-def write_partition(url: str, map_name: str, rows: Iterable[Any]) -> None:
-    """Executor side: SET or DEL each row's key, pipelined in chunks (not atomic, final-state)."""
+def expiry_ms(ttl: timedelta | None) -> int | None:
+    """A TTL as whole milliseconds for ``SET .. PX`` (rounded up: at least 1); None stays None."""
+    return None if ttl is None else max(1, math.ceil(ttl / timedelta(milliseconds=1)))
+
+
+def write_partition(
+    url: str, map_name: str, rows: Iterable[Any], ttl_ms: int | None = None
+) -> None:
+    """Executor side: SET or DEL each row's key, pipelined in chunks (not atomic, final-state).
+
+    ``ttl_ms``: each SET also sets the key to expire that many milliseconds later.
+    """
     pipe = client_for(url).pipeline(transaction=False)
     pending = 0
     for row in rows:
@@ -45,7 +61,7 @@ def write_partition(url: str, map_name: str, rows: Iterable[Any]) -> None:
         if row[1]:
             pipe.delete(key)
         else:
-            pipe.set(key, row[2])
+            pipe.set(key, row[2], px=ttl_ms)
         pending += 1
         if pending >= CHUNK:
             pipe.execute()
@@ -65,16 +81,20 @@ class RedisSink(Sink):
         map_name: str,
         end_offsets: Callable[[int], dict[str, dict[int, int]]],
         changes_max_len: int = 100_000,
+        ttl_ms: int | None = None,
     ) -> None:
         self.url = url
         self.map_name = map_name
         self.changes_max_len = changes_max_len
+        self.ttl_ms = ttl_ms
         self._end_offsets = end_offsets
 
     def write(self, batch: Batch) -> None:
         """Write the batch's entities, then its watermark and change entries together."""
         rows = batch.rows.select(c.KEY, c.DELETED, entity_json(batch.rows[c.ENTITY]))
-        rows.foreachPartition(functools.partial(write_partition, self.url, self.map_name))
+        rows.foreachPartition(
+            functools.partial(write_partition, self.url, self.map_name, ttl_ms=self.ttl_ms)
+        )
         watermark = Watermark(
             batch_id=batch.batch_id,
             offsets=self._end_offsets(batch.batch_id),

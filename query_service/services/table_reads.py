@@ -129,7 +129,7 @@ class TableReads:
             map_name=request.map,
             version=table.version(),
             filter_sql=render_filter(request, columns),
-            fields=query_plan.projection(request, columns),
+            fields=query_plan.projection(request, columns, self._tables.meta_columns(request.map)),
             page_size=page_size,
             limit=limit,
             generation=generation,

@@ -26,6 +26,7 @@ from deltalake.schema import PrimitiveType
 from materializer.config import AppConfig
 from materializer.layout import physical_name
 from materializer.paths import table_path
+from materializer.pipeline.columns import table_meta
 from query_service.errors import InvalidArgument, OutOfRange, QueryServiceError, StoreUnavailable
 from query_service.filters.columns import Columns
 
@@ -59,6 +60,10 @@ class DeltaTables:
     def path(self, map_name: str, generation: int = 0) -> str:
         """Where the map's table of that generation lives (the pipeline's ``table_path``)."""
         return table_path(self._config, physical_name(map_name, generation))
+
+    def meta_columns(self, map_name: str) -> tuple[str, ...]:
+        """The map's table columns that are not entity fields (``_key``, ``_updated_at``)."""
+        return table_meta(self._config.map(map_name))
 
     def open(self, map_name: str, version: int | None = None, generation: int = 0) -> DeltaTable:
         """The table of the map's ``generation`` at ``version``, or at its latest version.

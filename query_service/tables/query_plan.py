@@ -82,12 +82,15 @@ def limit(request: pb.QueryRequest) -> int:
     return request.limit
 
 
-def projection(request: pb.QueryRequest, columns: Columns) -> tuple[str, ...]:
+def projection(
+    request: pb.QueryRequest, columns: Columns, meta: tuple[str, ...] = (TABLE_KEY,)
+) -> tuple[str, ...]:
     """The entity columns to return, in table order: the requested ones, or all.
 
-    ``_key`` may be listed and is ignored: it always comes back as ``Row.key``.
+    ``meta`` are the table's own columns (``_key``, ``_updated_at``): never entity
+    fields. They may be listed and are ignored: the key always comes back as ``Row.key``.
     """
-    entity = [c for c in columns.names if c != TABLE_KEY]
+    entity = [c for c in columns.names if c not in meta]
     if not request.fields:
         return tuple(entity)
     wanted = {columns.exact(f, f"fields[{i}]") for i, f in enumerate(request.fields)}

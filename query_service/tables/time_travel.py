@@ -64,7 +64,9 @@ def entity_as_of(
     )
     key_is = f"{sql.identifier(TABLE_KEY)} = {sql.string(key)}"
     query = sql.select(None, TABLE, [key_is], limit=1)
-    rows = encode_rows(tables.select(map_name, snapshot, query), TABLE_KEY)
+    rows = encode_rows(
+        tables.select(map_name, snapshot, query), TABLE_KEY, tables.meta_columns(map_name)
+    )
     return AsOf(commit, rows[0][1] if rows else None)
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import orjson
 import redis
+from confluent_kafka import Consumer, TopicPartition
 
 from materializer.config import AppConfig, parse_config
 from materializer.layout import RESERVED_KEYS, Watermark, meta_key
@@ -122,6 +123,45 @@ def read_topic(bootstrap: str, topic: str) -> list[Any]:
                     out.append(msg)
                     if msg.offset() >= high - 1:
                         break
+    finally:
+        consumer.close()
+    return out
+
+
+def read_committed(bootstrap: str, topic: str) -> list[Any]:
+    """Every committed record of a topic now, as a ``read_committed`` consumer sees them.
+
+    Transaction markers take offsets but are never delivered, so the end is
+    where every partition's position reaches its log end, or where polls
+    find nothing more.
+    """
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"check-{uuid.uuid4().hex}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+        }
+    )
+    out: list[Any] = []
+    try:
+        partitions = list(consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        ends = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in partitions
+        }
+        consumer.assign([TopicPartition(topic, p, 0) for p in partitions])
+        idle = 0
+        while idle < 3:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                idle += 1
+                at = consumer.position([TopicPartition(topic, p) for p in partitions])
+                if all(tp.offset >= ends[tp.partition] for tp in at):
+                    break
+            elif msg.error() is None:
+                idle = 0
+                out.append(msg)
     finally:
         consumer.close()
     return out

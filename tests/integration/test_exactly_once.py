@@ -18,6 +18,7 @@ from slice_helpers import (
     delta_map_rs,
     delta_map_spark,
     end_offsets,
+    read_committed,
     redis_map,
     slice_config,
     wait_for,
@@ -150,11 +151,23 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
         "fold": {"mode": "aggregate", "aggregates": AGGREGATES},
         "changelog": {"topic": f"{doc['maps']['crash']['changelog']['topic']}.agg"},
     }
+    # Orders enriched with the map's users, exactly once and at least once, in the same run.
+    orders_topic = new_topic(2)
+    outputs = {g: f"{orders_topic}.{g}" for g in ("exactly_once", "at_least_once")}
+    doc["enrichments"] = {
+        name: {
+            "source": {"topics": [orders_topic]},
+            "lookups": [{"map": "crash", "key_field": "user"}],
+            "output": {"topic": outputs[guarantee], "guarantee": guarantee},
+        }
+        for name, guarantee in (("crash_eo", "exactly_once"), ("crash_alo", "at_least_once"))
+    }
     config_file = tmp_path / "maps.yaml"
     config_file.write_text(yaml.safe_dump(doc))
     rng = random.Random(7)
     records = _events(0, 2000, 60, rng)
     positions = produce(kafka_bootstrap, topic, records)
+    orders: list[str] = []
 
     produced_lock = threading.Lock()
     stop_producing = threading.Event()
@@ -164,9 +177,16 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
         while not stop_producing.is_set():
             batch = _events(start, 100, 60, rng)
             done = produce(kafka_bootstrap, topic, batch)
+            ids = [f"o{len(orders) + i}" for i in range(20)]
+            produce(
+                kafka_bootstrap,
+                orders_topic,
+                [(None, orjson.dumps({"id": o, "user": f"k{rng.randrange(60)}"})) for o in ids],
+            )
             with produced_lock:
                 records.extend(batch)
                 positions.extend(done)
+                orders.extend(ids)
             start += len(batch)
             stop_producing.wait(0.1)
 
@@ -195,9 +215,11 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
     try:
         for round_ in range(5):
             if round_ % 2:
-                # The process kills itself between the Redis writes and the Delta commit.
+                # The process kills itself between the Redis writes and the Delta commit,
+                # or after an enrichment's transaction committed but not Spark's batch.
+                drill = "redis" if round_ == 1 else "transaction"
                 proc.stop()
-                proc = run(crash_after=f"redis:{rng.randint(1, 3)}")
+                proc = run(crash_after=f"{drill}:{rng.randint(1, 3)}")
                 proc.proc.wait(300)
                 assert proc.proc.returncode == -signal.SIGKILL, proc.tail()
             else:
@@ -229,6 +251,34 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
             lambda: (
                 delta_map_rs(tmp_path / "warehouse" / "crash") == reference
                 and delta_map_rs(tmp_path / "warehouse" / "crash_agg") == counts
+            ),
+            timeout=300,
+        )
+        # Each order's output once for read_committed consumers; at least once otherwise.
+        wait_for(
+            "every order enriched",
+            lambda: (
+                {
+                    orjson.loads(m.value())["id"]
+                    for m in read_committed(kafka_bootstrap, outputs["exactly_once"])
+                }
+                == set(orders)
+            ),
+            timeout=300,
+        )
+        once = [
+            orjson.loads(m.value())["id"]
+            for m in read_committed(kafka_bootstrap, outputs["exactly_once"])
+        ]
+        assert sorted(once) == sorted(orders)
+        wait_for(
+            "every order enriched at least once",
+            lambda: (
+                {
+                    orjson.loads(m.value())["id"]
+                    for m in read_committed(kafka_bootstrap, outputs["at_least_once"])
+                }
+                == set(orders)
             ),
             timeout=300,
         )

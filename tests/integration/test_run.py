@@ -52,5 +52,5 @@ def test_failed_map_is_reported_the_others_keep_going_and_sigterm_exits(
     assert proc.proc.returncode == 1, log[-3000:]
     assert "record " in log and "failed at decode" in log
     assert "query=runok.fold batch=0 rows_in=1 rows_out=1" in log
-    assert "failed maps: runfail" in log
+    assert "failed: runfail" in log
     assert watermark(redis_client, "runfail") is None

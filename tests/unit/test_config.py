@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -119,4 +120,180 @@ def test_maps_cannot_share_a_changelog_or_write_into_their_sources():
         "maps.b.changelog.topic: 'shared' is already map a's changelog",
         "maps.c.changelog.topic: 'events' is a source topic",
         "maps.c.dead_letter.topic: 'events' is a source topic",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("30 minutes", timedelta(minutes=30)),
+        ("2 seconds", timedelta(seconds=2)),
+        ("1 hour", timedelta(hours=1)),
+        ("500 ms", timedelta(milliseconds=500)),
+        ("7 days", timedelta(days=7)),
+        ("1.5h", timedelta(minutes=90)),
+        ("10 sec", timedelta(seconds=10)),
+        ("3 min", timedelta(minutes=3)),
+        ("1 d", timedelta(days=1)),
+        (90, timedelta(seconds=90)),
+        (0.25, timedelta(milliseconds=250)),
+    ],
+)
+def test_durations_read_as_people_write_them(text, expected):
+    cfg = parse_config({"maps": {"users": {**MAP, "ttl": {"redis": text}}}})
+    ttl = cfg.maps["users"].ttl
+    assert ttl is not None and ttl.redis == expected
+
+
+def test_ttl_defaults_and_vacuum_retention_may_be_zero_or_off():
+    ttl = parse_config({"maps": {"users": {**MAP, "ttl": {"delta": "30 days"}}}}).maps["users"].ttl
+    assert ttl is not None
+    assert (ttl.redis, ttl.delta) == (None, timedelta(days=30))
+    assert ttl.cleanup_interval == timedelta(hours=1)
+    assert ttl.vacuum_retention == timedelta(hours=168)
+    for retention, expected in ((0, timedelta(0)), (None, None)):
+        doc = {"delta": "1 day", "vacuum_retention": retention}
+        ttl = parse_config({"maps": {"users": {**MAP, "ttl": doc}}}).maps["users"].ttl
+        assert ttl is not None and ttl.vacuum_retention == expected
+    assert parse_config({"maps": {"users": MAP}}).maps["users"].ttl is None
+
+
+def test_ttl_problems_are_named_by_their_key_paths():
+    def problems(ttl):
+        with pytest.raises(ConfigError) as info:
+            parse_config({"maps": {"users": {**MAP, "ttl": ttl}}})
+        return info.value.problems
+
+    form = (
+        'must be a duration such as "30 minutes", "500 ms", "1.5 hours" or a number of '
+        "seconds (units: ms, s, m, h, d, or their words)"
+    )
+    assert problems({}) == [
+        "maps.users.ttl: give redis, delta or both: how long an entity is kept there"
+    ]
+    assert problems({"cleanup_interval": "1 hour"}) == [
+        "maps.users.ttl: give redis, delta or both: how long an entity is kept there"
+    ]
+    assert problems({"redis": "soon"}) == [f"maps.users.ttl.redis: {form}"]
+    assert problems({"redis": "3 weeks"}) == [f"maps.users.ttl.redis: unknown unit 'weeks': {form}"]
+    assert problems({"redis": "-1 s", "delta": True}) == [
+        f"maps.users.ttl.redis: {form}",
+        f"maps.users.ttl.delta: {form}",
+    ]
+    assert problems({"delta": 0, "cleanup_interval": "0 ms", "vacuum_retention": -1}) == [
+        "maps.users.ttl.delta: must be more than 0",
+        "maps.users.ttl.cleanup_interval: must be more than 0",
+        "maps.users.ttl.vacuum_retention: must be 0 or more",
+    ]
+    assert problems({"redis": "1 h", "ttl": "1 h"}) == ["maps.users.ttl.ttl: unknown key"]
+
+
+ENRICHMENT = {
+    "source": {"topics": ["orders"]},
+    "lookups": [{"map": "users", "key_field": "user_id"}],
+    "output": {"topic": "orders.enriched"},
+}
+
+
+def test_an_enrichment_gets_defaults_and_its_miss_policies():
+    cfg = parse_config({"maps": {"users": MAP}, "enrichments": {"orders": ENRICHMENT}})
+    spec = cfg.enrichments["orders"]
+    assert (spec.lookups_from, spec.output.key, spec.output.guarantee) == (
+        "redis",
+        "$kafka_key",
+        "at_least_once",
+    )
+    assert spec.lookups[0].on_miss == "null"
+    policies = [{**ENRICHMENT["lookups"][0], "on_miss": p} for p in ("drop", "dead_letter", "omit")]
+    cfg = parse_config(
+        {"maps": {"users": MAP}, "enrichments": {"orders": {**ENRICHMENT, "lookups": policies}}}
+    )
+    assert [lk.on_miss for lk in cfg.enrichments["orders"].lookups] == [
+        "drop",
+        "dead_letter",
+        "omit",
+    ]
+
+
+def test_enrichment_problems_are_named_by_their_key_paths():
+    lookups = [
+        {"map": "users", "key_field": "user_id", "join": "inner", "on_miss": "dead_letter"},
+        {"map": "ghosts", "key_field": "ghost_id", "on_miss": "maybe"},
+    ]
+    with pytest.raises(ConfigError) as info:
+        parse_config(
+            {
+                "maps": {"users": MAP},
+                "enrichments": {
+                    "orders": {
+                        **ENRICHMENT,
+                        "lookups": lookups,
+                        "output": {"topic": "x", "guarantee": "twice"},
+                    },
+                },
+            }
+        )
+    assert info.value.problems == [
+        "enrichments.orders.lookups.0.on_miss: join inner drops an event whose lookup misses; "
+        "dead_letter applies to left joins",
+        "enrichments.orders.lookups.1.on_miss: must be one of null, omit, drop, dead_letter",
+        "enrichments.orders.output.guarantee: must be one of at_least_once, exactly_once",
+    ]
+
+
+def test_enrichments_name_declared_maps_and_topics_of_their_own():
+    with pytest.raises(ConfigError, match="enrichment name 'a b'"):
+        parse_config({"maps": {"users": MAP}, "enrichments": {"a b": ENRICHMENT}})
+    delta_nested = [
+        {"map": "users", "key_field": "user_id", "alias": "user"},
+        {"map": "users", "key_field": "user.referrer"},
+    ]
+    with pytest.raises(ConfigError) as info:
+        parse_config(
+            {
+                "maps": {"users": MAP},
+                "enrichments": {
+                    "users": {**ENRICHMENT, "output": {"topic": "orders"}},
+                    "a": {**ENRICHMENT, "lookups": [{"map": "ghosts", "key_field": "g"}]},
+                },
+            }
+        )
+    assert info.value.problems == [
+        "enrichments.a.lookups.0.map: no such map 'ghosts'",
+        "enrichments.users: a map has this name (they share checkpoints and metrics)",
+        "enrichments.users.output.topic: 'orders' is a source topic",
+    ]
+    with pytest.raises(ConfigError, match=r"lookups.1.key_field: with lookups_from delta"):
+        parse_config(
+            {
+                "maps": {"users": MAP},
+                "enrichments": {
+                    "o": {**ENRICHMENT, "lookups": delta_nested, "lookups_from": "delta"}
+                },
+            }
+        )
+    with pytest.raises(ConfigError, match=r"enrichments.o.transforms: need source.schema"):
+        parse_config(
+            {
+                "maps": {"users": MAP},
+                "enrichments": {
+                    "o": {**ENRICHMENT, "transforms": [{"type": "drop", "fields": ["a"]}]}
+                },
+            }
+        )
+
+
+def test_a_near_cache_cannot_front_a_map_whose_redis_keys_expire():
+    doc = {
+        "maps": {
+            "users": {**MAP, "ttl": {"redis": "1 h"}},
+            "orders": {**MAP, "ttl": {"delta": 60}},
+        },
+        "query": {"near_cache": {"users": {}, "orders": {}}},
+    }
+    with pytest.raises(ConfigError) as info:
+        parse_config(doc)
+    assert info.value.problems == [
+        "query.near_cache.users: map users has ttl.redis, and the near cache would keep serving "
+        "the keys Redis expired"
     ]

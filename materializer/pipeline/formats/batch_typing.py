@@ -25,7 +25,7 @@ replayed batch types its entities exactly as the first attempt did.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
 from materializer.pipeline import columns as c
@@ -185,33 +185,39 @@ def ddl(dtype: DataType) -> str:
     return dtype.simpleString()
 
 
-def table_fields(spark: SparkSession, table: str) -> StructType:
-    """The entity fields of a map's Delta table; none when it does not exist yet."""
+def table_fields(
+    spark: SparkSession, table: str, meta: Collection[str] = (c.TABLE_KEY,)
+) -> StructType:
+    """The entity fields of a map's Delta table (its columns but ``meta``, ``columns.table_meta``);
+    none when it does not exist yet."""
     from delta.tables import DeltaTable
     from pyspark.sql.types import StructType
 
     if not DeltaTable.isDeltaTable(spark, table):
         return StructType([])
     schema = DeltaTable.forPath(spark, table).toDF().schema
-    return StructType([f for f in schema.fields if f.name != c.TABLE_KEY])
+    return StructType([f for f in schema.fields if f.name not in meta])
 
 
 class TypedBatches:
     """A ``foreachBatch`` callback that types each batch's documents, then projects the batch.
 
-    Runs on the driver. ``table`` is the map's Delta table, whose columns are
-    the fields the map already has when the query starts.
+    Runs on the driver. ``table`` is the map's Delta table, whose columns but
+    ``meta`` are the fields the map already has when the query starts.
     """
 
-    def __init__(self, project: Project, table: str) -> None:
+    def __init__(
+        self, project: Project, table: str, meta: Collection[str] = (c.TABLE_KEY,)
+    ) -> None:
         self._project = project
         self._table = table
+        self._meta = meta
         self._known: StructType | None = None
 
     def fields(self, spark: SparkSession) -> StructType:
         """The fields entities have so far."""
         if self._known is None:
-            self._known = table_fields(spark, self._table)
+            self._known = table_fields(spark, self._table, self._meta)
         return self._known
 
     def typed(self, rows: DataFrame) -> DataFrame:
@@ -241,9 +247,13 @@ class TypedBatches:
             rows.unpersist()
 
 
-def typed_batches(project: Project, table: str, inferred: bool) -> Project:
-    """``project`` itself, or wrapped to type documents first when the map's JSON is schemaless."""
-    return TypedBatches(project, table) if inferred else project
+def typed_batches(
+    project: Project, table: str, inferred: bool, meta: Collection[str] = (c.TABLE_KEY,)
+) -> Project:
+    """``project`` itself, or wrapped to type documents first when the map's JSON is schemaless.
+
+    ``meta``: the table's columns that are not entity fields (``columns.table_meta``)."""
+    return TypedBatches(project, table, meta) if inferred else project
 
 
 def changelog_entity(value: Column, entity: StructType, inferred: bool) -> Column:

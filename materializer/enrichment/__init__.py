@@ -1,0 +1,1 @@
+"""Streaming enrichments: events joined with the maps and written back to Kafka."""
