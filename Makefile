@@ -65,7 +65,7 @@ format: venv ## apply ruff's formatting and fixes
 	$(BIN)/ruff format .
 
 test: setup lint ## set up, lint, and run every test against real services
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: setup ## run the benchmarks (JSON lines on stdout)
 	$(BIN)/python bench/ingest.py

@@ -36,6 +36,7 @@ import statistics
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,18 +45,17 @@ import redis
 from confluent_kafka import Consumer, TopicPartition
 from harness import (
     PARTITIONS,
-    SCHEMA,
     TIMINGS,
     baseline_read,
-    bulk_producer,
     emit,
+    map_config,
+    produce_all,
     produce_bulk,
     services,
     setup_line,
     timed,
 )
 
-from materializer.config import AppConfig, parse_config
 from materializer.enrichment.job import ENRICH_QUERY, start_enrichment
 from materializer.enrichment.outputs import KafkaOutput, TransactionalOutput
 from materializer.layout import entity_key
@@ -94,73 +94,19 @@ def order(seq: int, users: int, rng: random.Random) -> tuple[bytes, bytes, bool]
 
 
 def produce_orders(bootstrap: str, topic: str, n: int, users: int) -> dict[str, Any]:
+    """N orders, one in 20 naming a user who does not exist."""
     rng = random.Random(43)
-    prod = bulk_producer(bootstrap)
-    errors: list[str] = []
+    misses = 0
 
-    def delivered(err: Any, _msg: Any) -> None:
-        if err is not None:
-            errors.append(str(err))
+    def orders() -> Iterator[tuple[bytes, bytes]]:
+        nonlocal misses
+        for seq in range(n):
+            key, value, hit = order(seq, users, rng)
+            misses += not hit
+            yield key, value
 
-    started = time.perf_counter()
-    size = misses = 0
-    for seq in range(n):
-        key, value, hit = order(seq, users, rng)
-        size += len(value)
-        misses += not hit
-        while True:
-            try:
-                prod.produce(topic, value=value, key=key, on_delivery=delivered)
-                break
-            except BufferError:
-                prod.poll(0.05)
-        if seq % 5_000 == 0:
-            prod.poll(0)
-    remaining = prod.flush(120)
-    seconds = time.perf_counter() - started
-    if errors or remaining:
-        raise RuntimeError(f"produce failed: {errors[:3]} ({remaining} undelivered)")
-    return {
-        "events": n,
-        "misses": misses,
-        "seconds": round(seconds, 2),
-        "events_per_s": round(n / seconds),
-        "avg_value_bytes": round(size / n),
-    }
-
-
-def config(
-    bootstrap: str,
-    redis_url: str,
-    work: Path,
-    master: str,
-    users_topic: str,
-    max_offsets: int,
-    enrichments: dict[str, Any] | None = None,
-) -> AppConfig:
-    return parse_config(
-        {
-            "kafka": {"bootstrap_servers": bootstrap},
-            "redis": {"url": redis_url},
-            "delta": {"root": str(work / "warehouse")},
-            "spark": {
-                "master": master,
-                "checkpoint_root": str(work / "checkpoints"),
-                "trigger_interval": "0 seconds",
-                "shuffle_partitions": 4,
-                "max_offsets_per_trigger": max_offsets,
-                "conf": {"spark.sql.streaming.numRecentProgressUpdates": "10000"},
-            },
-            "maps": {
-                MAP: {
-                    "source": {"topics": [users_topic], "format": "json", "schema": SCHEMA},
-                    "key": "id",
-                    "fold": {"mode": "latest"},
-                }
-            },
-            "enrichments": enrichments or {},
-        }
-    )
+    produced = produce_all(bootstrap, topic, orders())
+    return {**produced, "misses": misses}
 
 
 def read_output(bootstrap: str, topic: str) -> list[bytes | None]:
@@ -277,7 +223,7 @@ def main() -> None:
         produced = produce_orders(bootstrap, orders_topic, n, args.users)
         emit(name="produce", **produced)
 
-        base = config(bootstrap, redis_url, work, args.master, users_topic, args.max_offsets)
+        base = map_config(bootstrap, redis_url, work, args.master, users_topic, MAP)
         spark = build_spark_session(base.spark)
         stack.callback(spark.stop)
 
@@ -305,8 +251,15 @@ def main() -> None:
             }
             for lookups_from, guarantee in RUNS
         }
-        cfg = config(
-            bootstrap, redis_url, work, args.master, users_topic, args.max_offsets, enrichments
+        cfg = map_config(
+            bootstrap,
+            redis_url,
+            work,
+            args.master,
+            users_topic,
+            MAP,
+            max_offsets=args.max_offsets,
+            enrichments=enrichments,
         )
         for name, spec in enrichments.items():
             started = time.perf_counter()

@@ -17,7 +17,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -90,8 +90,10 @@ def bulk_producer(bootstrap: str) -> Producer:
     )
 
 
-def produce_bulk(bootstrap: str, topic: str, n: int, keys: int) -> dict[str, Any]:
-    rng = random.Random(42)
+def produce_all(
+    bootstrap: str, topic: str, records: Iterable[tuple[bytes, bytes]]
+) -> dict[str, Any]:
+    """Produce every record as fast as the producer takes them: count, seconds, value bytes."""
     prod = bulk_producer(bootstrap)
     errors: list[str] = []
 
@@ -100,17 +102,17 @@ def produce_bulk(bootstrap: str, topic: str, n: int, keys: int) -> dict[str, Any
             errors.append(str(err))
 
     started = time.perf_counter()
-    size = 0
-    for seq, key_index in enumerate(key_order(n, keys, rng)):
-        key, value = event(seq, key_index, rng)
+    size = n = 0
+    for key, value in records:
         size += len(value)
+        n += 1
         while True:
             try:
                 prod.produce(topic, value=value, key=key, on_delivery=delivered)
                 break
             except BufferError:
                 prod.poll(0.05)
-        if seq % 5_000 == 0:
+        if n % 5_000 == 0:
             prod.poll(0)
     remaining = prod.flush(120)
     seconds = time.perf_counter() - started
@@ -118,12 +120,18 @@ def produce_bulk(bootstrap: str, topic: str, n: int, keys: int) -> dict[str, Any
         raise RuntimeError(f"produce failed: {errors[:3]} ({remaining} undelivered)")
     return {
         "events": n,
-        "distinct_keys": min(n, keys),
         "seconds": round(seconds, 2),
         "events_per_s": round(n / seconds),
         "avg_value_bytes": round(size / n),
         "mb_per_s": round(size / seconds / 1e6, 1),
     }
+
+
+def produce_bulk(bootstrap: str, topic: str, n: int, keys: int) -> dict[str, Any]:
+    """N user events over ``keys`` keys."""
+    rng = random.Random(42)
+    records = (event(seq, k, rng) for seq, k in enumerate(key_order(n, keys, rng)))
+    return {"distinct_keys": min(n, keys), **produce_all(bootstrap, topic, records)}
 
 
 def spark_read_count(
@@ -181,8 +189,12 @@ def map_config(
     topic: str,
     name: str,
     fold: dict[str, Any] | None = None,
+    *,
+    max_offsets: int | None = None,
+    enrichments: dict[str, Any] | None = None,
 ) -> AppConfig:
-    """One map over the benchmark topic; ``fold`` defaults to ``latest``."""
+    """One map over the benchmark topic (``fold`` defaults to ``latest``), and any
+    ``enrichments``; ``max_offsets`` bounds each micro-batch."""
     return parse_config(
         {
             "kafka": {"bootstrap_servers": bootstrap},
@@ -193,6 +205,7 @@ def map_config(
                 "checkpoint_root": str(work / "checkpoints"),
                 "trigger_interval": "0 seconds",
                 "shuffle_partitions": 4,
+                "max_offsets_per_trigger": max_offsets,
                 "conf": {"spark.sql.streaming.numRecentProgressUpdates": "10000"},
             },
             "maps": {
@@ -202,6 +215,7 @@ def map_config(
                     "fold": fold or {"mode": "latest"},
                 }
             },
+            "enrichments": enrichments or {},
         }
     )
 

@@ -96,3 +96,23 @@ def warehouse(tmp_path: Path) -> Path:
     path = tmp_path / "warehouse"
     path.mkdir()
     return path
+
+
+LONGEST_FIRST = (
+    "test_exactly_once.py",  # five kill -9 restarts of a run with two maps and two enrichments
+    "test_operations.py",  # one run walked through pause, rehydrate, rebuild and restart
+    "test_demo.py",
+    "test_enrich.py",
+    "test_query_table.py",
+    "test_run.py",
+)
+"""Test files that take minutes. With two workers (``make test``), they start first and the
+short files fill in around them, so that both workers finish at about the same time."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.path.name
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the rest keep their order

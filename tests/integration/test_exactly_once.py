@@ -254,34 +254,21 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
             ),
             timeout=300,
         )
+
         # Each order's output once for read_committed consumers; at least once otherwise.
-        wait_for(
-            "every order enriched",
-            lambda: (
-                {
-                    orjson.loads(m.value())["id"]
-                    for m in read_committed(kafka_bootstrap, outputs["exactly_once"])
-                }
-                == set(orders)
-            ),
-            timeout=300,
-        )
-        once = [
-            orjson.loads(m.value())["id"]
-            for m in read_committed(kafka_bootstrap, outputs["exactly_once"])
-        ]
-        assert sorted(once) == sorted(orders)
-        wait_for(
-            "every order enriched at least once",
-            lambda: (
-                {
-                    orjson.loads(m.value())["id"]
-                    for m in read_committed(kafka_bootstrap, outputs["at_least_once"])
-                }
-                == set(orders)
-            ),
-            timeout=300,
-        )
+        def enriched(guarantee: str) -> list[str]:
+            return [
+                orjson.loads(m.value())["id"]
+                for m in read_committed(kafka_bootstrap, outputs[guarantee])
+            ]
+
+        for guarantee in outputs:
+            wait_for(
+                f"every order enriched ({guarantee})",
+                lambda guarantee=guarantee: set(enriched(guarantee)) == set(orders),
+                timeout=300,
+            )
+        assert sorted(enriched("exactly_once")) == sorted(orders)
     finally:
         stop_producing.set()
         proc.stop(timeout=150)
