@@ -98,21 +98,34 @@ def warehouse(tmp_path: Path) -> Path:
     return path
 
 
-LONGEST_FIRST = (
+RUNS = (
     "test_exactly_once.py",  # five kill -9 restarts of a run with two maps and two enrichments
     "test_operations.py",  # one run walked through pause, rehydrate, rebuild and restart
     "test_demo.py",
-    "test_enrich.py",
-    "test_query_table.py",
     "test_run.py",
 )
-"""Test files that take minutes. With two workers (``make test``), they start first and the
-short files fill in around them, so that both workers finish at about the same time."""
+"""Test files that start ``materializer run`` (a JVM of its own, many queries): the longest.
+
+With two workers (``make test``) they run one after the other on one worker,
+first, while the other worker takes every other file: two such runs at once
+on two cores would starve each other's micro-batches."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
-        name = item.path.name
-        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+        return 0 if item.path.name in RUNS else 1
 
     items.sort(key=rank)  # stable: the rest keep their order
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    from xdist.scheduler import LoadFileScheduling
+
+    class RunsTogether(LoadFileScheduling):
+        """Files as units of work, the ``RUNS`` files together as one."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return "materializer-runs" if scope.rsplit("/", 1)[-1] in RUNS else scope
+
+    return RunsTogether(config, log)
