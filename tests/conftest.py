@@ -102,20 +102,18 @@ RUNS = (
     "test_exactly_once.py",  # five kill -9 restarts of a run with two maps and two enrichments
     "test_operations.py",  # one run walked through pause, rehydrate, rebuild and restart
     "test_demo.py",
+    "test_run.py",
 )
-"""The longest test files, each starting ``materializer run`` (a JVM of its own, many
-queries). With two workers (``make test``) they run one after another on one worker, from
-the start, while the other worker takes every other file: two such runs at once on two
-cores starve each other's micro-batches."""
+"""Test files that start ``materializer run`` (a JVM of its own, many queries): the longest.
 
-LONG = ("test_run.py", "test_dead_letters.py", "test_reset_offsets.py", "test_enrich.py")
-"""The next longest: first on the other worker, so that the two finish together."""
+With two workers (``make test``) they run one after the other on one worker,
+first, while the other worker takes every other file: two such runs at once
+on two cores would starve each other's micro-batches."""
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
-        name = item.path.name
-        return 0 if name in RUNS else 1 if name in LONG else 2
+        return 0 if item.path.name in RUNS else 1
 
     items.sort(key=rank)  # stable: the rest keep their order
 
