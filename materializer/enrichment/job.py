@@ -218,12 +218,12 @@ def start_enrichment(
     client = {"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.properties}
     sinks: list[Sink]
     if output.guarantee == "exactly_once":
-        transactional = {
-            **client,
+        producer = {
+            "transactional.id": group,
             "transaction.timeout.ms": str(output.transaction_timeout_ms),
             "message.max.bytes": str(max(limits)),
         }
-        sinks = [TransactionalOutput(topics, transactional, group, group, checkpoint.end_offsets)]
+        sinks = [TransactionalOutput(topics, client, producer, group, checkpoint.end_offsets)]
     else:
         sinks = [
             KafkaOutput(topics, producer_options(config, max(limits))),

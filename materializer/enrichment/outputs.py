@@ -68,14 +68,16 @@ class TransactionalOutput(Sink):
         self,
         topics: Mapping[str, str],
         client: Mapping[str, str],
-        transactional_id: str,
+        producer: Mapping[str, str],
         group: str,
         end_offsets: Callable[[int], dict[str, dict[int, int]]],
     ) -> None:
+        """``client``: connection settings of every client; ``producer``: the producer's own
+        (``transactional.id``, ``transaction.timeout.ms``...)."""
         self.topics = dict(topics)
         self.group = group
         self._client = dict(client)
-        self._transactional_id = transactional_id
+        self._producer_settings = dict(producer)
         self._end_offsets = end_offsets
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
@@ -148,8 +150,8 @@ class TransactionalOutput(Sink):
             producer = Producer(
                 {
                     **self._client,
-                    "transactional.id": self._transactional_id,
                     "linger.ms": 5,
+                    **self._producer_settings,
                 }
             )
             producer.init_transactions(COMMIT_TIMEOUT_S)
@@ -162,20 +164,15 @@ class TransactionalOutput(Sink):
         from confluent_kafka import Consumer
 
         if self._consumer is None:
-            settings = {k: v for k, v in self._client.items() if not _producer_only(k)}
             self._consumer = Consumer(
                 {
-                    **settings,
+                    **self._client,
                     "group.id": self.group,
                     "enable.auto.commit": False,
                     "isolation.level": "read_committed",
                 }
             )
         return self._consumer
-
-
-def _producer_only(setting: str) -> bool:
-    return setting in ("transaction.timeout.ms", "message.max.bytes", "enable.idempotence", "acks")
 
 
 def _produce(
