@@ -25,6 +25,7 @@ from slice_helpers import (
     watermark,
 )
 
+from materializer.config import RedisConfig
 from materializer.layout import Watermark, changes_key, meta_key
 from materializer.pipeline import columns as c
 from materializer.pipeline.crash import CRASH_ENV
@@ -85,7 +86,7 @@ def test_replayed_batch_adds_no_delta_commit(spark, warehouse: Path):
 
 
 def test_replayed_batch_adds_no_change_entries(redis_url, redis_client):
-    sink = RedisSink(redis_url, "replayed", lambda _: {}, changes_max_len=1000)
+    sink = RedisSink(RedisConfig(url=redis_url), "replayed", lambda _: {}, changes_max_len=1000)
     first = Watermark(batch_id=0, offsets={"t": {0: 2}}, updated_at_ms=1, app_id="q1:replayed")
     sink.commit(first, [("a", False), ("b", True)])
     sink.commit(first, [("a", False), ("b", True)])  # the same batch after a crash
@@ -97,6 +98,13 @@ def test_replayed_batch_adds_no_change_entries(redis_url, redis_client):
     assert redis_client.xlen(changes_key("replayed")) == 4
     mark = Watermark.from_hash(redis_client.hgetall(meta_key("replayed")))
     assert mark == Watermark(batch_id=0, app_id="q2:replayed")
+    # A crash after the change entries, before the watermark: the replay adds none.
+    sink.append_changes(Watermark(batch_id=1, app_id="q2:replayed"), [("d", False), ("e", True)])
+    assert redis_client.xlen(changes_key("replayed")) == 6
+    sink.commit(Watermark(batch_id=1, app_id="q2:replayed"), [("d", False), ("e", True)])
+    assert redis_client.xlen(changes_key("replayed")) == 6
+    mark = Watermark.from_hash(redis_client.hgetall(meta_key("replayed")))
+    assert mark == Watermark(batch_id=1, app_id="q2:replayed")
 
 
 def _txn_versions(table: Path) -> list[tuple[str, int]]:
@@ -211,22 +219,23 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
 
     producer = threading.Thread(target=keep_producing, daemon=True)
     producer.start()
+    # Five kills: rounds 0, 2 and 4 kill -9 the run from outside, anywhere inside a
+    # batch; the run started after rounds 0 and 2 kills itself in rounds 1 and 3,
+    # between the Redis writes and the Delta commit, or after an enrichment's
+    # transaction committed but not Spark's batch.
+    drills = {0: "redis", 2: "transaction"}
     proc = run()
     try:
         for round_ in range(5):
             if round_ % 2:
-                # The process kills itself between the Redis writes and the Delta commit,
-                # or after an enrichment's transaction committed but not Spark's batch.
-                drill = "redis" if round_ == 1 else "transaction"
-                proc.stop()
-                proc = run(crash_after=f"{drill}:{rng.randint(1, 3)}")
                 proc.proc.wait(300)
                 assert proc.proc.returncode == -signal.SIGKILL, proc.tail()
             else:
                 next_batch()
                 time.sleep(rng.uniform(0, 1.5))  # anywhere inside the next batch
                 proc.kill()  # kill -9 of the whole process group, driver JVM included
-            proc = run()
+            drill = drills.get(round_)
+            proc = run(crash_after=f"{drill}:{rng.randint(1, 3)}" if drill else None)
         next_batch()
         stop_producing.set()
         producer.join(30)
