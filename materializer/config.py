@@ -81,9 +81,12 @@ class KafkaConfig(_Model):
 
 
 class RedisConfig(_Model):
-    """The Redis server holding the maps."""
+    """The Redis server, or Redis Cluster, holding the maps."""
 
     url: str = "redis://localhost:6379/0"
+    cluster: bool = False
+    """The URL names one node of a Redis Cluster: each entity key lands in its own hash
+    slot, so a map spreads over every master (``materializer.redis_client``)."""
 
 
 class DeltaConfig(_Model):

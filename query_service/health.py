@@ -11,9 +11,10 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-import redis.asyncio as aioredis
 from grpc_health.v1 import health, health_pb2
 from redis.exceptions import RedisError
+
+from materializer.redis_client import AsyncClient
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ class RedisHealth:
     def __init__(
         self,
         servicer: health.aio.HealthServicer,
-        client: aioredis.Redis,
+        client: AsyncClient,
         services: Sequence[str],
         interval: float = CHECK_SECONDS,
     ) -> None:

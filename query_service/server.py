@@ -103,7 +103,7 @@ async def create_server(
     mapping). Health follows Redis: NOT_SERVING while it cannot be reached.
     The port is TLS when ``query.tls`` is set.
 
-    Without ``store``, a ``RedisMapStore`` on ``config.redis.url`` is created
+    Without ``store``, a ``RedisMapStore`` on ``config.redis`` is created
     and lives as long as the process; pass your own to close it when the
     server is done (``serve`` does). The same goes for ``near_caches`` (the
     near caches of ``query.near_cache``), started and closed by its owner.
@@ -114,7 +114,7 @@ async def create_server(
     authorizer = Authorizer.from_config(config.query.auth) if config.query.auth else None
     credentials = server_credentials(config.query.tls) if config.query.tls else None
     if store is None:
-        store = RedisMapStore.from_url(config.redis.url)
+        store = RedisMapStore.from_config(config.redis)
     if near_caches is None:
         near_caches = NearCaches(store, config.query.near_cache)
         await near_caches.start()
@@ -159,7 +159,7 @@ async def serve(config: AppConfig, address: str, *, grace: float = GRACE_SECONDS
     ones finish for up to ``grace`` seconds, cancels the rest, and only then
     closes the Redis pool, so no call in flight loses its store.
     """
-    store = RedisMapStore.from_url(config.redis.url)
+    store = RedisMapStore.from_config(config.redis)
     near_caches = NearCaches(store, config.query.near_cache)
     background: list[Closeable] = []
     try:

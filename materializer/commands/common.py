@@ -14,11 +14,13 @@ from typing import Annotated
 
 import redis
 import typer
+from redis.exceptions import RedisClusterException
 from rich.console import Console
 
 from materializer.config import AppConfig, load_config
 from materializer.errors import MaterializerError
 from materializer.ops.control import MapControl
+from materializer.redis_client import Client, connect
 
 err = Console(stderr=True)
 out = Console()
@@ -42,7 +44,7 @@ def exits_on_errors() -> Iterator[None]:
         yield
     except MaterializerError as exc:
         raise fail(exc) from None
-    except redis.RedisError as exc:
+    except (redis.RedisError, RedisClusterException) as exc:
         raise fail(f"redis: {exc}") from None
 
 
@@ -52,9 +54,10 @@ def load(path: Path) -> AppConfig:
         return load_config(path)
 
 
-def redis_client(config: AppConfig) -> redis.Redis:
+def redis_client(config: AppConfig) -> Client:
     """A client for one command: short timeouts, so a Redis that is down fails fast."""
-    return redis.Redis.from_url(config.redis.url, socket_timeout=10.0, socket_connect_timeout=5.0)
+    with exits_on_errors():
+        return connect(config.redis, socket_timeout=10.0, socket_connect_timeout=5.0)
 
 
 def map_control(config: AppConfig, name: str) -> MapControl:

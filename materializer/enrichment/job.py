@@ -20,8 +20,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-import redis
-
 from materializer.config import KAFKA_KEY, AppConfig, EnrichmentConfig
 from materializer.enrichment.outputs import KafkaOutput, TransactionalOutput
 from materializer.enrichment.partition_join import (
@@ -51,6 +49,7 @@ from materializer.pipeline.progress import BatchLog
 from materializer.pipeline.source import read_source
 from materializer.pipeline.topics import ensure_topic
 from materializer.pipeline.transforms import apply_transforms
+from materializer.redis_client import connect, get_many
 from materializer.sinks.base import Sink
 from materializer.sinks.encoding import entity_json
 from materializer.sinks.group_offsets import GroupOffsetsSink
@@ -142,7 +141,7 @@ class BatchJoin:
         self.name = name
         self.spec = config.enrichments[name]
         self.plan = join_plan(self.spec)
-        self._redis = redis.Redis.from_url(config.redis.url)
+        self._redis = connect(config.redis)
         out_key = self.spec.output.key
         self._output_key = None if out_key == KAFKA_KEY else tuple(out_key.split("."))
 
@@ -150,14 +149,14 @@ class BatchJoin:
         """Each looked-up map's current generation, read once per batch: a rebuild's switch
         reaches the next batch."""
         maps = self.plan.maps
-        raw = self._redis.mget([generation_key(m) for m in maps])
+        raw = get_many(self._redis, [generation_key(m) for m in maps])
         return {m: physical_name(m, parse_generation(g)) for m, g in zip(maps, raw, strict=True)}
 
     def __call__(self, rows: DataFrame) -> DataFrame:
         """The batch's output rows (``partition_join.OUTPUT_ARROW``), lazily."""
         physical = self.physical_names()
         if self.spec.lookups_from == "redis":
-            join = PartitionJoin(self.plan, physical, self.config.redis.url, self._output_key)
+            join = PartitionJoin(self.plan, physical, self.config.redis, self._output_key)
             return rows.mapInArrow(join, output_schema())
         for i, step in enumerate(self.plan.rounds[0]):
             rows = self._with_table(rows, i, step, physical[step.map])

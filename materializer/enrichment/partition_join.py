@@ -22,11 +22,13 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import pyarrow as pa
 
+from materializer.config import RedisConfig
 from materializer.joins.apply import EventState, Found, apply_round, key_of, kind, round_keys
 from materializer.joins.plan import JoinPlan, LookupStep
 from materializer.layout import entity_key
 from materializer.pipeline import columns as c
 from materializer.pipeline.dead_letter import ERROR_HEADERS
+from materializer.redis_client import queue_gets
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -81,7 +83,7 @@ class PartitionJoin:
     plan: JoinPlan
     physical: dict[str, str]
     """Map name to the physical name of its current generation, read once per batch."""
-    redis_url: str | None
+    redis: RedisConfig | None
     """Where the maps are; None in ``delta`` mode, where the entities are columns."""
     output_key: tuple[str, ...] | None
     """A path into the enriched event, or None for the input record's own key."""
@@ -111,7 +113,7 @@ class PartitionJoin:
         self, steps: Sequence[LookupStep], keys: list[list[Any]], columns: dict[str, list[Any]]
     ) -> Found:
         found: dict[str, dict[str, bytes | None]] = {step.map: {} for step in steps}
-        if self.redis_url is None:  # delta mode: one round, lookup i's entities in column i
+        if self.redis is None:  # delta mode: one round, lookup i's entities in column i
             for i, step in enumerate(steps):
                 entities = columns[found_column(i)]
                 for event_keys, entity in zip(keys, entities, strict=True):
@@ -125,12 +127,15 @@ class PartitionJoin:
             for step, key in zip(steps, event_keys, strict=False):
                 if isinstance(key, str):
                     wanted[step.map][key] = None
-        pipe = client_for(self.redis_url).pipeline(transaction=False)
-        asked = [(name, list(ks)) for name, ks in wanted.items() if ks]
-        for name, ks in asked:
-            pipe.mget([entity_key(self.physical[name], k) for k in ks])
-        for (name, ks), values in zip(asked, pipe.execute(), strict=True):
-            found[name] = dict(zip(ks, values, strict=True))
+        pipe = client_for(self.redis).pipeline(transaction=False)
+        asked = [
+            (name, list(ks), queue_gets(pipe, [entity_key(self.physical[name], k) for k in ks]))
+            for name, ks in wanted.items()
+            if ks
+        ]
+        replies = iter(pipe.execute())
+        for name, ks, take in asked:
+            found[name] = dict(zip(ks, take(replies), strict=True))
         return found
 
     def _rows(

@@ -13,8 +13,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-import redis
-
 from materializer.errors import MaterializerError
 from materializer.layout import (
     Control,
@@ -28,6 +26,7 @@ from materializer.layout import (
     status_key,
 )
 from materializer.ops.status import effective_state
+from materializer.redis_client import Client
 
 OBEY_TIMEOUT_SECONDS = 180.0
 """A pause waits for the batch in flight; a slow batch on a busy cluster may take minutes."""
@@ -55,7 +54,7 @@ def now_ms() -> int:
 class MapControl:
     """One map's control, status, generation and watermark on a synchronous Redis client."""
 
-    def __init__(self, client: redis.Redis, map_name: str) -> None:
+    def __init__(self, client: Client, map_name: str) -> None:
         self.client = client
         self.map_name = map_name
 

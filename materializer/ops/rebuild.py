@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
-import redis
 
 from materializer.config import AppConfig
 from materializer.errors import MaterializerError
@@ -40,6 +39,7 @@ from materializer.ops.control import MapControl
 from materializer.ops.kafka_offsets import admin_client, partition_offsets
 from materializer.paths import checkpoint_path, table_path
 from materializer.pipeline.job import MapQueries, changelog_topic, start_map
+from materializer.redis_client import Client, connect
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -109,7 +109,7 @@ class GenerationFiles:
                 fs.delete_dir(path)
 
 
-def drop_redis_copy(client: redis.Redis, map_name: str, generation: int) -> int:
+def drop_redis_copy(client: Client, map_name: str, generation: int) -> int:
     """Delete a generation's keys (entities, watermark, changes); the map's own keys stay."""
     physical = physical_name(map_name, generation)
     keep = {f"{map_name}:{s}".encode() for s in (STATUS_SUFFIX, CONTROL_SUFFIX, GENERATION_SUFFIX)}
@@ -127,7 +127,7 @@ def drop_redis_copy(client: redis.Redis, map_name: str, generation: int) -> int:
     return dropped
 
 
-def drop_copy(config: AppConfig, client: redis.Redis, map_name: str, generation: int) -> None:
+def drop_copy(config: AppConfig, client: Client, map_name: str, generation: int) -> None:
     """Remove one generation of a map everywhere: Redis, table, checkpoints, changelog."""
     dropped = drop_redis_copy(client, map_name, generation)
     GenerationFiles(config, map_name, generation).delete()
@@ -152,7 +152,7 @@ def rebuild(
     Returns the new generation. Blocks until the old copy is dropped. A
     failure before the switch leaves the live copy untouched.
     """
-    client = redis.Redis.from_url(config.redis.url)
+    client = connect(config.redis)
     control = MapControl(client, map_name)
     old = control.generation()
     new = old + 1

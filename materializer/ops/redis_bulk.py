@@ -8,6 +8,10 @@ commands stay in flight while the next batch is encoded, so Redis works on one
 core while the encoding runs on the other. Entities that expire (a map's
 ``ttl.redis``) need their own ``SET .. PX`` each, assembled the same way and
 sent thousands per write.
+
+A Redis Cluster takes no multi-key command across slots: there the same
+calls become one pipelined ``SET`` per entity, which redis-py sends to each
+slot's master (``ClusterBulkWriter``).
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import redis
+from redis.cluster import RedisCluster
 
 from materializer.layout import RESERVED_KEYS
+from materializer.redis_client import Client, get_many
 
 PAIRS_PER_COMMAND = 4096
 """Entities per MSET: large enough that Redis's per-command cost vanishes, small enough that
@@ -139,6 +145,65 @@ class BulkWriter:
         self._client.connection_pool.release(self._connection)
 
 
+class ClusterBulkWriter:
+    """``BulkWriter``'s calls on a Redis Cluster: pipelined ``SET``s routed by slot."""
+
+    def __init__(self, client: RedisCluster) -> None:
+        self._client = client
+        self.written = 0
+
+    def mset(self, keys: pa.Array, values: pa.Array) -> None:
+        """``SET`` every key to its value, ``PAIRS_PER_COMMAND`` per pipeline."""
+        self._set(keys, values, None)
+
+    def set_expiring(self, keys: pa.Array, values: pa.Array, expiry_ms: pa.Array) -> None:
+        """``SET key value PX ms`` per entity."""
+        self._set(keys, values, expiry_ms)
+
+    def _set(self, keys: pa.Array, values: pa.Array, expiry_ms: pa.Array | None) -> None:
+        for start in range(0, len(keys), PAIRS_PER_COMMAND):
+            chunk = keys.slice(start, PAIRS_PER_COMMAND).to_pylist()
+            chunk_values = values.slice(start, PAIRS_PER_COMMAND).to_pylist()
+            expiries = (
+                [None] * len(chunk)
+                if expiry_ms is None
+                else expiry_ms.slice(start, PAIRS_PER_COMMAND).to_pylist()
+            )
+            pipe = self._client.pipeline(transaction=False)  # type: ignore[no-untyped-call]
+            for key, value, px in zip(chunk, chunk_values, expiries, strict=True):
+                pipe.set(key, value, px=px)
+            pipe.execute()
+            self.written += len(chunk)
+
+    def delete(self, keys: Iterable[bytes]) -> int:
+        """``DEL`` the keys (split by slot); the number asked."""
+        batch: list[bytes] = []
+        asked = 0
+        for key in keys:
+            batch.append(key)
+            if len(batch) >= PAIRS_PER_COMMAND:
+                self._client.delete(*batch)
+                asked += len(batch)
+                batch = []
+        if batch:
+            self._client.delete(*batch)
+            asked += len(batch)
+        return asked
+
+    def __enter__(self) -> ClusterBulkWriter:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+def bulk_writer(client: Client) -> BulkWriter | ClusterBulkWriter:
+    """The bulk writer for a single server or a cluster."""
+    if isinstance(client, RedisCluster):
+        return ClusterBulkWriter(client)
+    return BulkWriter(client)
+
+
 def _bulk_strings(items: pa.Array) -> pa.Array:
     """Each item as a RESP bulk string, ``$<len>\\r\\n<bytes>\\r\\n``."""
     binary = pc.cast(items, pa.binary())
@@ -157,24 +222,26 @@ def match_pattern(prefix: str) -> str:
     return f"{escaped}*"
 
 
-def entity_keys(client: redis.Redis, physical: str) -> Iterator[list[bytes]]:
-    """The map's entity keys (``<physical>:<key>``, bookkeeping keys left out), a page at a time."""
+def entity_keys(client: Client, physical: str) -> Iterator[list[bytes]]:
+    """The map's entity keys (``<physical>:<key>``, bookkeeping keys left out), a page at a time.
+
+    ``SCAN`` over every master of a cluster, one after the other."""
     prefix = f"{physical}:".encode()
     reserved = {prefix + name.encode() for name in RESERVED_KEYS}
-    cursor = 0
-    pattern = match_pattern(f"{physical}:")
-    while True:
-        cursor, page = client.scan(cursor=cursor, match=pattern, count=SCAN_COUNT)
-        keys = [k for k in page if isinstance(k, bytes) and k not in reserved]
-        if keys:
-            yield keys
-        if cursor == 0:
-            return
+    page: list[bytes] = []
+    for key in client.scan_iter(match=match_pattern(f"{physical}:"), count=SCAN_COUNT):
+        if isinstance(key, bytes) and key not in reserved:
+            page.append(key)
+            if len(page) >= SCAN_COUNT:
+                yield page
+                page = []
+    if page:
+        yield page
 
 
-def entity_values(client: redis.Redis, physical: str) -> Iterator[tuple[list[bytes], list[Any]]]:
+def entity_values(client: Client, physical: str) -> Iterator[tuple[list[bytes], list[Any]]]:
     """Each page of ``entity_keys`` with its values (``None`` for a key gone in between)."""
     for keys in entity_keys(client, physical):
         for start in range(0, len(keys), KEYS_PER_READ):
             chunk = keys[start : start + KEYS_PER_READ]
-            yield chunk, client.mget(chunk)
+            yield chunk, get_many(client, chunk)

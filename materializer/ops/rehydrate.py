@@ -29,7 +29,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import redis
 
 from materializer.config import AppConfig
 from materializer.errors import MaterializerError
@@ -38,9 +37,10 @@ from materializer.ops.changelog_tail import Tail, read_tail
 from materializer.ops.checkpoint_files import CheckpointFiles
 from materializer.ops.control import MapControl
 from materializer.ops.entity_json import encode_columns
-from materializer.ops.redis_bulk import BulkWriter, entity_keys, entity_values
+from materializer.ops.redis_bulk import bulk_writer, entity_keys, entity_values
 from materializer.paths import checkpoint_path, table_path
 from materializer.pipeline.columns import TABLE_KEY, TABLE_UPDATED_AT, table_meta
+from materializer.redis_client import Client
 from materializer.sinks.redis import expiry_ms
 
 BATCH_ROWS = 16_384
@@ -275,7 +275,7 @@ class RehydrateReport:
 def rehydrate(
     config: AppConfig,
     map_name: str,
-    client: redis.Redis,
+    client: Client,
     *,
     generation: int | None = None,
     on_start: Callable[[ExpectedState], None] | None = None,
@@ -301,7 +301,7 @@ def rehydrate(
         if on_start is not None:
             on_start(state)
         expired = 0
-        with BulkWriter(client) as writer:
+        with bulk_writer(client) as writer:
             for batch in state.batches():
                 keys = _prefixed(physical, batch.keys)
                 if batch.expiry_ms is None:
@@ -410,7 +410,7 @@ def _watermark_identity(
 def verify(
     config: AppConfig,
     map_name: str,
-    client: redis.Redis,
+    client: Client,
     *,
     generation: int | None = None,
     show: int = 10,
@@ -456,7 +456,7 @@ def verify(
     )
 
 
-def redis_digests(client: redis.Redis, physical: str) -> dict[str, bytes]:
+def redis_digests(client: Client, physical: str) -> dict[str, bytes]:
     """Key to value digest of every entity of one copy of a map in Redis."""
     prefix = len(physical) + 1
     digests: dict[str, bytes] = {}

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import redis
-
 from materializer.config import AppConfig
 from materializer.layout import physical_name
 from materializer.ops.control import MapControl
 from materializer.ops.rebuild import Progress, catch_up, drop_copy, replay_config
 from materializer.ops.rehydrate import redis_digests
 from materializer.pipeline.job import start_map
+from materializer.redis_client import Client
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -37,7 +36,7 @@ def replay_digests(
     config: AppConfig,
     map_name: str,
     until: dict[str, dict[int, int]],
-    client: redis.Redis,
+    client: Client,
 ) -> dict[str, bytes]:
     """Key to value digest of the map folded from the earliest offsets up to ``until``."""
     drop_copy(config, client, map_name, SCRATCH_GENERATION)

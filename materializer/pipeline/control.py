@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 import redis
 
+from materializer.config import RedisConfig
 from materializer.layout import (
     Control,
     MapReport,
@@ -23,6 +24,7 @@ from materializer.layout import (
     parse_generation,
     status_key,
 )
+from materializer.redis_client import connect
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +32,8 @@ log = logging.getLogger(__name__)
 class ControlChannel:
     """Reads every map's control hash and writes its report, one pipeline each way."""
 
-    def __init__(self, url: str, names: Sequence[str]) -> None:
-        self._client = redis.Redis.from_url(url, socket_timeout=2.0, socket_connect_timeout=2.0)
+    def __init__(self, config: RedisConfig, names: Sequence[str]) -> None:
+        self._client = connect(config, socket_timeout=2.0, socket_connect_timeout=2.0)
         self._names = list(names)
         self._last: dict[str, Control] = {}
         self._warned = False

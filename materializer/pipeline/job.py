@@ -275,7 +275,7 @@ def start_map(
     # The consumer group last: it reports what the stores already hold.
     sinks: list[Sink] = [
         RedisSink(
-            config.redis.url,
+            config.redis,
             physical,
             checkpoint.end_offsets,
             map_config.changes.max_len,

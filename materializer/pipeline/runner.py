@@ -162,7 +162,7 @@ def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> 
     batch_log = BatchLog()
     spark.streams.addListener(batch_log)
     spark.streams.addListener(metrics)
-    channel = ControlChannel(config.redis.url, names)
+    channel = ControlChannel(config.redis, names)
     supervisor = Supervisor(spark, config, batch_log, channel.generation, metrics)
     maps = {name: _Map(name) for name in names}
     try:

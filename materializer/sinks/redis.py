@@ -2,8 +2,9 @@
 
 Entity writes run on the executors, one pipelined round trip per chunk of a
 partition, so the driver never collects the batch. They write final state
-(SET or DEL), so replaying a batch rewrites the same values. The watermark
-goes last, after every entity of the batch is in place.
+(SET or DEL), so replaying a batch rewrites the same values. The change
+entries and then the watermark go last, after every entity of the batch is in
+place.
 
 With a TTL (``ttl.redis``), every SET also sets the key's expiry (``PX``): a key
 not written again within it expires. Bookkeeping keys (``__meta__``, ...) never
@@ -15,14 +16,14 @@ from __future__ import annotations
 import functools
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-import redis
-
+from materializer.config import RedisConfig
 from materializer.layout import Watermark, change_entry, changes_key, entity_key, meta_key
 from materializer.pipeline import columns as c
+from materializer.redis_client import Client, connect
 from materializer.sinks.base import Batch, Sink
 from materializer.sinks.encoding import entity_json
 
@@ -30,15 +31,15 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 CHUNK = 2000
-_clients: dict[str, redis.Redis] = {}
+_clients: dict[RedisConfig, Client] = {}
 
 
-def client_for(url: str) -> redis.Redis:
-    """One client (and connection pool) per process and URL, reused across batches."""
-    client = _clients.get(url)
+def client_for(config: RedisConfig) -> Client:
+    """One client (and connection pool) per process and server, reused across batches."""
+    client = _clients.get(config)
     if client is None:
-        client = redis.Redis.from_url(url)
-        _clients[url] = client
+        client = connect(config)
+        _clients[config] = client
     return client
 
 
@@ -48,13 +49,13 @@ def expiry_ms(ttl: timedelta | None) -> int | None:
 
 
 def write_partition(
-    url: str, map_name: str, rows: Iterable[Any], ttl_ms: int | None = None
+    config: RedisConfig, map_name: str, rows: Iterable[Any], ttl_ms: int | None = None
 ) -> None:
     """Executor side: SET or DEL each row's key, pipelined in chunks (not atomic, final-state).
 
     ``ttl_ms``: each SET also sets the key to expire that many milliseconds later.
     """
-    pipe = client_for(url).pipeline(transaction=False)
+    pipe = client_for(config).pipeline(transaction=False)
     pending = 0
     for row in rows:
         key = entity_key(map_name, row[0])
@@ -77,13 +78,13 @@ class RedisSink(Sink):
 
     def __init__(
         self,
-        url: str,
+        config: RedisConfig,
         map_name: str,
         end_offsets: Callable[[int], dict[str, dict[int, int]]],
         changes_max_len: int = 100_000,
         ttl_ms: int | None = None,
     ) -> None:
-        self.url = url
+        self.config = config
         self.map_name = map_name
         self.changes_max_len = changes_max_len
         self.ttl_ms = ttl_ms
@@ -93,7 +94,7 @@ class RedisSink(Sink):
         """Write the batch's entities, then its watermark and change entries together."""
         rows = batch.rows.select(c.KEY, c.DELETED, entity_json(batch.rows[c.ENTITY]))
         rows.foreachPartition(
-            functools.partial(write_partition, self.url, self.map_name, ttl_ms=self.ttl_ms)
+            functools.partial(write_partition, self.config, self.map_name, ttl_ms=self.ttl_ms)
         )
         watermark = Watermark(
             batch_id=batch.batch_id,
@@ -105,26 +106,57 @@ class RedisSink(Sink):
         self.commit(watermark, changes)
 
     def commit(self, watermark: Watermark, changes: list[tuple[str, bool]]) -> None:
-        """The watermark and the change entries in one MULTI, once per (app id, batch id).
+        """The change entries, then the watermark, each once per (app id, batch id).
 
-        The entity writes before it are final-state and may run twice; the
-        change stream must not get a replayed batch's entries twice, so a
-        watermark already at this batch of this app id skips the commit.
+        The entity writes before them are final-state and may run twice; the
+        change stream must not get a replayed batch's entries twice. Each step
+        is a transaction on one key, so it works on a Redis Cluster too, where
+        ``__changes__`` and ``__meta__`` sit in different slots. Each step
+        skips a batch its key already holds: the stream knows it by the batch
+        and app id on its last entry, the watermark by its own, so a crash
+        between the two steps leaves nothing to do twice.
         """
-        meta, stream = meta_key(self.map_name), changes_key(self.map_name)
-        with client_for(self.url).pipeline(transaction=True) as pipe:
-            pipe.watch(meta)  # type: ignore[no-untyped-call]
-            current = Watermark.from_hash(pipe.hgetall(meta))
-            if (
-                current is not None
-                and current.app_id == watermark.app_id
-                and current.batch_id >= watermark.batch_id
-            ):
+        self.append_changes(watermark, changes)
+        meta = meta_key(self.map_name)
+        with client_for(self.config).pipeline(transaction=True) as pipe:
+            pipe.watch(meta)
+            if _holds(Watermark.from_hash(pipe.hgetall(meta)), watermark):
                 return
             pipe.multi()
             fields: dict[Any, Any] = dict(watermark.to_hash())
             pipe.hset(meta, mapping=fields)
-            for key, deleted in changes:
+            pipe.execute()
+
+    def append_changes(self, watermark: Watermark, changes: list[tuple[str, bool]]) -> None:
+        """The batch's change entries, unless the stream's last entry closed this batch."""
+        if not changes:
+            return
+        stream = changes_key(self.map_name)
+        with client_for(self.config).pipeline(transaction=True) as pipe:
+            pipe.watch(stream)
+            newest: list[Any] = pipe.xrevrange(stream, count=1)  # type: ignore[assignment]
+            if newest and _holds(last_batch(newest[0][1]), watermark):
+                return
+            pipe.multi()
+            for i, (key, deleted) in enumerate(changes):
                 entry: dict[Any, Any] = change_entry(key, deleted, watermark.batch_id)
+                if i == len(changes) - 1:
+                    entry["app_id"] = watermark.app_id
                 pipe.xadd(stream, entry, maxlen=self.changes_max_len, approximate=True)
             pipe.execute()
+
+
+def last_batch(fields: Mapping[Any, Any]) -> Watermark | None:
+    """The batch a stream's last entry closed, from its ``batch_id`` and ``app_id``."""
+    if b"app_id" not in fields:
+        return None
+    return Watermark(batch_id=int(fields[b"batch_id"]), app_id=fields[b"app_id"].decode())
+
+
+def _holds(current: Watermark | None, batch: Watermark) -> bool:
+    """Whether a key already reflects this batch: same app id, same or later batch id."""
+    return (
+        current is not None
+        and current.app_id == batch.app_id
+        and current.batch_id >= batch.batch_id
+    )

@@ -6,6 +6,6 @@ even when the body raised. Users reuse them for their own integration tests.
 
 from materializer.testing.kafka import KafkaBroker, create_topic, produce
 from materializer.testing.ports import free_port
-from materializer.testing.redis import RedisServer
+from materializer.testing.redis import RedisCluster, RedisServer
 
-__all__ = ["KafkaBroker", "RedisServer", "create_topic", "free_port", "produce"]
+__all__ = ["KafkaBroker", "RedisCluster", "RedisServer", "create_topic", "free_port", "produce"]

@@ -1,9 +1,11 @@
-"""A throwaway ``redis-server`` on a free loopback port."""
+"""Throwaway ``redis-server`` processes on free loopback ports: one, or a Redis Cluster."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -17,10 +19,11 @@ from materializer.testing.process import ManagedProcess
 class RedisServer:
     """``with RedisServer() as r: r.url`` — no persistence, data in memory only."""
 
-    def __init__(self, workdir: Path | None = None) -> None:
+    def __init__(self, workdir: Path | None = None, options: Sequence[str] = ()) -> None:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         self._workdir = workdir
+        self._options = list(options)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._proc: ManagedProcess | None = None
 
@@ -46,6 +49,7 @@ class RedisServer:
             "no",
             "--dir",
             str(self._workdir),
+            *self._options,
         ]
         self._proc = ManagedProcess(args, self._workdir / "redis.log")
         client = redis.Redis.from_url(self.url, socket_timeout=1)
@@ -58,6 +62,10 @@ class RedisServer:
             client.close()
         return self
 
+    def alive(self) -> bool:
+        """Whether the server process is running."""
+        return self._proc is not None and self._proc.alive()
+
     def stop(self) -> None:
         """Stop the server and remove its folder."""
         if self._proc is not None:
@@ -68,6 +76,82 @@ class RedisServer:
             self._tmp = None
 
     def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+
+CLUSTER_OPTIONS = (
+    "--cluster-enabled",
+    "yes",
+    "--cluster-config-file",
+    "nodes.conf",
+    "--cluster-node-timeout",
+    "5000",
+)
+
+
+class RedisCluster:
+    """``with RedisCluster(3) as c: c.url`` — masters only, the 16384 slots split evenly.
+
+    ``url`` names the first node; a cluster client finds the others from it.
+    """
+
+    def __init__(self, masters: int = 3) -> None:
+        if masters < 3:
+            raise ValueError("a Redis Cluster needs at least 3 masters")
+        # The bus port is chosen too: by default it is the port plus 10000, which may be
+        # taken, or past 65535.
+        self.nodes = [
+            RedisServer(options=[*CLUSTER_OPTIONS, "--cluster-port", str(free_port())])
+            for _ in range(masters)
+        ]
+        self.url = f"redis://127.0.0.1:{self.nodes[0].port}"
+
+    def start(self) -> RedisCluster:
+        """Start the nodes, join them with ``redis-cli --cluster create``, wait for ``ok``."""
+        cli = shutil.which("redis-cli")
+        if cli is None:
+            raise SetupError("redis-cli not found: `apt-get install redis-server` (it ships both)")
+        try:
+            for node in self.nodes:
+                node.start()
+            addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+            created = subprocess.run(
+                [cli, "--cluster", "create", *addresses, "--cluster-replicas", "0"],
+                input="yes\n",
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+            if created.returncode != 0:
+                raise SetupError(f"redis-cli --cluster create failed: {created.stdout[-2000:]}")
+            clients = [redis.Redis.from_url(node.url, socket_timeout=1) for node in self.nodes]
+            try:
+                wait_until(
+                    "the Redis Cluster",
+                    lambda: all(c.cluster("INFO")["cluster_state"] == "ok" for c in clients),
+                    30,
+                    lambda: all(node.alive() for node in self.nodes),
+                )
+            finally:
+                for client in clients:
+                    client.close()
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop every node."""
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> RedisCluster:
         return self.start()
 
     def __exit__(

@@ -14,8 +14,6 @@ import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
-import redis.asyncio as aioredis
-
 from materializer.config import KafkaConfig
 from materializer.layout import (
     Control,
@@ -30,7 +28,8 @@ from materializer.layout import (
 )
 from materializer.ops.control import control_fields
 from materializer.ops.kafka_offsets import admin_client, partition_offsets
-from query_service.stores.redis import redis_where, unavailable_on_connection_errors
+from materializer.redis_client import AsyncClient, get_many_async, where
+from query_service.stores.redis import unavailable_on_connection_errors
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +45,9 @@ class MapSnapshot(NamedTuple):
 class ControlStore:
     """Reads reports and writes requests for the admin API."""
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: AsyncClient) -> None:
         self._client = client
-        self._where = redis_where(client)
+        self._where = where(client)
 
     async def snapshot(self, names: Sequence[str]) -> dict[str, MapSnapshot]:
         """Watermark (of the map's current generation), report and control of each map.
@@ -58,7 +57,7 @@ class ControlStore:
         if not names:
             return {}
         async with unavailable_on_connection_errors(self._where):
-            generations = await self._client.mget([generation_key(n) for n in names])
+            generations = await get_many_async(self._client, [generation_key(n) for n in names])
         async with (
             unavailable_on_connection_errors(self._where),
             self._client.pipeline(transaction=False) as pipe,

@@ -13,9 +13,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-import redis.asyncio as aioredis
-
 from materializer.layout import generation_key, parse_generation, physical_name
+from materializer.redis_client import AsyncClient
 
 REFRESH_SECONDS = 0.5
 
@@ -23,7 +22,7 @@ REFRESH_SECONDS = 0.5
 class Generations:
     """Map name to generation, one ``GET`` per map per refresh, concurrent askers sharing it."""
 
-    def __init__(self, client: aioredis.Redis, refresh_seconds: float = REFRESH_SECONDS) -> None:
+    def __init__(self, client: AsyncClient, refresh_seconds: float = REFRESH_SECONDS) -> None:
         self._client = client
         self._refresh = refresh_seconds
         self._known: dict[str, tuple[int, float]] = {}

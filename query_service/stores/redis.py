@@ -9,12 +9,15 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, cast
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from materializer.config import RedisConfig
 from materializer.layout import Watermark, changes_key, entity_key, meta_key, physical_name
+from materializer.redis_client import AsyncClient, connect_async, queue_gets, where
 from query_service.errors import StoreUnavailable
 from query_service.stores.base import BatchLookup, Change, ChangeRead, Lookup, MapStore
 from query_service.stores.coalesce import Coalescer
@@ -43,13 +46,6 @@ def _client_defaults() -> dict[str, Any]:
     }
 
 
-def redis_where(client: aioredis.Redis) -> str:
-    """Host and port (or socket path) of a client, for messages: never the URL, which may
-    hold a password."""
-    kwargs = client.connection_pool.connection_kwargs
-    return str(kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}")
-
-
 @asynccontextmanager
 async def unavailable_on_connection_errors(where: str) -> AsyncIterator[None]:
     """Connection failures and timeouts as ``StoreUnavailable`` (UNAVAILABLE to clients)."""
@@ -61,7 +57,8 @@ async def unavailable_on_connection_errors(where: str) -> AsyncIterator[None]:
 
 
 class RedisMapStore(MapStore):
-    """One shared ``redis.asyncio`` client (a connection pool) for the whole process.
+    """One shared ``redis.asyncio`` client (a connection pool, or a pool per node of a
+    Redis Cluster) for the whole process.
 
     Replies are parsed by hiredis, which redis-py picks by itself when it is
     installed (the ``redis[hiredis]`` extra). Connection failures and timeouts
@@ -69,24 +66,34 @@ class RedisMapStore(MapStore):
     a password.
     """
 
-    def __init__(self, client: aioredis.Redis) -> None:
+    def __init__(self, client: AsyncClient, config: RedisConfig | None = None) -> None:
         self._client = client
-        kwargs = client.connection_pool.connection_kwargs
-        self._where = redis_where(client)
-        self._waiting: aioredis.Redis | None = None
+        self._config = config
+        kwargs = (
+            client.connection_kwargs
+            if isinstance(client, AsyncRedisCluster)
+            else client.connection_pool.connection_kwargs
+        )
+        self._where = where(client)
+        self._waiting: AsyncClient | None = None
         self._reply_seconds = float(kwargs.get("socket_timeout") or REPLY_SECONDS)
         self._coalescer = Coalescer(self.get_many)
         self._generations = Generations(client)
 
     @property
-    def client(self) -> aioredis.Redis:
+    def client(self) -> AsyncClient:
         """The shared client, for the other stores of the process (admin, change streams)."""
         return self._client
 
     @classmethod
     def from_url(cls, url: str) -> RedisMapStore:
-        """A store on ``redis://`` / ``rediss://`` / ``unix://`` URL; connects lazily."""
-        return cls(aioredis.Redis.from_url(url, **_client_defaults()))
+        """A store on one server's ``redis://`` / ``rediss://`` / ``unix://`` URL."""
+        return cls.from_config(RedisConfig(url=url))
+
+    @classmethod
+    def from_config(cls, config: RedisConfig) -> RedisMapStore:
+        """A store on the configured server or cluster; connects on first use."""
+        return cls(connect_async(config, **_client_defaults()), config)
 
     def _unavailable_on_connection_errors(self) -> AbstractAsyncContextManager[None]:
         return unavailable_on_connection_errors(self._where)
@@ -128,9 +135,11 @@ class RedisMapStore(MapStore):
         return (await self.get_across({map_name: keys}))[map_name]
 
     async def get_across(self, keys_by_map: Mapping[str, Sequence[str]]) -> dict[str, BatchLookup]:
-        """Per map ``HGETALL <map>:__meta__`` then ``MGET`` of its keys, all in one pipeline."""
+        """Per map ``HGETALL <map>:__meta__`` then ``MGET`` of its keys, all in one pipeline
+        (one ``GET`` per key on a Redis Cluster, ``materializer.redis_client.queue_gets``)."""
         names = list(keys_by_map)
         physical = {name: await self._physical(name) for name in names}
+        takes = []
         async with (
             self._unavailable_on_connection_errors(),
             self._client.pipeline(transaction=False) as pipe,
@@ -138,13 +147,12 @@ class RedisMapStore(MapStore):
             for name in names:
                 pipe.hgetall(meta_key(physical[name]))
                 keys = keys_by_map[name]
-                if keys:
-                    pipe.mget([entity_key(physical[name], k) for k in keys])
+                takes.append(queue_gets(pipe, [entity_key(physical[name], k) for k in keys]))
             replies = iter(await pipe.execute())
         out = {}
-        for name in names:
+        for name, take in zip(names, takes, strict=True):
             mark = Watermark.from_hash(next(replies))
-            entities = list(next(replies)) if keys_by_map[name] else []
+            entities = take(replies)
             out[name] = BatchLookup(entities=entities, watermark=mark)
         return out
 
@@ -200,24 +208,36 @@ class RedisMapStore(MapStore):
             except TimeoutError:  # the built-in one: asyncio.timeout expired
                 raise RedisTimeoutError("no reply to a blocking read in time") from None
 
-    def _waiting_client(self) -> aioredis.Redis:
+    def _waiting_client(self) -> AsyncClient:
         if self._waiting is None:
-            pool = self._client.connection_pool
-            kwargs = {**pool.connection_kwargs, "socket_timeout": None}
-            self._waiting = aioredis.Redis(
-                connection_pool=aioredis.ConnectionPool(
-                    connection_class=pool.connection_class,
-                    max_connections=MAX_WAITING_CONNECTIONS,
-                    **kwargs,
-                )
-            )
+            self._waiting = self._blocking_client()
         return self._waiting
+
+    def _blocking_client(self) -> AsyncClient:
+        """The lookups' client again, with no socket timeout and room for every waiter."""
+        if isinstance(self._client, AsyncRedisCluster):
+            if self._config is None:
+                raise ValueError("a cluster store needs its config: RedisMapStore.from_config")
+            return connect_async(
+                self._config, socket_timeout=None, max_connections=MAX_WAITING_CONNECTIONS
+            )
+        pool = self._client.connection_pool
+        kwargs = {**pool.connection_kwargs, "socket_timeout": None}
+        return aioredis.Redis(
+            connection_pool=aioredis.ConnectionPool(
+                connection_class=pool.connection_class,
+                max_connections=MAX_WAITING_CONNECTIONS,
+                **kwargs,
+            )
+        )
 
     async def close(self) -> None:
         """Close the pools' connections."""
-        if self._waiting is not None:
-            await self._waiting.aclose(close_connection_pool=True)
-        await self._client.aclose()
+        for client in (self._waiting, self._client):
+            if isinstance(client, AsyncRedisCluster):
+                await client.aclose()
+            elif client is not None:
+                await client.aclose(close_connection_pool=True)
 
 
 def _entry_id(entries: list[tuple[bytes, Any]]) -> str | None:

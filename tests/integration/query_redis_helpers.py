@@ -13,7 +13,7 @@ import grpc
 import redis
 from prometheus_client import REGISTRY
 
-from materializer.config import AppConfig, parse_config
+from materializer.config import AppConfig, RedisConfig, parse_config
 from materializer.layout import Watermark
 from materializer.sinks.redis import RedisSink, write_partition
 from query_service.near_cache import NearCaches
@@ -86,7 +86,7 @@ def run(config: AppConfig, body: Callable[[grpc.aio.Channel], Awaitable[T]]) -> 
 
 
 def write_batch(
-    redis_url: str,
+    redis_url: str | RedisConfig,
     map_name: str,
     batch_id: int,
     entities: Mapping[str, bytes | None],
@@ -94,9 +94,12 @@ def write_batch(
     max_len: int = 100_000,
 ) -> None:
     """Write one micro-batch the way the materializer's Redis sink does, with its own code:
-    entities first (``None`` deletes), then the watermark and the change entries."""
-    write_partition(redis_url, map_name, [(k, v is None, v) for k, v in entities.items()])
-    sink = RedisSink(redis_url, map_name, lambda _: {}, changes_max_len=max_len)
+    entities first (``None`` deletes), then the watermark and the change entries.
+
+    ``redis_url``: one server's URL, or a ``RedisConfig`` (a Redis Cluster)."""
+    target = redis_url if isinstance(redis_url, RedisConfig) else RedisConfig(url=redis_url)
+    write_partition(target, map_name, [(k, v is None, v) for k, v in entities.items()])
+    sink = RedisSink(target, map_name, lambda _: {}, changes_max_len=max_len)
     mark = Watermark(
         batch_id=batch_id,
         offsets={t: dict(ps) for t, ps in (offsets or {}).items()},

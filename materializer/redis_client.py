@@ -1,0 +1,86 @@
+"""One Redis server or a Redis Cluster, behind the same few calls.
+
+With ``redis.cluster: true`` the URL names any node of a Redis Cluster and the
+client finds the others. The layout keeps its key names on a cluster: every
+``<map>:<key>`` hashes to a slot of its own, so a map spreads over all the
+masters, while each bookkeeping key (``__meta__``, ``__changes__``, ...) sits
+in one slot. Two habits of a single server do not hold there, and the code
+that reads or writes maps goes through this module for both:
+
+- ``MGET`` takes keys of one slot only: a pipeline queues one ``GET`` per key
+  instead (``queue_gets``), and a plain read splits by slot (``get_many``);
+- a ``MULTI`` touches one slot only: no transaction here spans two keys of a
+  map, and the sinks commit a batch's watermark and its change entries as
+  two transactions, each on one key (``materializer.sinks.redis``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeAlias
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import ClusterPipeline, RedisCluster
+
+from materializer.config import RedisConfig
+
+Client: TypeAlias = "redis.Redis | RedisCluster"
+AsyncClient: TypeAlias = "aioredis.Redis | AsyncRedisCluster"
+
+
+def connect(config: RedisConfig, **options: Any) -> Client:
+    """A client for the configured server or cluster; connects lazily (a cluster at once)."""
+    if config.cluster:
+        return RedisCluster.from_url(config.url, **options)
+    return redis.Redis.from_url(config.url, **options)
+
+
+def connect_async(config: RedisConfig, **options: Any) -> AsyncClient:
+    """The asyncio client for the configured server or cluster; connects on first use."""
+    if config.cluster:
+        return AsyncRedisCluster.from_url(config.url, **options)
+    return aioredis.Redis.from_url(config.url, **options)
+
+
+def queue_gets(pipe: Any, keys: Sequence[str]) -> Callable[[Iterator[Any]], list[Any]]:
+    """Queue reads of ``keys`` on a pipeline; the result takes their values from its replies.
+
+    One ``MGET`` on a single server; one ``GET`` per key on a cluster, where
+    redis-py sends each to its slot's master (the pipeline still makes one
+    round trip per master).
+    """
+    if not keys:
+        return lambda _: []
+    if isinstance(pipe, ClusterPipeline | AsyncClusterPipeline):
+        for key in keys:
+            pipe.get(key)
+        return lambda replies: [next(replies) for _ in keys]
+    pipe.mget(list(keys))
+    return lambda replies: list(next(replies))
+
+
+def get_many(client: Client, keys: Sequence[str | bytes]) -> list[Any]:
+    """``MGET``, split by slot on a cluster (each slot's part is still atomic)."""
+    if isinstance(client, RedisCluster):
+        return list(client.mget_nonatomic(list(keys)))
+    return list(client.mget(list(keys)))
+
+
+async def get_many_async(client: AsyncClient, keys: Sequence[str | bytes]) -> list[Any]:
+    """``get_many`` for the asyncio client."""
+    if isinstance(client, AsyncRedisCluster):
+        return list(await client.mget_nonatomic(list(keys)))
+    return list(await client.mget(list(keys)))
+
+
+def where(client: Client | AsyncClient) -> str:
+    """Host and port (or socket path) of a client, for messages: never the URL, which may
+    hold a password. A cluster client names the node it was given."""
+    if isinstance(client, RedisCluster | AsyncRedisCluster):
+        node = client.get_default_node()
+        return f"{node.host}:{node.port}" if node is not None else "the Redis Cluster"
+    kwargs = client.connection_pool.connection_kwargs
+    return str(kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}")

@@ -1,0 +1,190 @@
+"""A Redis Cluster as the map store: the same pipeline, lookups and joins as on one server.
+
+Three masters share the 16384 hash slots; each ``<map>:<key>`` lands in its own
+slot, so one map's entities, watermark and change stream sit on different
+masters. The same map is materialized into a single redis-server and into the
+cluster, and every answer is compared across the two and with a reference
+fold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import uuid
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import grpc
+import orjson
+import pytest
+import redis
+from redis.cluster import RedisCluster as ClusterClient
+from slice_helpers import (
+    FIELDS,
+    config,
+    delta_map_rs,
+    end_offsets,
+    read_topic,
+    redis_map,
+    slice_config,
+    watermark,
+)
+from test_slice import user_events
+
+from materializer.config import AppConfig
+from materializer.enrichment.job import start_enrichment
+from materializer.layout import changes_key
+from materializer.pipeline.job import start_map
+from materializer.testing import RedisCluster, produce
+from materializer.testing.reference import fold_latest
+from materializer.v1 import enrich_service_pb2 as enrich_pb
+from materializer.v1 import enrich_service_pb2_grpc as enrich_grpc
+from materializer.v1 import map_service_pb2 as pb
+from materializer.v1 import map_service_pb2_grpc as pb_grpc
+from query_service.server import create_server
+from query_service.stores.redis import RedisMapStore
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def redis_cluster() -> Iterator[RedisCluster]:
+    with RedisCluster(masters=3) as cluster:
+        yield cluster
+
+
+def _orders(n: int, users: int, rng: random.Random) -> list[tuple[bytes, bytes]]:
+    """Orders keyed by id, each naming a user (some unknown, to exercise misses)."""
+    return [
+        (f"o{i}".encode(), orjson.dumps({"id": f"o{i}", "user": f"u{rng.randrange(users + 5)}"}))
+        for i in range(n)
+    ]
+
+
+async def _answers(cfg: AppConfig, name: str, keys: list[str], orders: list[bytes]) -> Any:
+    """Every Get, one BatchGet and one Enrich stream, through a real channel."""
+    store = RedisMapStore.from_config(cfg.redis)
+    server, port = await create_server(cfg, store=store)
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            maps = pb_grpc.MapServiceStub(channel)  # type: ignore[no-untyped-call]
+            gets = [
+                (r.found, r.entity)
+                for r in [await maps.Get(pb.GetRequest(map=name, key=k), timeout=30) for k in keys]
+            ]
+            batch = await maps.BatchGet(pb.BatchGetRequest(map=name, keys=keys), timeout=30)
+            spec = enrich_pb.JoinSpec(lookups=[enrich_pb.Lookup(map=name, key_field="user")])
+            request = enrich_pb.EnrichRequest(spec=spec, events=orders, request_id="r")
+            enrich = enrich_grpc.EnrichServiceStub(channel)  # type: ignore[no-untyped-call]
+            enriched = [r async for r in enrich.Enrich(iter([request]), timeout=60)]
+    finally:
+        await server.stop(None)
+        await store.close()
+    return (
+        gets,
+        [(e.found, e.entity) for e in batch.entries],
+        batch.watermark.batch_id,
+        [(e.index, e.event, e.dropped, e.error, list(e.missed)) for e in enriched[0].events],
+    )
+
+
+def _materialize(spark: Any, cfgs: Iterable[AppConfig], name: str) -> None:
+    """Fold everything produced so far into each config's stores."""
+    for cfg in cfgs:
+        queries = start_map(spark, cfg, name)
+        try:
+            queries.process_all_available()
+        finally:
+            queries.stop()
+
+
+@pytest.mark.timeout(900)
+def test_a_cluster_holds_the_map_a_single_redis_holds_and_serves_it_alike(
+    spark, kafka_bootstrap, redis_url, redis_client, redis_cluster, new_topic, tmp_path: Path
+):
+    topic, orders_topic = new_topic(3), new_topic(2)
+    name = f"spread_{uuid.uuid4().hex[:6]}"
+    docs = {
+        "single": slice_config(tmp_path / "single", kafka_bootstrap, redis_url, topic, name),
+        "cluster": slice_config(
+            tmp_path / "cluster", kafka_bootstrap, redis_cluster.url, topic, name
+        ),
+    }
+    docs["cluster"]["redis"]["cluster"] = True
+    output = f"{orders_topic}.enriched"
+    docs["cluster"]["enrichments"] = {
+        f"{name}_orders": {
+            "source": {"topics": [orders_topic]},
+            "lookups": [{"map": name, "key_field": "user"}],
+            "output": {"topic": output},
+        }
+    }
+    cfgs = {where: config(doc) for where, doc in docs.items()}
+
+    records = user_events(500, 80, seed=11)
+    positions = produce(kafka_bootstrap, topic, records)
+    _materialize(spark, cfgs.values(), name)
+    # A second wave that deletes keys the first wrote: DELs routed to their slots.
+    more = user_events(200, 80, seed=12) + [(f"u{i}".encode(), None) for i in range(10)]
+    positions += produce(kafka_bootstrap, topic, more)
+    records += more
+    _materialize(spark, cfgs.values(), name)
+
+    events = [(p, o, k, v) for (p, o), (k, v) in zip(positions, records, strict=True)]
+    reference = fold_latest(events, "id", FIELDS)
+    assert not {f"u{i}" for i in range(10)} & reference.keys()
+    cluster_client = ClusterClient.from_url(redis_cluster.url)
+    try:
+        assert redis_map(redis_client, name) == reference
+        assert redis_map(cluster_client, name) == reference  # type: ignore[arg-type]
+        for where in cfgs:
+            assert delta_map_rs(tmp_path / where / "warehouse" / name) == reference
+        # The map is spread over every master, not kept on one.
+        for node in redis_cluster.nodes:
+            with redis.Redis.from_url(node.url) as node_client:
+                on_node = list(node_client.scan_iter(match=f"{name}:*", count=1000))
+            assert len(on_node) > len(reference) // 6, node.url
+        marks = [watermark(redis_client, name), watermark(cluster_client, name)]  # type: ignore[arg-type]
+        assert all(m is not None and m.offsets == {topic: end_offsets(positions)} for m in marks)
+        # The change streams end in the same state per key.
+        streams = [
+            {
+                f[b"key"]: f[b"op"]
+                for _, f in client.xrange(changes_key(name))  # type: ignore[attr-defined]
+            }
+            for client in (redis_client, cluster_client)
+        ]
+        assert streams[0] == streams[1]
+        assert {k.decode() for k, op in streams[1].items() if op == b"upsert"} == set(reference)
+
+        # Lookups and joins answer the same from both, and the entities are the reference's.
+        rng = random.Random(5)
+        orders = _orders(60, 80, rng)
+        keys = [*sorted(reference), "u0", "u3", "nobody"]
+        single, spread = (
+            asyncio.run(_answers(cfgs[w], name, keys, [v for _, v in orders])) for w in cfgs
+        )
+        gets, batch, batch_id, enriched = spread
+        assert (gets, batch, enriched) == (single[0], single[1], single[3])
+        assert [(found, orjson.loads(e) if found else None) for found, e in gets] == [
+            (k in reference, reference.get(k)) for k in keys
+        ]
+        assert batch_id == marks[1].batch_id  # type: ignore[union-attr]
+
+        # The streaming enrichment reads the cluster on the executors: its output is the
+        # gRPC Enrich's answer for the same events.
+        produce(kafka_bootstrap, orders_topic, orders)
+        query = start_enrichment(spark, cfgs["cluster"], f"{name}_orders")
+        try:
+            query.process_all_available()
+        finally:
+            query.stop()
+        streamed = {m.key(): m.value() for m in read_topic(kafka_bootstrap, output)}
+        assert streamed == {
+            key: event for (key, _), (_, event, *_rest) in zip(orders, enriched, strict=True)
+        }
+    finally:
+        cluster_client.close()
