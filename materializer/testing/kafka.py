@@ -1,6 +1,6 @@
-"""A single-node KRaft Apache Kafka broker run from the resolved jars.
+"""Apache Kafka in KRaft mode run from the resolved jars: a single broker or a small cluster.
 
-The broker is both controller and broker, its storage formatted in a temp dir,
+Every node is both broker and controller, its storage formatted in a temp dir,
 listening on free loopback ports. Topics get uuid names so tests never share one.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import json
 import shutil
 import socket
 import tempfile
@@ -15,7 +16,7 @@ import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from confluent_kafka import KafkaError, Message
 from confluent_kafka.admin import AdminClient
@@ -37,43 +38,70 @@ rootLogger.level = WARN
 rootLogger.appenderRef.file.ref = file
 """
 
+MIN_IN_SYNC = 2
+"""Replicas an ``acks=all`` write needs in a cluster: one node of three may be down."""
+
 
 def _port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-class KafkaBroker:
-    """``with KafkaBroker() as k: k.bootstrap_servers``."""
+def _java(heap: str, main: str, *args: str, log: Path) -> list[str]:
+    java = shutil.which("java")
+    if java is None:
+        raise SetupError("java not found: Java 17 or newer is needed to run the Kafka broker")
+    classpath = ":".join(str(p) for p in jars("kafka"))
+    return [
+        java,
+        f"-Xmx{heap}",
+        "-XX:+UseG1GC",
+        "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={log}",
+        "-cp",
+        classpath,
+        main,
+        *args,
+    ]
 
-    def __init__(self, workdir: Path | None = None, heap: str = "512m") -> None:
+
+class KafkaNode:
+    """One combined broker and controller of a cluster: its ports, storage and process."""
+
+    def __init__(self, node_id: int, heap: str) -> None:
+        self.node_id = node_id
         self.port = free_port()
         self.controller_port = free_port()
-        self.bootstrap_servers = f"127.0.0.1:{self.port}"
+        self.address = f"127.0.0.1:{self.port}"
+        self.voter = f"{node_id}@127.0.0.1:{self.controller_port}"
         self._heap = heap
-        self._workdir = workdir
-        self._tmp: tempfile.TemporaryDirectory[str] | None = None
-        self._proc: ManagedProcess | None = None
+        self.workdir: Path | None = None
+        self.proc: ManagedProcess | None = None
 
-    def _properties(self, data_dir: Path) -> str:
+    def properties(self, data_dir: Path, voters: str, replicas: int) -> str:
+        """The node's ``server.properties``; topics get ``replicas`` replicas by default."""
+        min_isr = min(MIN_IN_SYNC, replicas)
         return "\n".join(
             [
                 "process.roles=broker,controller",
-                "node.id=1",
-                f"controller.quorum.voters=1@127.0.0.1:{self.controller_port}",
-                f"listeners=PLAINTEXT://127.0.0.1:{self.port},CONTROLLER://127.0.0.1:{self.controller_port}",
-                f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+                f"node.id={self.node_id}",
+                f"controller.quorum.voters={voters}",
+                f"listeners=PLAINTEXT://{self.address},CONTROLLER://127.0.0.1:{self.controller_port}",
+                f"advertised.listeners=PLAINTEXT://{self.address}",
                 "controller.listener.names=CONTROLLER",
                 "inter.broker.listener.name=PLAINTEXT",
                 "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
                 f"log.dirs={data_dir}",
                 "num.partitions=1",
-                "offsets.topic.replication.factor=1",
+                f"default.replication.factor={replicas}",
+                f"min.insync.replicas={min_isr}",
+                f"offsets.topic.replication.factor={replicas}",
                 "offsets.topic.num.partitions=4",
-                "transaction.state.log.replication.factor=1",
-                "transaction.state.log.min.isr=1",
+                f"transaction.state.log.replication.factor={replicas}",
+                f"transaction.state.log.min.isr={min_isr}",
                 "transaction.state.log.num.partitions=4",
-                "share.coordinator.state.topic.replication.factor=1",
+                f"share.coordinator.state.topic.replication.factor={replicas}",
+                f"share.coordinator.state.topic.min.isr={min_isr}",
                 "group.initial.rebalance.delay.ms=0",
                 # As production brokers should run: Materializer creates every topic it
                 # writes, and a producer still holding a dropped generation's changelog
@@ -85,36 +113,17 @@ class KafkaBroker:
             ]
         )
 
-    def _java(self, main: str, *args: str, log: Path) -> list[str]:
-        java = shutil.which("java")
-        if java is None:
-            raise SetupError("java not found: Java 17 or newer is needed to run the Kafka broker")
-        classpath = ":".join(str(p) for p in jars("kafka"))
-        return [
-            java,
-            f"-Xmx{self._heap}",
-            "-XX:+UseG1GC",
-            "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={log}",
-            "-cp",
-            classpath,
-            main,
-            *args,
-        ]
-
-    def start(self, timeout: float = 90.0) -> KafkaBroker:
-        """Format the storage, start the broker, wait until it serves metadata."""
-        if self._workdir is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="materializer-kafka-")
-            self._workdir = Path(self._tmp.name)
-        work = self._workdir
-        props = work / "server.properties"
-        props.write_text(self._properties(work / "data"))
-        log4j = work / "log4j2.properties"
-        log4j.write_text(_LOG4J2.format(log=work / "broker.log"))
-        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    def launch(self, workdir: Path, cluster_id: str, voters: str, replicas: int) -> None:
+        """Format the node's storage into ``workdir`` for ``cluster_id``, then start it."""
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        props = workdir / "server.properties"
+        props.write_text(self.properties(workdir / "data", voters, replicas))
+        log4j = workdir / "log4j2.properties"
+        log4j.write_text(_LOG4J2.format(log=workdir / "broker.log"))
         fmt = ManagedProcess(
-            self._java(
+            _java(
+                self._heap,
                 "kafka.tools.StorageTool",
                 "format",
                 f"--cluster-id={cluster_id}",
@@ -122,41 +131,140 @@ class KafkaBroker:
                 str(props),
                 log=log4j,
             ),
-            work / "format.log",
+            workdir / "format.log",
         )
         if fmt.proc.wait(120) != 0:
             raise SetupError(f"formatting Kafka storage failed:\n{fmt.tail()}")
         fmt.stop()
-        self._proc = ManagedProcess(
-            self._java("kafka.Kafka", str(props), log=log4j), work / "stdout.log"
+        self.proc = ManagedProcess(
+            _java(self._heap, "kafka.Kafka", str(props), log=log4j), workdir / "stdout.log"
         )
-        proc = self._proc
+
+    def alive(self) -> bool:
+        """Whether the node's process runs."""
+        return self.proc is not None and self.proc.alive()
+
+    def quorum_leader(self) -> tuple[int, int] | None:
+        """(epoch, node id) of the active controller as this node last recorded it, if any.
+
+        Brokers answer clients' metadata requests with a random broker as the
+        "controller" under KRaft, so the quorum's own state file is where the
+        active controller is known.
+        """
+        if self.workdir is None:
+            return None
+        path = self.workdir / "data" / "__cluster_metadata-0" / "quorum-state"
         try:
-            # A client made before the port opens logs every refused connection: wait for it first.
-            wait_until("kafka broker port", lambda: _port_open(self.port), timeout, proc.alive)
-            admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
-            wait_until(
-                "kafka broker",
-                lambda: len(admin.list_topics(timeout=2).brokers) == 1,
-                timeout,
-                proc.alive,
-            )
-        except Exception as exc:
-            tail = proc.tail()
-            self.stop()
-            raise SetupError(f"Kafka broker did not start: {exc}\n{tail}") from exc
-        return self
+            state = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        leader = int(state.get("leaderId", -1))
+        return None if leader < 0 else (int(state.get("leaderEpoch", -1)), leader)
+
+    def kill(self) -> None:
+        """SIGKILL the node: a crash, no controlled shutdown."""
+        if self.proc is not None:
+            self.proc.kill()
 
     def stop(self) -> None:
-        """Stop the broker and remove its storage."""
-        if self._proc is not None:
-            self._proc.stop(timeout=20)
-            self._proc = None
+        """Stop the node's process (its storage is its cluster's to remove)."""
+        if self.proc is not None:
+            self.proc.stop(timeout=20)
+            self.proc = None
+
+    def tail(self) -> str:
+        """The end of the node's log, for error messages."""
+        return "" if self.proc is None else f"node {self.node_id}:\n{self.proc.tail()}"
+
+
+class KafkaCluster:
+    """``with KafkaCluster(size=3) as c: c.bootstrap_servers; c.kill(node_id)``.
+
+    Every node is a voter of the controller quorum and a broker. Topics (the
+    internal ones too) get a replica on every node, and an ``acks=all`` write
+    needs two in sync, so three nodes keep serving reads and writes with any
+    one of them gone.
+    """
+
+    def __init__(self, size: int = 3, workdir: Path | None = None, heap: str = "384m") -> None:
+        self.nodes = {i: KafkaNode(i, heap) for i in range(1, size + 1)}
+        self.bootstrap_servers = ",".join(n.address for n in self.nodes.values())
+        self._workdir = workdir
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    def start(self, timeout: float = 90.0) -> Self:
+        """Format every node's storage, start them all, wait until every broker is registered."""
+        if self._workdir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="materializer-kafka-")
+            self._workdir = Path(self._tmp.name)
+        work = self._workdir
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        voters = ",".join(n.voter for n in self.nodes.values())
+        try:
+            for node in self.nodes.values():
+                node.launch(self._node_dir(work, node), cluster_id, voters, len(self.nodes))
+            self._wait_ready(timeout)
+        except Exception as exc:
+            tails = "\n".join(n.tail() for n in self.nodes.values())
+            self.stop()
+            if isinstance(exc, SetupError):
+                raise
+            raise SetupError(f"Kafka did not start: {exc}\n{tails}") from exc
+        return self
+
+    def _node_dir(self, work: Path, node: KafkaNode) -> Path:
+        """A lone node keeps its files at the top of the workdir; a cluster's, one folder each."""
+        return work if len(self.nodes) == 1 else work / f"node-{node.node_id}"
+
+    def _wait_ready(self, timeout: float) -> None:
+        def alive() -> bool:
+            return all(n.alive() for n in self.nodes.values())
+
+        # A client made before the ports open logs every refused connection: wait for them first.
+        wait_until(
+            "kafka broker port",
+            lambda: all(_port_open(n.port) for n in self.nodes.values()),
+            timeout,
+            alive,
+        )
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        wait_until(
+            "kafka broker",
+            lambda: len(admin.list_topics(timeout=2).brokers) == len(self.nodes),
+            timeout,
+            alive,
+        )
+
+    def kill(self, node_id: int) -> None:
+        """SIGKILL one node, as a crash of its machine would stop it."""
+        self.nodes[node_id].kill()
+
+    def alive_bootstrap_servers(self) -> str:
+        """The addresses of the nodes still running."""
+        return ",".join(n.address for n in self.nodes.values() if n.alive())
+
+    def active_controller(self) -> int:
+        """The node id of the quorum's leader, as the running nodes last recorded it."""
+        known = [s for n in self.nodes.values() if n.alive() and (s := n.quorum_leader())]
+        if not known:
+            raise RuntimeError("no running node knows the active controller")
+        return max(known)[1]
+
+    def stop(self) -> None:
+        """Stop every node and remove their storage.
+
+        Nodes of a cluster are killed: a controlled shutdown would wait on
+        peers already gone, for storage about to be removed.
+        """
+        for node in self.nodes.values():
+            if len(self.nodes) > 1:
+                node.kill()
+            node.stop()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
 
-    def __enter__(self) -> KafkaBroker:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(
@@ -165,24 +273,58 @@ class KafkaBroker:
         self.stop()
 
 
+class KafkaBroker(KafkaCluster):
+    """``with KafkaBroker() as k: k.bootstrap_servers``: a cluster of one node."""
+
+    def __init__(self, workdir: Path | None = None, heap: str = "512m") -> None:
+        super().__init__(1, workdir, heap)
+        self._node = self.nodes[1]
+        self.port = self._node.port
+        self.controller_port = self._node.controller_port
+
+    @property
+    def _proc(self) -> ManagedProcess | None:
+        return self._node.proc
+
+
 def create_topic(
     bootstrap_servers: str,
     partitions: int = 1,
     name: str | None = None,
     config: Mapping[str, str] | None = None,
+    replication_factor: int = 1,
 ) -> str:
-    """Create a topic (uuid-named unless ``name`` is given) and wait until it exists."""
+    """Create a topic (uuid-named unless ``name`` is given) and wait until it exists.
+
+    ``replication_factor`` is how many brokers hold each partition (-1: the broker's default).
+    """
     topic = name or f"t-{uuid.uuid4().hex[:12]}"
     admin = AdminClient({"bootstrap.servers": bootstrap_servers})
     futures = admin.create_topics(
         [
             NewTopic(
-                topic, num_partitions=partitions, replication_factor=1, config=dict(config or {})
+                topic,
+                num_partitions=partitions,
+                replication_factor=replication_factor,
+                config=dict(config or {}),
             )
         ]
     )
     futures[topic].result(30)
+    # The controller has made the topic; every broker learns it a little later.
+    wait_until("topic " + topic, lambda: _led(admin, topic, partitions), 30, lambda: True)
     return topic
+
+
+def _led(admin: AdminClient, topic: str, partitions: int) -> bool:
+    """Whether the metadata shows every partition of ``topic`` with a leader."""
+    found = admin.list_topics(topic, timeout=5).topics.get(topic)
+    return (
+        found is not None
+        and found.error is None
+        and len(found.partitions) == partitions
+        and all(p.leader >= 0 for p in found.partitions.values())
+    )
 
 
 Record = tuple[bytes | None, bytes | None]
