@@ -111,9 +111,14 @@ first, while the other worker takes every other file: two such runs at once
 on two cores would starve each other's micro-batches."""
 
 
+CLUSTERS = ("test_scale_kafka.py", "test_scale_spark.py")
+"""The next longest: a three-node Kafka cluster, and a Spark standalone cluster with a run
+of its own. They start first on the other worker."""
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
-        return 0 if item.path.name in RUNS else 1
+        return 0 if item.path.name in RUNS else 1 if item.path.name in CLUSTERS else 2
 
     items.sort(key=rank)  # stable: the rest keep their order
 
