@@ -11,6 +11,7 @@ import re
 from datetime import timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
@@ -87,6 +88,15 @@ class RedisConfig(_Model):
     cluster: bool = False
     """The URL names one node of a Redis Cluster: each entity key lands in its own hash
     slot, so a map spreads over every master (``materializer.redis_client``)."""
+
+    @model_validator(mode="after")
+    def _cluster_has_database_zero(self) -> RedisConfig:
+        database = urlsplit(self.url).path.strip("/")
+        if self.cluster and database not in ("", "0"):
+            raise ValueError(
+                f"url: a Redis Cluster has database 0 only, and the URL selects {database}"
+            )
+        return self
 
 
 class DeltaConfig(_Model):

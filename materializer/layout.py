@@ -7,7 +7,8 @@ Written down in docs/redis-layout.md and pinned by tests/unit/test_layout.py.
   ``batch_id`` (decimal), ``offsets`` (JSON ``{"topic": {"partition": next_offset}}``),
   ``updated_at_ms`` (UTC epoch milliseconds), ``app_id`` (the writing query);
 - ``<map>:__changes__`` stream (capped), one entry per key a batch wrote:
-  ``key``, ``op`` (``upsert`` | ``delete``), ``batch_id``;
+  ``key``, ``op`` (``upsert`` | ``delete``), ``batch_id``, and on a batch's
+  last entry ``app_id``;
 - ``<map>:__status__`` hash, what the running materializer reports of the map;
 - ``<map>:__control__`` hash, what operators ask of it (pause, resume, restart);
 - ``<map>:__generation__`` string, which generation of the map readers use.

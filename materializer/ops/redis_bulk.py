@@ -78,21 +78,11 @@ class BulkWriter:
 
     def delete(self, keys: Iterable[bytes]) -> int:
         """``DEL`` the keys, in commands of ``PAIRS_PER_COMMAND``; the number asked."""
-        batch: list[bytes] = []
         asked = 0
-        for key in keys:
-            batch.append(key)
-            if len(batch) >= PAIRS_PER_COMMAND:
-                asked += self._delete(batch)
-                batch = []
-        if batch:
-            asked += self._delete(batch)
+        for chunk in _chunks(keys):
+            self._send(b"DEL", _bulk_strings(pa.array(chunk, pa.binary())), len(chunk))
+            asked += len(chunk)
         return asked
-
-    def _delete(self, keys: list[bytes]) -> int:
-        array = pa.array(keys, pa.binary())
-        self._send(b"DEL", _bulk_strings(array), len(keys))
-        return len(keys)
 
     def _send(self, command: bytes, arguments: pa.Array, count: int) -> None:
         """One command whose arguments are the concatenated RESP bulk strings of ``arguments``."""
@@ -177,17 +167,10 @@ class ClusterBulkWriter:
 
     def delete(self, keys: Iterable[bytes]) -> int:
         """``DEL`` the keys (split by slot); the number asked."""
-        batch: list[bytes] = []
         asked = 0
-        for key in keys:
-            batch.append(key)
-            if len(batch) >= PAIRS_PER_COMMAND:
-                self._client.delete(*batch)
-                asked += len(batch)
-                batch = []
-        if batch:
-            self._client.delete(*batch)
-            asked += len(batch)
+        for chunk in _chunks(keys):
+            self._client.delete(*chunk)
+            asked += len(chunk)
         return asked
 
     def __enter__(self) -> ClusterBulkWriter:
@@ -202,6 +185,18 @@ def bulk_writer(client: Client) -> BulkWriter | ClusterBulkWriter:
     if isinstance(client, RedisCluster):
         return ClusterBulkWriter(client)
     return BulkWriter(client)
+
+
+def _chunks(keys: Iterable[bytes]) -> Iterator[list[bytes]]:
+    """``keys`` in lists of at most ``PAIRS_PER_COMMAND``."""
+    chunk: list[bytes] = []
+    for key in keys:
+        chunk.append(key)
+        if len(chunk) >= PAIRS_PER_COMMAND:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def _bulk_strings(items: pa.Array) -> pa.Array:

@@ -79,6 +79,11 @@ def drop_maps(client: redis.Redis, *names: str) -> None:
 
 @pytest.fixture()
 def maps(redis_client: redis.Redis) -> Iterator[Maps]:
+    yield from seed_maps(redis_client)
+
+
+def seed_maps(redis_client: redis.Redis) -> Iterator[Maps]:
+    """Users and companies in the Redis layout, removed when the generator closes."""
     rng = random.Random(7)
     users, companies = new_name("users"), new_name("companies")
     user_entities: dict[str, dict[str, Any]] = {}

@@ -21,7 +21,6 @@ import urllib.request
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import grpc
 import orjson
@@ -32,7 +31,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 from query_redis_helpers import map_doc
-from test_enrich import SPECS, Maps, drop_maps, new_name, random_events, request, split, write_map
+from test_enrich import SPECS, Maps, random_events, request, seed_maps, split
 from test_enrich import assert_answers as assert_enriched
 from test_query_get import query_service_command
 
@@ -66,33 +65,7 @@ through a process-wide pool otherwise."""
 @pytest.fixture()
 def maps(redis_client: redis.Redis) -> Iterator[Maps]:
     """Users and companies, written as the materializer lays them out in Redis."""
-    rng = random.Random(5)
-    users, companies = new_name("users"), new_name("companies")
-    user_entities: dict[str, dict[str, Any]] = {
-        f"u{i}": {"id": f"u{i}", "name": f"user {i}", "company_id": f"c{rng.randrange(8)}"}
-        for i in range(24)
-    }
-    user_entities["42"] = {"id": 42, "name": "answer", "company_id": "c1"}
-    company_entities = {
-        f"c{i}": {"id": f"c{i}", "country": rng.choice(["FR", "NO"])} for i in range(6)
-    }
-    built = Maps(
-        users=users,
-        companies=companies,
-        entities={users: user_entities, companies: company_entities},
-        marks={
-            users: Watermark(
-                batch_id=9,
-                offsets={f"{users}-events": {1: 17, 0: 40}},
-                updated_at_ms=1_700_000_000_123,
-            ),
-            companies: Watermark(batch_id=3, offsets={f"{companies}-events": {0: 6}}),
-        },
-    )
-    for name in (users, companies):
-        write_map(redis_client, name, built.entities[name], built.marks[name])
-    yield built
-    drop_maps(redis_client, users, companies)
+    yield from seed_maps(redis_client)
 
 
 def watermark(mark: Watermark) -> common.Watermark:

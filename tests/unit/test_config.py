@@ -297,3 +297,12 @@ def test_a_near_cache_cannot_front_a_map_whose_redis_keys_expire():
         "query.near_cache.users: map users has ttl.redis, and the near cache would keep serving "
         "the keys Redis expired"
     ]
+
+
+def test_a_redis_cluster_has_database_zero_only():
+    assert parse_config({"redis": {"url": "redis://node:7000", "cluster": True}}).redis.cluster
+    with pytest.raises(ConfigError) as info:
+        parse_config({"redis": {"url": "redis://node:7000/2", "cluster": True}})
+    assert info.value.problems == [
+        "redis.url: a Redis Cluster has database 0 only, and the URL selects 2"
+    ]

@@ -511,6 +511,12 @@ def test_config_blocks_pass_through_from_values(production: Rendered):
     assert config["query"]["near_cache"] == values["query"]["near_cache"]
 
 
+def test_a_redis_cluster_is_declared_in_values(render: Render):
+    rendered = render({"redis": {"url": "redis://redis-cluster:6379", "cluster": True}})
+    assert rendered.config()["redis"] == {"url": "redis://redis-cluster:6379", "cluster": True}
+    assert validate_text(rendered.config_text()) == []
+
+
 def test_redis_url_from_an_existing_secret(production: Rendered):
     for suffix in ("-query", "-driver"):
         env = {e["name"]: e for e in container(production.one("Deployment", suffix))["env"]}
