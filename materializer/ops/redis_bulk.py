@@ -79,7 +79,7 @@ class BulkWriter:
     def delete(self, keys: Iterable[bytes]) -> int:
         """``DEL`` the keys, in commands of ``PAIRS_PER_COMMAND``; the number asked."""
         asked = 0
-        for chunk in _chunks(keys):
+        for chunk in _chunks(keys, PAIRS_PER_COMMAND):
             self._send(b"DEL", _bulk_strings(pa.array(chunk, pa.binary())), len(chunk))
             asked += len(chunk)
         return asked
@@ -168,7 +168,7 @@ class ClusterBulkWriter:
     def delete(self, keys: Iterable[bytes]) -> int:
         """``DEL`` the keys (split by slot); the number asked."""
         asked = 0
-        for chunk in _chunks(keys):
+        for chunk in _chunks(keys, PAIRS_PER_COMMAND):
             self._client.delete(*chunk)
             asked += len(chunk)
         return asked
@@ -187,12 +187,12 @@ def bulk_writer(client: Client) -> BulkWriter | ClusterBulkWriter:
     return BulkWriter(client)
 
 
-def _chunks(keys: Iterable[bytes]) -> Iterator[list[bytes]]:
-    """``keys`` in lists of at most ``PAIRS_PER_COMMAND``."""
+def _chunks(keys: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
+    """``keys`` in lists of at most ``size``."""
     chunk: list[bytes] = []
     for key in keys:
         chunk.append(key)
-        if len(chunk) >= PAIRS_PER_COMMAND:
+        if len(chunk) >= size:
             yield chunk
             chunk = []
     if chunk:
@@ -223,15 +223,8 @@ def entity_keys(client: Client, physical: str) -> Iterator[list[bytes]]:
     ``SCAN`` over every master of a cluster, one after the other."""
     prefix = f"{physical}:".encode()
     reserved = {prefix + name.encode() for name in RESERVED_KEYS}
-    page: list[bytes] = []
-    for key in client.scan_iter(match=match_pattern(f"{physical}:"), count=SCAN_COUNT):
-        if isinstance(key, bytes) and key not in reserved:
-            page.append(key)
-            if len(page) >= SCAN_COUNT:
-                yield page
-                page = []
-    if page:
-        yield page
+    found = client.scan_iter(match=match_pattern(f"{physical}:"), count=SCAN_COUNT)
+    yield from _chunks((k for k in found if isinstance(k, bytes) and k not in reserved), SCAN_COUNT)
 
 
 def entity_values(client: Client, physical: str) -> Iterator[tuple[list[bytes], list[Any]]]:

@@ -91,7 +91,7 @@ class RedisSink(Sink):
         self._end_offsets = end_offsets
 
     def write(self, batch: Batch) -> None:
-        """Write the batch's entities, then its watermark and change entries together."""
+        """Write the batch's entities, then its change entries and watermark (``commit``)."""
         rows = batch.rows.select(c.KEY, c.DELETED, entity_json(batch.rows[c.ENTITY]))
         rows.foreachPartition(
             functools.partial(write_partition, self.config, self.map_name, ttl_ms=self.ttl_ms)
