@@ -179,15 +179,34 @@ class MapQueries:
 
         A batch cut short is replayed by the next start and changes nothing
         twice, but letting it finish keeps that replay from happening at all.
+        The timeout bounds the whole stop, so a pause is obeyed within it
+        however many queries the map has.
         """
+        deadline = time.monotonic() + timeout
         for query in self.queries:
-            deadline = time.monotonic() + timeout
-            while (
-                query.isActive and query.status["isTriggerActive"] and time.monotonic() < deadline
-            ):
-                time.sleep(0.05)
+            _await_batch_end(query, deadline)
             query.stop()
         self._close()
+
+
+def _await_batch_end(query: StreamingQuery, deadline: float) -> None:
+    """Return once the query's batch in flight (if any) has committed, or at ``deadline``.
+
+    Under a steady stream batches run back to back and an idle trigger is
+    rarely seen between them; a new progress report marks the end of the
+    batch that was running, so the stop that follows cuts short at most the
+    batch after it, which the next start replays.
+    """
+    started = _last_batch_id(query)
+    while query.isActive and time.monotonic() < deadline:
+        if not query.status["isTriggerActive"] or _last_batch_id(query) != started:
+            return
+        time.sleep(0.05)
+
+
+def _last_batch_id(query: StreamingQuery) -> int | None:
+    progress = query.lastProgress
+    return None if progress is None else int(progress["batchId"])
 
 
 def records(

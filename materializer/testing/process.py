@@ -9,6 +9,10 @@ import subprocess
 from pathlib import Path
 from typing import IO
 
+GRACE_SECONDS = 120.0
+"""What the chart gives a pod between SIGTERM and SIGKILL (terminationGracePeriodSeconds):
+a run under load may need most of it to finish the batches it has in flight."""
+
 
 class ManagedProcess:
     """A process in its own session, so stopping it stops everything it started."""
@@ -30,7 +34,7 @@ class ManagedProcess:
         """Whether the process is still running."""
         return self.proc.poll() is None
 
-    def stop(self, timeout: float = 15.0) -> None:
+    def stop(self, timeout: float = GRACE_SECONDS) -> None:
         """SIGTERM the process itself, as an orchestrator would; SIGKILL the group after.
 
         Only the leader gets SIGTERM so that it can shut its children down in

@@ -157,7 +157,7 @@ def test_standalone_cluster_matches_local_mode_and_reference(
         assert sorted(tasks) == sorted(ids[0] for ids in by_worker.values()), (tasks, by_worker)
         assert all(done > 0 for done in tasks.values()), tasks
     finally:
-        proc.stop(timeout=120)
+        proc.stop()
     assert proc.proc.returncode == 0, proc.tail()
 
     local_table = Path(table_path(local_cfg, "local_users"))
