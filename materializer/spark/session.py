@@ -23,6 +23,9 @@ def spark_conf(config: SparkConfig) -> dict[str, str]:
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
         "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
+        # Each MERGE first rebuilds the table's snapshot from its log, by default in 50
+        # tasks: far more than a map's table needs, and a per-batch cost on few cores.
+        "spark.databricks.delta.snapshotPartitions": str(config.shuffle_partitions),
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",

@@ -48,3 +48,11 @@ def test_session_conf_uses_local_jars_and_delta():
         "RocksDBStateStoreProvider"
     )
     assert spark_conf(SparkConfig(conf={"spark.ui.enabled": "true"}))["spark.ui.enabled"] == "true"
+
+
+def test_delta_snapshots_are_rebuilt_with_the_maps_parallelism():
+    conf = spark_conf(SparkConfig(shuffle_partitions=3))
+    assert conf["spark.sql.shuffle.partitions"] == "3"
+    assert conf["spark.databricks.delta.snapshotPartitions"] == "3"
+    custom = {"spark.databricks.delta.snapshotPartitions": "8"}
+    assert spark_conf(SparkConfig(conf=custom))["spark.databricks.delta.snapshotPartitions"] == "8"
