@@ -215,7 +215,7 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
                 for a, b in zip(after, before, strict=True)
             )
 
-        wait_for("a new batch of every map", advanced)
+        wait_for("a new batch of every map", advanced, timeout=300)
 
     producer = threading.Thread(target=keep_producing, daemon=True)
     producer.start()
