@@ -99,7 +99,7 @@ def warehouse(tmp_path: Path) -> Path:
 
 
 RUNS = (
-    "test_exactly_once.py",  # five kill -9 restarts of a run with two maps and two enrichments
+    "test_exactly_once.py",  # three crashes of a run with two maps and two enrichments
     "test_operations.py",  # one run walked through pause, rehydrate, rebuild and restart
     "test_demo.py",
     "test_run.py",

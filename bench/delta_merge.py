@@ -1,0 +1,121 @@
+"""Delta benchmark: the Delta sink's MERGE per batch, Delta's default snapshot parallelism
+against the map's.
+
+All in one run, one Spark session, no Kafka or Redis: a table of N entities,
+then batches of K changed entities (an update for most, an insert and a
+delete for some) merged by ``DeltaSink.write``, as the map's Delta query does.
+
+  baseline   ``spark.databricks.delta.snapshotPartitions`` at Delta's default (50):
+             each MERGE rebuilds the table's snapshot from its log in 50 tasks;
+  map        the setting Materializer gives every session: the map's
+             ``spark.shuffle_partitions``.
+
+The two alternate batch by batch on the same table, so both see the same log
+length; ``ratio`` is the baseline's median MERGE time over the map's.
+
+    .venv/bin/python bench/delta_merge.py [--entities N] [--changes K] [--batches B]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from materializer.config import SparkConfig
+from materializer.pipeline import columns as c
+from materializer.sinks.base import Batch
+from materializer.sinks.delta import DeltaSink
+from materializer.spark.session import build_spark_session
+
+SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
+DELTA_DEFAULT = "50"
+SHUFFLE_PARTITIONS = 4  # the config's default
+
+
+def emit(**fields: Any) -> None:
+    print(json.dumps(fields), flush=True)
+
+
+def changes(spark: Any, start: int, n: int, keys: int, batch: int) -> Any:
+    """``n`` folded rows as the fold hands them to the sinks: one in ten a delete."""
+    from pyspark.sql import functions as F
+
+    return spark.range(start, start + n).select(
+        F.concat(F.lit("u"), (F.col("id") % keys).cast("string")).alias(c.KEY),
+        ((F.col("id") % 10) == 0).alias(c.DELETED),
+        F.struct(
+            F.concat(F.lit("u"), (F.col("id") % keys).cast("string")).alias("id"),
+            F.concat(F.lit("name "), F.lit(batch).cast("string")).alias("name"),
+            (F.col("id") % 90).cast("long").alias("age"),
+        ).alias(c.ENTITY),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--entities", type=int, default=100_000)
+    parser.add_argument("--changes", type=int, default=2_000)
+    parser.add_argument("--batches", type=int, default=30, help="per setting")
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="bench-delta-"))
+    spark = build_spark_session(
+        SparkConfig(
+            master="local[*]",
+            checkpoint_root=str(root / "checkpoints"),
+            shuffle_partitions=SHUFFLE_PARTITIONS,
+        ),
+        app_name="bench-delta-merge",
+    )
+    emit(
+        name="setup",
+        python=sys.version.split()[0],
+        cpus=os.cpu_count(),
+        loadavg_1m=round(os.getloadavg()[0], 2),
+        entities=args.entities,
+        changes_per_batch=args.changes,
+        batches_per_setting=args.batches,
+        shuffle_partitions=SHUFFLE_PARTITIONS,
+    )
+    sink = DeltaSink(str(root / "table"))
+    sink.write(Batch(changes(spark, 1, args.entities, args.entities, 0), 0, "bench"))
+
+    settings = {"baseline": DELTA_DEFAULT, "map": str(SHUFFLE_PARTITIONS)}
+    seconds: dict[str, list[float]] = {name: [] for name in settings}
+    batch_id = 1
+    for _ in range(args.batches):
+        for name, partitions in settings.items():
+            spark.conf.set(SNAPSHOT_PARTITIONS, partitions)
+            rows = changes(spark, batch_id * args.changes, args.changes, args.entities, batch_id)
+            started = time.perf_counter()
+            sink.write(Batch(rows, batch_id, "bench"))
+            seconds[name].append(time.perf_counter() - started)
+            batch_id += 1
+    for name, partitions in settings.items():
+        runs = seconds[name][3:]  # the first batches warm the JVM up
+        emit(
+            name=f"merge_{name}",
+            units="s per batch",
+            snapshot_partitions=int(partitions),
+            batches=len(runs),
+            median_s=round(statistics.median(runs), 3),
+            p90_s=round(statistics.quantiles(runs, n=10)[-1], 3),
+        )
+    ratio = statistics.median(seconds["baseline"][3:]) / statistics.median(seconds["map"][3:])
+    live = spark.read.format("delta").load(str(root / "table")).count()
+    emit(name="ratio", baseline_over_map=round(ratio, 2), table_rows=live)
+    emit(name="done", loadavg_1m=round(os.getloadavg()[0], 2))
+    spark.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
