@@ -74,6 +74,7 @@ bench: setup ## run the benchmarks (JSON lines on stdout)
 	$(BIN)/python bench/rehydrate.py
 	$(BIN)/python bench/enrich.py
 	$(BIN)/python bench/redis_cluster.py
+	$(BIN)/python bench/delta_merge.py
 
 clean: ## remove the venv, resolved jars and local data
 	rm -rf $(VENV) jvm/lib warehouse checkpoints tests/interop/node_modules

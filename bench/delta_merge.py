@@ -2,8 +2,8 @@
 against the map's.
 
 All in one run, one Spark session, no Kafka or Redis: a table of N entities,
-then batches of K changed entities (an update for most, an insert and a
-delete for some) merged by ``DeltaSink.write``, as the map's Delta query does.
+then batches of K changed entities (updates, deletes, and inserts of keys
+deleted before) merged by ``DeltaSink.write``, as the map's Delta query does.
 
   baseline   ``spark.databricks.delta.snapshotPartitions`` at Delta's default (50):
              each MERGE rebuilds the table's snapshot from its log in 50 tasks;
@@ -45,18 +45,37 @@ def emit(**fields: Any) -> None:
 
 
 def changes(spark: Any, start: int, n: int, keys: int, batch: int) -> Any:
-    """``n`` folded rows as the fold hands them to the sinks: one in ten a delete."""
+    """``n`` folded rows as the fold hands them to the sinks, ids ``start`` on over ``keys`` keys.
+
+    Batch 0 loads every key. Later batches update; on the first pass over the
+    keys one id in ten deletes its key, and on the next pass that key comes
+    back: each MERGE updates, deletes and, once the ids wrap, inserts.
+    """
     from pyspark.sql import functions as F
 
+    ids = F.col("id")
+    key = F.concat(F.lit("u"), (ids % keys).cast("string"))
+    deleted = (ids % 10 == 0) & ((ids / keys).cast("long") % 2 == 0) & F.lit(batch > 0)
     return spark.range(start, start + n).select(
-        F.concat(F.lit("u"), (F.col("id") % keys).cast("string")).alias(c.KEY),
-        ((F.col("id") % 10) == 0).alias(c.DELETED),
+        key.alias(c.KEY),
+        deleted.alias(c.DELETED),
         F.struct(
-            F.concat(F.lit("u"), (F.col("id") % keys).cast("string")).alias("id"),
+            key.alias("id"),
             F.concat(F.lit("name "), F.lit(batch).cast("string")).alias("name"),
-            (F.col("id") % 90).cast("long").alias("age"),
+            (ids % 90).cast("long").alias("age"),
         ).alias(c.ENTITY),
     )
+
+
+def live_keys(keys: int, per_batch: int, batches: int) -> int:
+    """How many keys the batches before ``batches`` leave, folded in plain Python."""
+    live = set(range(keys))
+    for i in range(per_batch, batches * per_batch):
+        if i % 10 == 0 and (i // keys) % 2 == 0:
+            live.discard(i % keys)
+        else:
+            live.add(i % keys)
+    return len(live)
 
 
 def main() -> None:
@@ -86,7 +105,7 @@ def main() -> None:
         shuffle_partitions=SHUFFLE_PARTITIONS,
     )
     sink = DeltaSink(str(root / "table"))
-    sink.write(Batch(changes(spark, 1, args.entities, args.entities, 0), 0, "bench"))
+    sink.write(Batch(changes(spark, 0, args.entities, args.entities, 0), 0, "bench"))
 
     settings = {"baseline": DELTA_DEFAULT, "map": str(SHUFFLE_PARTITIONS)}
     seconds: dict[str, list[float]] = {name: [] for name in settings}
@@ -111,6 +130,9 @@ def main() -> None:
         )
     ratio = statistics.median(seconds["baseline"][3:]) / statistics.median(seconds["map"][3:])
     live = spark.read.format("delta").load(str(root / "table")).count()
+    expected = live_keys(args.entities, args.changes, batch_id)
+    if live != expected:
+        raise RuntimeError(f"the table holds {live} rows, the batches leave {expected} keys")
     emit(name="ratio", baseline_over_map=round(ratio, 2), table_rows=live)
     emit(name="done", loadavg_1m=round(os.getloadavg()[0], 2))
     spark.stop()
