@@ -19,7 +19,6 @@ length; ``ratio`` is the baseline's median MERGE time over the map's.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
@@ -28,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from harness import emit
 
 from materializer.config import SparkConfig
 from materializer.pipeline import columns as c
@@ -38,10 +39,6 @@ from materializer.spark.session import build_spark_session
 SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"
 DELTA_DEFAULT = "50"
 SHUFFLE_PARTITIONS = 4  # the config's default
-
-
-def emit(**fields: Any) -> None:
-    print(json.dumps(fields), flush=True)
 
 
 def changes(spark: Any, start: int, n: int, keys: int, batch: int) -> Any:
