@@ -40,6 +40,7 @@ from materializer.ops.kafka_offsets import admin_client, partition_offsets
 from materializer.paths import checkpoint_path, table_path
 from materializer.pipeline.job import MapQueries, changelog_topic, start_map
 from materializer.redis_client import Client, connect
+from materializer.sinks.redis_fold import order_keys_pattern
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -110,18 +111,20 @@ class GenerationFiles:
 
 
 def drop_redis_copy(client: Client, map_name: str, generation: int) -> int:
-    """Delete a generation's keys (entities, watermark, changes); the map's own keys stay."""
+    """Delete a generation's keys (entities, watermark, changes, the fold's orders); the map's
+    own keys stay."""
     physical = physical_name(map_name, generation)
     keep = {f"{map_name}:{s}".encode() for s in (STATUS_SUFFIX, CONTROL_SUFFIX, GENERATION_SUFFIX)}
     dropped = 0
     batch: list[bytes] = []
-    for key in client.scan_iter(match=f"{physical}:*", count=5000):
-        if key in keep:
-            continue
-        batch.append(key)
-        if len(batch) >= 5000:
-            dropped += int(client.unlink(*batch))
-            batch = []
+    for pattern in (f"{physical}:*".encode(), order_keys_pattern(physical)):
+        for key in client.scan_iter(match=pattern, count=5000):
+            if key in keep:
+                continue
+            batch.append(key)
+            if len(batch) >= 5000:
+                dropped += int(client.unlink(*batch))
+                batch = []
     if batch:
         dropped += int(client.unlink(*batch))
     return dropped

@@ -54,16 +54,21 @@ def fail_on_error(records: DataFrame) -> DataFrame:
     )
 
 
-def dead_letters(bad: DataFrame) -> DataFrame:
-    """The Kafka sink's columns (key, value, headers) for records that failed."""
+def dead_letter_columns() -> list[Column]:
+    """The Kafka record of a failed record: its key, its value, its headers and ours."""
     from pyspark.sql import functions as F
 
     original = F.coalesce(
         F.col(c.HEADERS), F.array().cast("array<struct<key:string,value:binary>>")
     )
     added = F.array(*[_header(name, col) for name, col in ERROR_HEADERS])
-    return bad.select(
+    return [
         F.col(c.KAFKA_KEY).alias("key"),
         F.col(c.VALUE).alias("value"),
         F.concat(original, added).alias("headers"),
-    )
+    ]
+
+
+def dead_letters(bad: DataFrame) -> DataFrame:
+    """The Kafka sink's columns (key, value, headers) for records that failed."""
+    return bad.select(*dead_letter_columns())

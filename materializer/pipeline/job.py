@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from materializer.config import AppConfig
@@ -37,7 +37,11 @@ from materializer.pipeline.crash import CrashDrill
 from materializer.pipeline.dead_letter import dead_letters, fail_on_error
 from materializer.pipeline.decode import decode
 from materializer.pipeline.fold import fold
-from materializer.pipeline.formats.batch_typing import changelog_entity, typed_batches
+from materializer.pipeline.formats.batch_typing import (
+    EntityTyper,
+    changelog_entity,
+    typed_batches,
+)
 from materializer.pipeline.formats.json_inferred import is_inferred
 from materializer.pipeline.keys import assign_keys, bad, good
 from materializer.pipeline.metrics import BatchMetrics, observe_dead_letters, observe_fold_input
@@ -49,7 +53,16 @@ from materializer.sinks.base import Batch, Sink
 from materializer.sinks.changelog import ChangelogSink
 from materializer.sinks.delta import DeltaSink
 from materializer.sinks.group_offsets import GroupOffsetsSink
+from materializer.sinks.records import HistorySink, history_events
 from materializer.sinks.redis import RedisSink, expiry_ms
+from materializer.sinks.redis_fold import (
+    REDIS_FOLD_MODES,
+    FoldTarget,
+    RedisFold,
+    RedisFoldSink,
+    load_library,
+    producer_settings,
+)
 from materializer.sinks.retention import Retention
 
 if TYPE_CHECKING:
@@ -60,6 +73,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FINISH_BATCH_TIMEOUT = 120.0
+
+FOLD_POOL, DELTA_POOL = "fold", "delta"
+"""The FAIR scheduler pools of the folds' jobs and of the Delta queries' jobs."""
 
 MAP_GROUP = "materializer.{map}"
 """The consumer group a map's offsets are committed to; ``{map}`` stands for the map's name."""
@@ -92,12 +108,20 @@ class Projector:
         on_rows_out: Callable[[str, int, int], None] | None = None,
         query: str = "fold",
         prepare: Callable[[DataFrame], DataFrame] | None = None,
+        keep_records: bool = False,
+        pool: str = FOLD_POOL,
     ) -> None:
+        """``prepare`` turns the query's rows into the rows to project. With
+        ``keep_records`` the query's rows are records, not folded rows: the sinks get
+        them as ``Batch.records`` too, and the first sink to report ``rows_out`` (the
+        fold in Redis) gives the batch's count."""
         self.map_name = map_name
         self.sinks = sinks
         self.checkpoint = checkpoint
         self.query = query
         self._prepare = prepare
+        self._keep_records = keep_records
+        self._pool = pool
         self._on_rows_out = on_rows_out
         self._app_id: str | None = None
         self._drill = CrashDrill()
@@ -116,19 +140,26 @@ class Projector:
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
         """Project one batch into every sink, in order."""
         started = time.monotonic()
+        # The jobs this callback submits run in the query's pool (set per thread).
+        rows.sparkSession.sparkContext.setLocalProperty("spark.scheduler.pool", self._pool)
+        records = rows if self._keep_records else None
         if self._prepare is not None:
             rows = self._prepare(rows)
-        # The batch is read by each sink; caching it computes the fold once.
+        # The batch is read by each sink; caching it reads and computes it once.
         rows.persist()
         try:
-            count = rows.count()
-            batch = Batch(rows=rows, batch_id=batch_id, app_id=self.app_id())
+            # With the records kept, the first sink makes the rows out and counts them.
+            count = None if records is not None else rows.count()
+            batch = Batch(rows=rows, batch_id=batch_id, app_id=self.app_id(), records=records)
             self._drill.batch_started()
             for sink in self.sinks:
                 sink.write(batch)
                 self._drill.sink_written(sink.name)
+                if count is None:
+                    count = sink.rows_out()
         finally:
             rows.unpersist()
+        count = count or 0
         if self._on_rows_out is not None:
             self._on_rows_out(f"{self.map_name}.{self.query}", batch_id, count)
         log.debug(
@@ -292,21 +323,32 @@ def start_map(
     # Redis first, so lookups see a batch as soon as possible. Both writes are
     # idempotent per batch: a crash between them is repaired by the batch's replay.
     # The consumer group last: it reports what the stores already hold.
+    in_redis = map_config.fold.mode in REDIS_FOLD_MODES
+    ttl_ms = expiry_ms(map_config.ttl.redis if map_config.ttl else None)
     sinks: list[Sink] = [
         RedisSink(
             config.redis,
             physical,
             checkpoint.end_offsets,
             map_config.changes.max_len,
-            ttl_ms=expiry_ms(map_config.ttl.redis if map_config.ttl else None),
+            ttl_ms=ttl_ms,
+            entities=not in_redis,
         ),
-        ChangelogSink(changelog, producer_options(config, max_record_bytes)),
     ]
+    if not in_redis:
+        # Folded in Redis, the fold's own step writes the changelog.
+        sinks.append(ChangelogSink(changelog, producer_options(config, max_record_bytes)))
+    rows_out = report_rows_out(batch_log, metrics)
     if offsets_group is not None:
         group = offsets_group.replace("{map}", map_name)
         client = {"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.properties}
         sinks.append(GroupOffsetsSink(group, checkpoint.end_offsets, client))
-    rows_out = report_rows_out(batch_log, metrics)
+    table = table_path(config, physical)
+    inferred = is_inferred(map_config)
+    if in_redis:
+        return _start_in_redis(
+            spark, config, map_name, keyed, sinks, checkpoint, rows_out, generation, side_queries
+        )
     folding = observe_fold_input(
         fail_on_error(keyed) if map_config.on_error == "fail" else good(keyed)
     )
@@ -321,14 +363,7 @@ def start_map(
         .outputMode("update")
         .option("checkpointLocation", fold_checkpoint)
         .trigger(**trigger)
-        .foreachBatch(
-            typed_batches(
-                projector,
-                table_path(config, physical),
-                is_inferred(map_config),
-                c.table_meta(map_config),
-            )
-        )
+        .foreachBatch(typed_batches(projector, table, inferred, c.table_meta(map_config)))
         .start()
     )
     side = [_start_delta(spark, config, map_name, entity, rows_out, generation)]
@@ -338,6 +373,68 @@ def start_map(
     if side_queries and map_config.history:
         side.append(_start_history(config, map_name, good(keyed), side_trigger))
     return MapQueries(name=map_name, fold=fold_query, side=side, projectors=[projector])
+
+
+def _start_in_redis(
+    spark: SparkSession,
+    config: AppConfig,
+    map_name: str,
+    keyed: DataFrame,
+    sinks: list[Sink],
+    checkpoint: Checkpoint,
+    rows_out: Callable[[str, int, int], None] | None,
+    generation: int,
+    side_queries: bool,
+) -> MapQueries:
+    """One query for a map folded in Redis: the fold, its changelog and dead letters, then
+    the history, the watermark and the group offsets (``sinks``), from one read of the
+    source; the Delta query beside it."""
+    map_config = config.map(map_name)
+    physical = physical_name(map_name, generation)
+    letters = side_queries and map_config.on_error == "dead_letter"
+    properties = config.kafka.properties
+    changelog = changelog_topic(config, map_name, generation)
+    target = FoldTarget(
+        redis=config.redis,
+        map_name=physical,
+        changelog_topic=changelog,
+        producer=producer_settings(
+            config.kafka.bootstrap_servers,
+            properties,
+            ensure_changelog_topic(config, map_name, changelog),
+        ),
+        dead_letter_topic=dead_letter_topic(config, map_name) if letters else None,
+        ttl_ms=expiry_ms(map_config.ttl.redis if map_config.ttl else None),
+        changes_max_len=map_config.changes.max_len,
+    )
+    if target.dead_letter_topic is not None:
+        limit = ensure_dead_letter_topic(config, map_name, target.dead_letter_topic)
+        settings = dict(target.producer)
+        settings["message.max.bytes"] = str(max(limit, int(settings["message.max.bytes"])))
+        target = replace(target, producer=tuple(sorted(settings.items())))
+    typer = None
+    if is_inferred(map_config):
+        typer = EntityTyper(table_path(config, physical), c.table_meta(map_config))
+    redis_fold = RedisFold(
+        target, map_config.fold, fail_on_error=map_config.on_error == "fail", typer=typer
+    )
+    with map_key_paths(map_name):
+        entity = redis_fold.entity_type(keyed)
+    load_library(config.redis)
+    head: list[Sink] = [RedisFoldSink(redis_fold, checkpoint.end_offsets)]
+    if side_queries and map_config.history:
+        head.append(HistorySink(history_path(config, map_name)))
+    projector = Projector(physical, [*head, *sinks], checkpoint, rows_out, keep_records=True)
+    observed = observe_fold_input(keyed, dead_letters=letters)
+    fold_query = (
+        observed.writeStream.queryName(f"{physical}.fold")
+        .option("checkpointLocation", checkpoint.location)
+        .trigger(processingTime=config.spark.trigger_interval)
+        .foreachBatch(projector)
+        .start()
+    )
+    delta = _start_delta(spark, config, map_name, entity, rows_out, generation)
+    return MapQueries(name=map_name, fold=fold_query, side=[delta], projectors=[projector])
 
 
 def report_rows_out(
@@ -428,6 +525,7 @@ def _start_delta(
         rows_out,
         query="delta",
         prepare=last_per_key,
+        pool=DELTA_POOL,
     )
     return (
         changes.writeStream.queryName(f"{physical}.delta")
@@ -460,20 +558,7 @@ def _start_history(
     config: AppConfig, map_name: str, folded: DataFrame, trigger: dict[str, str]
 ) -> StreamingQuery:
     """Every folded event, appended; Delta's streaming sink commits each batch exactly once."""
-    from pyspark.sql import functions as F
-
-    meta = {
-        c.KEY: "_key",
-        c.DELETED: "_deleted",
-        c.TOPIC: "_topic",
-        c.PARTITION: "_partition",
-        c.OFFSET: "_offset",
-        c.TIMESTAMP: "_timestamp",
-    }
-    events = folded.select(
-        *[F.col(n).alias(alias) for n, alias in meta.items()],
-        *[F.col(c.quote(n)) for n in c.entity_fields(folded.columns)],
-    )
+    events = history_events(folded)
     return (
         events.writeStream.queryName(f"{map_name}.history")
         .format("delta")

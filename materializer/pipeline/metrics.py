@@ -46,16 +46,24 @@ RECORDS = "records"
 FOLD, DEAD_LETTER = "fold", "dead_letter"
 
 
-def observe_fold_input(records: DataFrame) -> DataFrame:
+def observe_fold_input(records: DataFrame, dead_letters: bool = False) -> DataFrame:
     """``records`` (what the fold takes in) reporting the newest Kafka timestamp of each batch.
 
     Microseconds since the epoch, so that the value is the same number in
-    every session time zone; null for a batch with nothing to fold.
+    every session time zone; null for a batch with nothing to fold. With
+    ``dead_letters`` (a map whose one query also sends them), the records
+    also report how many of them failed.
     """
     from pyspark.sql import functions as F
 
-    newest = F.max(F.unix_micros(F.col(c.TIMESTAMP))).alias(NEWEST_TIMESTAMP_US)
-    return records.observe(FOLD_INPUT, newest)
+    # Records not yet split by the error policy: only those that fold count as folded.
+    folds = F.col(c.ERROR_STAGE).isNull() if c.ERROR_STAGE in records.columns else F.lit(True)
+    newest = F.max(F.when(folds, F.unix_micros(F.col(c.TIMESTAMP)))).alias(NEWEST_TIMESTAMP_US)
+    observed = records.observe(FOLD_INPUT, newest)
+    if dead_letters:
+        failed = F.count(F.when(~folds, F.lit(1))).alias(RECORDS)
+        observed = observed.observe(DEAD_LETTERS, failed)
+    return observed
 
 
 def observe_dead_letters(letters: DataFrame) -> DataFrame:
@@ -198,10 +206,12 @@ class BatchMetrics(StreamingQueryListener):
             if newest is not None:
                 # Clocks of producers and of this machine may disagree a little; age is never < 0.
                 self._freshness.labels(map_name).set(max(0.0, done - int(newest) / 1_000_000))
-        elif query == DEAD_LETTER:
-            letters = int(_observed(progress, DEAD_LETTERS, RECORDS) or 0)
-            self._dead_letters.labels(map_name).inc(letters)
-            self._rows_out.labels(map_name, query).inc(letters)
+        if query in (FOLD, DEAD_LETTER):
+            # The dead-letter query's, or the fold's when its one query sends them.
+            letters = _observed(progress, DEAD_LETTERS, RECORDS)
+            if letters is not None:
+                self._dead_letters.labels(map_name).inc(int(letters))
+                self._rows_out.labels(map_name, DEAD_LETTER).inc(int(letters))
 
     def onQueryIdle(self, event: Any) -> None:  # noqa: N802
         """Nothing new: an idle query keeps its last values."""

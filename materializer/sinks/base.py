@@ -21,6 +21,9 @@ class Batch:
     rows: DataFrame
     batch_id: int
     app_id: str
+    records: DataFrame | None = None
+    """The batch's records as read, decoded and keyed, when the fold ran inside the batch
+    (a map folded in Redis): the dead letters and the history come from them."""
 
 
 class Sink(ABC):
@@ -37,6 +40,11 @@ class Sink(ABC):
     @abstractmethod
     def write(self, batch: Batch) -> None:
         """Project the batch's rows."""
+
+    def rows_out(self) -> int | None:
+        """Rows the last ``write`` produced, for a sink that makes the batch's rows itself
+        (the fold in Redis); None for the others, whose rows the projector counts."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - most sinks hold nothing to release
         """Release the clients the sink keeps across batches, once its query has stopped."""

@@ -83,8 +83,13 @@ class RedisSink(Sink):
         end_offsets: Callable[[int], dict[str, dict[int, int]]],
         changes_max_len: int = 100_000,
         ttl_ms: int | None = None,
+        *,
+        entities: bool = True,
     ) -> None:
+        """``entities=False``: the fold already put the entities and their change entries in
+        place (``redis_fold``); the sink commits the batch's watermark only."""
         self.config = config
+        self.entities = entities
         self.map_name = map_name
         self.changes_max_len = changes_max_len
         self.ttl_ms = ttl_ms
@@ -92,17 +97,19 @@ class RedisSink(Sink):
 
     def write(self, batch: Batch) -> None:
         """Write the batch's entities, then its change entries and watermark (``commit``)."""
-        rows = batch.rows.select(c.KEY, c.DELETED, entity_json(batch.rows[c.ENTITY]))
-        rows.foreachPartition(
-            functools.partial(write_partition, self.config, self.map_name, ttl_ms=self.ttl_ms)
-        )
+        changes: list[tuple[str, bool]] = []
+        if self.entities:
+            rows = batch.rows.select(c.KEY, c.DELETED, entity_json(batch.rows[c.ENTITY]))
+            rows.foreachPartition(
+                functools.partial(write_partition, self.config, self.map_name, ttl_ms=self.ttl_ms)
+            )
+            changes = [(r[0], bool(r[1])) for r in batch.rows.select(c.KEY, c.DELETED).collect()]
         watermark = Watermark(
             batch_id=batch.batch_id,
             offsets=self._end_offsets(batch.batch_id),
             updated_at_ms=int(time.time() * 1000),
             app_id=batch.app_id,
         )
-        changes = [(r[0], bool(r[1])) for r in batch.rows.select(c.KEY, c.DELETED).collect()]
         self.commit(watermark, changes)
 
     def commit(self, watermark: Watermark, changes: list[tuple[str, bool]]) -> None:

@@ -199,17 +199,14 @@ def table_fields(
     return StructType([f for f in schema.fields if f.name not in meta])
 
 
-class TypedBatches:
-    """A ``foreachBatch`` callback that types each batch's documents, then projects the batch.
+class EntityTyper:
+    """Types each batch's documents against the fields the map has so far.
 
     Runs on the driver. ``table`` is the map's Delta table, whose columns but
     ``meta`` are the fields the map already has when the query starts.
     """
 
-    def __init__(
-        self, project: Project, table: str, meta: Collection[str] = (c.TABLE_KEY,)
-    ) -> None:
-        self._project = project
+    def __init__(self, table: str, meta: Collection[str] = (c.TABLE_KEY,)) -> None:
         self._table = table
         self._meta = meta
         self._known: StructType | None = None
@@ -237,6 +234,16 @@ class TypedBatches:
         self._known = fields
         entity = F.try_variant_get(document, "$", ddl(fields))
         return rows.withColumn(c.ENTITY, F.when(F.col(c.DELETED), F.lit(None)).otherwise(entity))
+
+
+class TypedBatches(EntityTyper):
+    """A ``foreachBatch`` callback that types each batch's documents, then projects the batch."""
+
+    def __init__(
+        self, project: Project, table: str, meta: Collection[str] = (c.TABLE_KEY,)
+    ) -> None:
+        super().__init__(table, meta)
+        self._project = project
 
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
         """Type the batch (the fold runs once: its rows are cached) and project it."""

@@ -1,0 +1,194 @@
+"""The fold in Redis: the ``latest`` function against a real redis-server, its changelog in a
+real Kafka topic, and the order encoding on a real Spark session."""
+
+from __future__ import annotations
+
+import random
+from datetime import UTC, date, datetime, timedelta
+
+import orjson
+import pyarrow as pa
+import pytest
+from redis.crc import key_slot
+from slice_helpers import read_topic
+
+from materializer.config import RedisConfig
+from materializer.layout import changes_key, entity_key
+from materializer.pipeline import columns as c
+from materializer.sinks.changelog import APP_HEADER, BATCH_HEADER
+from materializer.sinks.redis_fold import (
+    ORDER,
+    FoldTarget,
+    _new_producer,
+    apply_batches,
+    load_library,
+    order_column,
+    order_key,
+    order_keys_pattern,
+    producer_settings,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def records(rows: list[tuple[str, str, dict | None]]) -> list[pa.RecordBatch]:
+    """(key, order, entity or None for a delete) as the columns ``arrow_columns`` selects."""
+    return [
+        pa.RecordBatch.from_pydict(
+            {
+                c.KEY: [k for k, _, _ in rows],
+                ORDER: [o for _, o, _ in rows],
+                "__value": [None if e is None else orjson.dumps(e) for _, _, e in rows],
+                "__dl_key": [None] * len(rows),
+                "__dl_value": [None] * len(rows),
+                "__dl_headers": pa.array(
+                    [None] * len(rows),
+                    pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
+                ),
+            }
+        )
+    ]
+
+
+@pytest.fixture()
+def target(redis_url: str, kafka_bootstrap: str, new_topic) -> FoldTarget:
+    config = RedisConfig(url=redis_url)
+    load_library(config)
+    return FoldTarget(
+        redis=config,
+        map_name=f"rf{random.randrange(10**9)}",
+        changelog_topic=new_topic(2),
+        producer=producer_settings(kafka_bootstrap, {}, 1_048_576),
+    )
+
+
+def apply(target: FoldTarget, batch: int, rows: list[tuple[str, str, dict | None]]) -> int:
+    return apply_batches(target, batch, "app", records(rows), _new_producer(target)).keys
+
+
+def entity(client, target: FoldTarget, key: str) -> dict | None:
+    raw = client.get(entity_key(target.map_name, key))
+    return None if raw is None else orjson.loads(raw)
+
+
+def changes(client, target: FoldTarget) -> list[tuple[str, str, str]]:
+    entries = client.xrange(changes_key(target.map_name))
+    return [(f[b"key"].decode(), f[b"op"].decode(), f[b"batch_id"].decode()) for _, f in entries]
+
+
+def test_greatest_order_wins_and_a_replay_changes_nothing(target, redis_client, kafka_bootstrap):
+    first = [("a", "02", {"v": 1}), ("a", "05", {"v": 2}), ("b", "03", {"v": 3}), ("c", "04", None)]
+    assert apply(target, 0, first) == 3  # three keys; a's later record wins within the batch
+    assert entity(redis_client, target, "a") == {"v": 2}
+    assert entity(redis_client, target, "b") == {"v": 3}
+    assert entity(redis_client, target, "c") is None
+    assert sorted(changes(redis_client, target)) == [
+        ("a", "upsert", "0"),
+        ("b", "upsert", "0"),
+        ("c", "delete", "0"),
+    ]
+
+    # The same batch again (a crash before its commit): no entity moves, no second entry.
+    apply(target, 0, first)
+    assert len(changes(redis_client, target)) == 3
+
+    # A later batch: an older record loses, a newer one wins, a delete removes.
+    apply(target, 1, [("a", "04", {"v": 9}), ("b", "06", None), ("c", "01", {"v": 7})])
+    assert entity(redis_client, target, "a") == {"v": 2}
+    assert entity(redis_client, target, "b") is None
+    # The delete's order stays: an older record does not bring the entity back.
+    assert entity(redis_client, target, "c") is None
+    assert changes(redis_client, target)[-1] == ("b", "delete", "1")
+    assert len(changes(redis_client, target)) == 4
+
+    # The changelog holds every touched key's state after each call, applied or not,
+    # so the last record per key is the entity as Redis has it.
+    last: dict[str, bytes | None] = {}
+    for msg in read_topic(kafka_bootstrap, target.changelog_topic):
+        last[msg.key().decode()] = msg.value()
+        headers = dict(msg.headers())
+        assert headers[APP_HEADER] == b"app" and headers[BATCH_HEADER] in (b"0", b"1")
+    assert {k: v and orjson.loads(v) for k, v in last.items()} == {
+        "a": {"v": 2},
+        "b": None,
+        "c": None,
+    }
+
+
+def test_a_ttl_expires_the_entity_and_its_order_together(target, redis_client):
+    ttl = FoldTarget(**{**target.__dict__, "ttl_ms": 60_000})
+    apply(ttl, 0, [("k", "1", {"v": 1})])
+    entity_ttl = redis_client.pttl(entity_key(target.map_name, "k"))
+    order_ttl = redis_client.pttl(order_key(target.map_name, "k"))
+    assert 0 < entity_ttl <= 60_000 and 0 < order_ttl <= 60_000
+
+
+def test_a_server_that_lost_the_library_gets_it_again(target, redis_client):
+    redis_client.function_delete("materializer")
+    apply(target, 0, [("k", "1", {"v": 1})])
+    assert entity(redis_client, target, "k") == {"v": 1}
+
+
+@pytest.mark.parametrize(
+    ("key", "same_slot"),
+    [
+        ("plain", True),
+        ("a{tag}b", True),
+        ("{x", True),
+        ("a{b}c{d}", True),
+        ("é{ü}", True),
+        # A '}' without a hash tag before it cannot be part of a tag: such keys need a
+        # single server (on a cluster the function refuses the non-local key).
+        ("x}", False),
+        ("{}x", False),
+    ],
+)
+def test_an_order_key_shares_its_entitys_slot_and_stays_out_of_entity_scans(key, same_slot):
+    ek = entity_key("users~3", key).encode()
+    ok = order_key("users~3", key)
+    assert (key_slot(ok) == key_slot(ek)) is same_slot
+    assert ok.startswith(order_keys_pattern("users~3")[:-1])
+    assert not ok.startswith(b"users~3:")
+
+
+def test_order_text_sorts_as_the_fold_orders_events(spark):
+    from pyspark.sql import functions as F
+
+    rng = random.Random(5)
+    moments = [None, -(2**62), -1, 0, 1, 2**40, 2**62]
+    base = datetime(2024, 1, 1, tzinfo=UTC)
+    rows = []
+    for _ in range(60):
+        n = rng.choice(moments)
+        micros = timedelta(microseconds=rng.randrange(-(10**12), 10**12))
+        days = timedelta(days=rng.randrange(-9000, 9000))
+        rows.append(
+            {
+                "n": n,
+                "ts": None if n is None else base + micros,
+                "d": None if n is None else date(2024, 1, 1) + days,
+                "s": rng.choice([None, "", "a", "ab", "b", "aa"]),
+                c.PARTITION: rng.randrange(3),
+                c.OFFSET: rng.randrange(10**6),
+            }
+        )
+    frame = spark.createDataFrame(
+        rows,
+        f"n long, ts timestamp, d date, s string, {c.PARTITION} int, {c.OFFSET} long",
+    )
+    for field in ("n", "ts", "d", "s"):
+        ordered = frame.select(
+            F.col(field).alias("t"), c.PARTITION, c.OFFSET, order_column(frame, field).alias("o")
+        ).collect()
+        by_text = sorted(ordered, key=lambda r: r["o"].encode())
+        by_fold = sorted(
+            ordered,
+            key=lambda r: (
+                (r["t"] is not None, r["t"] or 0, r[c.PARTITION], r[c.OFFSET])
+                if field != "s"
+                else (r["t"] is not None, r["t"] or "", r[c.PARTITION], r[c.OFFSET])
+            ),
+        )
+        assert [(r["t"], r[c.PARTITION], r[c.OFFSET]) for r in by_text] == [
+            (r["t"], r[c.PARTITION], r[c.OFFSET]) for r in by_fold
+        ], field
