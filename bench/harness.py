@@ -302,6 +302,8 @@ class Follower:
         self.samples: queue.SimpleQueue[tuple[bytes, int, float]] = queue.SimpleQueue()
         self.waiting: collections.deque[tuple[bytes, int, float]] = collections.deque()
         self.latencies: list[float] = []
+        self.visible_at: dict[tuple[bytes, int], float] = {}
+        """When each sample (key, seq) was first seen visible."""
         self.producing = True
         self.deadline = float("inf")
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -333,9 +335,10 @@ class Follower:
                 chunk = [self.waiting.popleft() for _ in range(min(256, len(self.waiting)))]
                 seen = self._visible(chunk)
                 now = time.perf_counter()
-                for (_, _, sent), ok in zip(chunk, seen, strict=True):
+                for (key, seq, sent), ok in zip(chunk, seen, strict=True):
                     if ok:
                         self.latencies.append(now - sent)
+                        self.visible_at[(key, seq)] = now
                 late = [item for item, ok in zip(chunk, seen, strict=True) if not ok]
                 if late:
                     self.waiting.extendleft(reversed(late))
@@ -391,27 +394,13 @@ def freshness(
 
         follower = Follower(redis_url, name)
         follower.thread.start()
-        total = int(rate * seconds)
-        started = time.perf_counter()
-        sent = 0
-        while sent < total:
-            due = min(total, int(rate * (time.perf_counter() - started)))
-            while sent < due:
-                seq = sent + 1
-                k, v = event(seq, rng.randrange(keys), rng)
-                while True:
-                    try:
-                        prod.produce(topic, key=k, value=v)
-                        break
-                    except BufferError:
-                        prod.poll(0.01)
-                if seq % sample_every == 0:
-                    follower.samples.put((k, seq, time.perf_counter()))
-                sent += 1
-            prod.poll(0)
-            time.sleep(0.001)
-        sent_seconds = time.perf_counter() - started
-        prod.flush(30)
+
+        def sampled(key: bytes, seq: int, sent_at: float) -> None:
+            if seq % sample_every == 0:
+                follower.samples.put((key, seq, sent_at))
+
+        achieved = produce_at_rate(prod, topic, rate, seconds, keys, 0, sampled, rng)
+        sent = int(rate * seconds)
         unresolved = follower.finish(drain_seconds=120)
         # Redis is written before Delta in each batch: let the last MERGE finish, so the
         # profile covers every batch and stopping interrupts nothing.
@@ -423,8 +412,8 @@ def freshness(
     q = statistics.quantiles(ms, n=100) if len(ms) >= 2 else [float("nan")] * 99
     return {
         "offered_events_per_s": rate,
-        "achieved_events_per_s": round(sent / sent_seconds),
-        "seconds": round(sent_seconds, 1),
+        "achieved_events_per_s": achieved,
+        "seconds": seconds,
         "events": sent,
         "sample_every": sample_every,
         "samples": len(ms),
@@ -435,6 +424,41 @@ def freshness(
         "max_ms": round(ms[-1], 1) if ms else None,
         "target_p99_ms": 1000,
     }, profile
+
+
+def produce_at_rate(
+    prod: Producer,
+    topic: str,
+    rate: int,
+    seconds: float,
+    keys: int,
+    first_seq: int,
+    on_sent: Any,
+    rng: random.Random,
+) -> int:
+    """Events ``first_seq + 1 ...`` at a steady ``rate`` for ``seconds``, each handed to
+    ``on_sent(key, seq, sent_at)``; the rate achieved."""
+    total = int(rate * seconds)
+    started = time.perf_counter()
+    sent = 0
+    while sent < total:
+        due = min(total, int(rate * (time.perf_counter() - started)))
+        while sent < due:
+            seq = first_seq + sent + 1
+            k, v = event(seq, rng.randrange(keys), rng)
+            while True:
+                try:
+                    prod.produce(topic, key=k, value=v)
+                    break
+                except BufferError:
+                    prod.poll(0.01)
+            on_sent(k, seq, time.perf_counter())
+            sent += 1
+        prod.poll(0)
+        time.sleep(0.001)
+    achieved = round(sent / (time.perf_counter() - started))
+    prod.flush(30)
+    return achieved
 
 
 def entities_in_redis(redis_url: str, map_name: str) -> int:

@@ -1,0 +1,266 @@
+"""Live freshness through ``materializer run``, as users run it.
+
+For each fold mode: one map (JSON with a schema, K keys, 4 partitions, dead
+letters on, so its Delta and dead-letter work runs beside the fold) in a
+``materializer run`` process of its own. Once the map holds every key, an
+outside producer feeds it at each ``--rates`` value for ``--seconds``; one
+event in ``--sample-every`` is followed until Redis shows it (produce to
+visible), and one in ``--delta-sample-every`` until the Delta table shows it
+too (how far the table trails Redis). A rate is held when the last third of
+its samples is no slower than the first third by more than a second and
+every sample was seen.
+
+    .venv/bin/python bench/live.py [--modes latest,merge,aggregate] [--rates 5000,10000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+import yaml
+from confluent_kafka import Producer
+from deltalake import DeltaTable
+from harness import (
+    PARTITIONS,
+    SCHEMA,
+    Follower,
+    emit,
+    produce_at_rate,
+    produce_bulk,
+    services,
+    setup_line,
+)
+from pipeline import FOLDS
+
+from materializer.layout import meta_key
+from materializer.testing import create_topic
+from materializer.testing.process import ManagedProcess
+
+
+def nearest_rank(ordered: list[float], pct: int) -> float:
+    """The pct-th percentile of sorted values by nearest rank: never beyond the largest."""
+    return ordered[max(0, -(-pct * len(ordered) // 100) - 1)]
+
+
+class DeltaFollower:
+    """Polls the map's Delta table for sampled events: when each first shows up there."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.waiting: dict[bytes, tuple[int, float]] = {}
+        self.lock = threading.Lock()
+        self.seen: list[tuple[bytes, int, float]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def pending(self) -> int:
+        with self.lock:
+            return len(self.waiting)
+
+    def add(self, key: bytes, seq: int) -> None:
+        with self.lock:
+            self.waiting[key] = (seq, time.perf_counter())
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            time.sleep(1.0)
+            with self.lock:
+                wanted = dict(self.waiting)
+            if not wanted:
+                continue
+            table = DeltaTable(self.path).to_pyarrow_table(columns=["_key", "seq"])
+            keys = [k.encode() for k in table["_key"].to_pylist()]
+            rows = dict(zip(keys, table["seq"].to_pylist(), strict=True))
+            now = time.perf_counter()
+            with self.lock:
+                for key, (seq, _) in wanted.items():
+                    if (rows.get(key) or -1) >= seq and key in self.waiting:
+                        self.seen.append((key, seq, now))
+                        del self.waiting[key]
+
+
+def entity_count(client: redis.Redis, map_name: str) -> int:
+    return sum(1 for _ in client.scan_iter(match=f"{map_name}:user-*", count=10_000))
+
+
+def write_config(work: Path, bootstrap: str, redis_url: str, topic: str, mode: str) -> Path:
+    doc = {
+        "kafka": {"bootstrap_servers": bootstrap},
+        "redis": {"url": redis_url},
+        "delta": {"root": str(work / "warehouse"), "trigger_interval": "2 seconds"},
+        "spark": {
+            "master": "local[*]",
+            "checkpoint_root": str(work / "checkpoints"),
+            "trigger_interval": "0 seconds",
+            "shuffle_partitions": 4,
+        },
+        "metrics": {"port": 0},
+        "maps": {
+            mode: {
+                "source": {"topics": [topic], "format": "json", "schema": SCHEMA},
+                "key": "id",
+                "fold": FOLDS[mode],
+                "on_error": "dead_letter",
+            }
+        },
+    }
+    path = work / f"{mode}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def wait_for(what: str, check: Any, timeout: float, proc: ManagedProcess) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if not proc.alive():
+            raise RuntimeError(f"materializer run exited while waiting for {what}:\n{proc.tail()}")
+        time.sleep(0.2)
+    raise RuntimeError(f"timed out waiting for {what}:\n{proc.tail()}")
+
+
+def feed(
+    bootstrap: str,
+    topic: str,
+    rate: int,
+    seconds: float,
+    keys: int,
+    follower: Follower,
+    delta: DeltaFollower,
+    sample_every: int,
+    delta_every: int,
+    seq0: int,
+) -> int:
+    prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+
+    def sampled(key: bytes, seq: int, sent_at: float) -> None:
+        if seq % sample_every == 0:
+            follower.samples.put((key, seq, sent_at))
+        if seq % delta_every == 0:
+            delta.add(key, seq)
+
+    return produce_at_rate(prod, topic, rate, seconds, keys, seq0, sampled, random.Random(rate))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--modes", default="latest,merge,aggregate")
+    parser.add_argument("--rates", default="5000")
+    parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--keys", type=int, default=100_000)
+    parser.add_argument("--sample-every", type=int, default=10)
+    parser.add_argument("--delta-sample-every", type=int, default=500)
+    args = parser.parse_args()
+    rates = [int(r) for r in args.rates.split(",")]
+
+    work = Path(tempfile.mkdtemp(prefix="materializer-live-"))
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, work, True)
+        bootstrap, redis_url = stack.enter_context(services())
+        setup_line("local[*]", 0, args.keys)
+        client = redis.Redis.from_url(redis_url)
+        for mode in args.modes.split(","):
+            topic = create_topic(bootstrap, PARTITIONS)
+            # Every key once, so the map starts with all its entities.
+            produce_bulk(bootstrap, topic, args.keys, args.keys)
+            config = write_config(work, bootstrap, redis_url, topic, mode)
+            started = time.perf_counter()
+            proc = ManagedProcess(
+                [sys.executable, "-m", "materializer", "run", "-c", str(config)],
+                work / f"{mode}.log",
+            )
+            try:
+                wait_for(
+                    "the first batch",
+                    lambda m=mode: client.exists(meta_key(m)) > 0,
+                    600,
+                    proc,
+                )
+                first_batch_s = time.perf_counter() - started
+                wait_for(
+                    "the backlog",
+                    lambda m=mode: entity_count(client, m) >= args.keys,
+                    900,
+                    proc,
+                )
+                caught_up_s = time.perf_counter() - started
+                seq0 = 10_000_000
+                for rate in rates:
+                    follower = Follower(redis_url, mode)
+                    follower.thread.start()
+                    delta = DeltaFollower(str(work / "warehouse" / mode))
+                    delta.thread.start()
+                    achieved = feed(
+                        bootstrap,
+                        topic,
+                        rate,
+                        args.seconds,
+                        args.keys,
+                        follower,
+                        delta,
+                        args.sample_every,
+                        args.delta_sample_every,
+                        seq0,
+                    )
+                    seq0 += int(rate * args.seconds) + 1
+                    unresolved = follower.finish(drain_seconds=120)
+                    ms = [x * 1000 for x in follower.latencies]
+                    third = max(1, len(ms) // 3)
+                    first, last_third = ms[:third], ms[-third:]
+                    deadline = time.monotonic() + 120
+                    while delta.pending() and time.monotonic() < deadline:
+                        time.sleep(1)
+                    delta.stop.set()
+                    trail = sorted(
+                        (seen - follower.visible_at[(key, seq)]) * 1000
+                        for key, seq, seen in delta.seen
+                        if (key, seq) in follower.visible_at
+                    )
+                    ordered = sorted(ms)
+                    emit(
+                        name=f"live_{mode}",
+                        units="events/s, ms",
+                        offered_events_per_s=rate,
+                        achieved_events_per_s=achieved,
+                        seconds=args.seconds,
+                        keys=args.keys,
+                        samples=len(ms),
+                        unresolved=unresolved,
+                        p50_ms=round(nearest_rank(ordered, 50), 1),
+                        p99_ms=round(nearest_rank(ordered, 99), 1),
+                        max_ms=round(ordered[-1], 1),
+                        first_third_p50_ms=round(statistics.median(first), 1),
+                        last_third_p50_ms=round(statistics.median(last_third), 1),
+                        held=unresolved == 0
+                        and statistics.median(last_third) <= statistics.median(first) + 1000,
+                        delta_samples=len(trail),
+                        delta_unresolved=delta.pending(),
+                        delta_trails_redis_p50_ms=round(nearest_rank(trail, 50)) if trail else None,
+                        delta_trails_redis_p99_ms=round(nearest_rank(trail, 99)) if trail else None,
+                        target_p99_ms=1000,
+                    )
+                emit(
+                    name=f"live_{mode}_start",
+                    units="s",
+                    first_batch_s=round(first_batch_s, 1),
+                    backlog_of_keys_s=round(caught_up_s, 1),
+                )
+            finally:
+                proc.stop()
+        client.close()
+
+
+if __name__ == "__main__":
+    main()
