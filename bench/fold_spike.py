@@ -51,7 +51,13 @@ from harness import (
 
 from materializer.pipeline import columns as c
 from materializer.pipeline.job import records
-from materializer.sinks.redis_fold import FoldTarget, RedisFold, load_library, producer_settings
+from materializer.sinks.redis_fold import (
+    DRIVER_ROWS,
+    FoldTarget,
+    RedisFold,
+    load_library,
+    producer_settings,
+)
 from materializer.spark.session import build_spark_session
 from materializer.testing import create_topic
 
@@ -289,15 +295,21 @@ def main() -> None:
                 continue
             counts = []
             bulk_map, live_map = f"{name}_bulk", f"{name}_live"
-            cfg = map_config(bootstrap, redis_url, work, "local[*]", topic, bulk_map)
-            step = redis_fold_step(redis_fold(cfg, bulk_map, bootstrap), counts, where)
-            frame = records(spark, cfg, bulk_map)
+            # The driver takes batches up to DRIVER_ROWS only: its bulk run is cut to them.
+            limit = DRIVER_ROWS if where == "driver" else None
+            cfg = map_config(
+                bootstrap, redis_url, work, "local[*]", topic, bulk_map, max_offsets=limit
+            )
+            fold = redis_fold(cfg, bulk_map, bootstrap)
+            step = redis_fold_step(fold, counts, where)
+            frame = fold.events(records(spark, cfg, bulk_map))
             seconds, _ = run_stream(spark, frame, work, name, step, output_mode="append")
             entities = sum(1 for _ in client.scan_iter(match=f"{bulk_map}:*", count=10_000))
             bulk(name, seconds, entities)
             cfg = map_config(bootstrap, redis_url, work, "local[*]", live_topic, live_map)
-            step = redis_fold_step(redis_fold(cfg, live_map, bootstrap), counts, where)
-            frame = records(spark, cfg, live_map)
+            fold = redis_fold(cfg, live_map, bootstrap)
+            step = redis_fold_step(fold, counts, where)
+            frame = fold.events(records(spark, cfg, live_map))
             follower = Follower(redis_url, live_map)
             follower.thread.start()
             _, live = run_stream(

@@ -113,7 +113,9 @@ class SparkConfig(_Model):
 
     master: str = "local[*]"
     checkpoint_root: str = "./checkpoints"
-    trigger_interval: str = "1 second"
+    trigger_interval: str = "100 milliseconds"
+    """Cadence of the folds (and enrichments): a record waits up to this long for the batch
+    that takes it, so it bounds freshness from below; an idle poll is one offsets request."""
     side_trigger_interval: str = "5 seconds"
     """Cadence of each map's side queries (dead letters, history): they may lag the fold,
     and running them less often leaves the cores to the fold."""

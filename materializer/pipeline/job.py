@@ -110,11 +110,13 @@ class Projector:
         prepare: Callable[[DataFrame], DataFrame] | None = None,
         keep_records: bool = False,
         pool: str = FOLD_POOL,
+        persist: bool = True,
     ) -> None:
         """``prepare`` turns the query's rows into the rows to project. With
         ``keep_records`` the query's rows are records, not folded rows: the sinks get
         them as ``Batch.records`` too, and the first sink to report ``rows_out`` (the
-        fold in Redis) gives the batch's count."""
+        fold in Redis) gives the batch's count. ``persist=False`` for a batch that only
+        one sink reads."""
         self.map_name = map_name
         self.sinks = sinks
         self.checkpoint = checkpoint
@@ -122,6 +124,7 @@ class Projector:
         self._prepare = prepare
         self._keep_records = keep_records
         self._pool = pool
+        self._persist = persist
         self._on_rows_out = on_rows_out
         self._app_id: str | None = None
         self._drill = CrashDrill()
@@ -146,7 +149,8 @@ class Projector:
         if self._prepare is not None:
             rows = self._prepare(rows)
         # The batch is read by each sink; caching it reads and computes it once.
-        rows.persist()
+        if self._persist:
+            rows.persist()
         try:
             # With the records kept, the first sink makes the rows out and counts them.
             count = None if records is not None else rows.count()
@@ -158,7 +162,8 @@ class Projector:
                 if count is None:
                     count = sink.rows_out()
         finally:
-            rows.unpersist()
+            if self._persist:
+                rows.unpersist()
         count = count or 0
         if self._on_rows_out is not None:
             self._on_rows_out(f"{self.map_name}.{self.query}", batch_id, count)
@@ -424,8 +429,15 @@ def _start_in_redis(
     head: list[Sink] = [RedisFoldSink(redis_fold, checkpoint.end_offsets)]
     if side_queries and map_config.history:
         head.append(HistorySink(history_path(config, map_name)))
-    projector = Projector(physical, [*head, *sinks], checkpoint, rows_out, keep_records=True)
-    observed = observe_fold_input(keyed, dead_letters=letters)
+    projector = Projector(
+        physical,
+        [*head, *sinks],
+        checkpoint,
+        rows_out,
+        keep_records=True,
+        persist=len(head) > 1,  # the history reads the batch too
+    )
+    observed = redis_fold.events(observe_fold_input(keyed, dead_letters=letters))
     fold_query = (
         observed.writeStream.queryName(f"{physical}.fold")
         .option("checkpointLocation", checkpoint.location)

@@ -38,10 +38,13 @@ the map is.
 
 from __future__ import annotations
 
+import base64
 import functools
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import orjson
 
 from materializer.config import FoldConfig, RedisConfig
 from materializer.errors import ConfigError
@@ -143,6 +146,24 @@ executors (see ``bench/fold_spike.py``: a Python worker per partition costs ~0.1
 ORDER = "__order"
 _VALUE = "__value"
 _LETTER_KEY, _LETTER_VALUE, _LETTER_HEADERS = "__dl_key", "__dl_value", "__dl_headers"
+"""A failed record's key, value and headers (its own, then the error's, as a JSON array of
+``{"key": ..., "value": <base64>}``); null for the others."""
+
+
+def _arrow_schema() -> pa.Schema:
+    """The columns ``RedisFold.arrow_columns`` hands over (a batch with none has no schema)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            (c.KEY, pa.string()),
+            (ORDER, pa.string()),
+            (_VALUE, pa.binary()),
+            (_LETTER_KEY, pa.binary()),
+            (_LETTER_VALUE, pa.binary()),
+            (_LETTER_HEADERS, pa.string()),
+        ]
+    )
 
 
 ORDER_MARK = b"\x00o:"
@@ -305,29 +326,54 @@ def apply_batches(
 
     Runs on the driver or an executor, on the columns ``RedisFold.arrow_columns`` selects.
     """
+    import pyarrow as pa
+
     deliveries = _Deliveries(producer)
-    last: dict[str, tuple[str, bytes | None]] = {}
+    chunks = list(batches)
+    table = pa.Table.from_batches(chunks) if chunks else _arrow_schema().empty_table()
     letters = 0
-    for rb in batches:
-        columns = rb.to_pydict()
-        for key, order, value in zip(columns[c.KEY], columns[ORDER], columns[_VALUE], strict=True):
-            if order is not None:
-                held = last.get(key)
-                if held is None or order > held[0]:
-                    last[key] = (order, value)
-        if target.dead_letter_topic is not None:
-            for key, value, headers in zip(
-                columns[_LETTER_KEY], columns[_LETTER_VALUE], columns[_LETTER_HEADERS], strict=True
-            ):
-                if headers is not None:
-                    pairs = [(h["key"], h["value"]) for h in headers]
-                    deliveries.send(target.dead_letter_topic, key, value, pairs)
-                    letters += 1
+    if target.dead_letter_topic is not None:
+        letters = _send_dead_letters(deliveries, target.dead_letter_topic, table)
+    keys, orders, values = _winners(table)
     headers = [(BATCH_HEADER, str(batch_id).encode()), (APP_HEADER, app_id.encode())]
-    for key, state in _apply_latest(target, batch_id, list(last.items())):
+    winners = list(zip(keys, zip(orders, values, strict=True), strict=True))
+    for key, state in _apply_latest(target, batch_id, winners):
         deliveries.send(target.changelog_topic, key.encode(), state, headers)
     deliveries.flush()
-    return Applied(keys=len(last), dead_letters=letters)
+    return Applied(keys=len(winners), dead_letters=letters)
+
+
+def _winners(table: pa.Table) -> tuple[list[str], list[str], list[bytes | None]]:
+    """Each key's record with the greatest order, picked in Arrow: Python touches one row
+    per key, not one per record."""
+    import pyarrow.compute as pc
+
+    folding = table.filter(pc.is_valid(table[ORDER])).select([c.KEY, ORDER, _VALUE])
+    best = folding.group_by(c.KEY, use_threads=False).aggregate([(ORDER, "max")])
+    winners = folding.join(
+        best, keys=[c.KEY, ORDER], right_keys=[c.KEY, f"{ORDER}_max"], join_type="inner"
+    )
+    return (
+        winners[c.KEY].to_pylist(),
+        winners[ORDER].to_pylist(),
+        winners[_VALUE].to_pylist(),
+    )
+
+
+def _send_dead_letters(deliveries: _Deliveries, topic: str, table: pa.Table) -> int:
+    """The failed records, each with its own headers and the error's; how many."""
+    import pyarrow.compute as pc
+
+    failed = table.filter(pc.is_valid(table[_LETTER_HEADERS]))
+    for key, value, headers in zip(
+        failed[_LETTER_KEY].to_pylist(),
+        failed[_LETTER_VALUE].to_pylist(),
+        failed[_LETTER_HEADERS].to_pylist(),
+        strict=True,
+    ):
+        pairs = [(h["key"], base64.b64decode(h["value"])) for h in orjson.loads(headers)]
+        deliveries.send(topic, key, value, pairs)
+    return int(failed.num_rows)
 
 
 def _apply_latest(
@@ -458,6 +504,7 @@ class RedisFold:
         self.fail_on_error = fail_on_error
         self.typer = typer
         self._producer: Producer | None = None
+        self._columns: list[Column] | None = None
 
     def close(self) -> None:
         """Release the driver's producer once the query has stopped."""
@@ -467,7 +514,8 @@ class RedisFold:
 
     def events(self, records: DataFrame) -> DataFrame:
         """Every record with ``__entity`` (null for a delete or a record that failed) and
-        ``__order`` (null for a record that failed)."""
+        ``__order`` (null for a record that failed): the map's query computes them in its
+        plan, so each batch comes with them."""
         from pyspark.sql import functions as F
 
         from materializer.pipeline.dead_letter import fail_on_error
@@ -492,29 +540,36 @@ class RedisFold:
             raise TypeError(f"the fold's entity must be a struct, got {entity.simpleString()}")
         return entity
 
-    def arrow_columns(self, records: DataFrame) -> DataFrame:
-        """The columns ``apply_batches`` reads, computed in the JVM."""
+    def arrow_columns(self, events: DataFrame) -> DataFrame:
+        """The columns ``apply_batches`` reads from a batch of ``events``, computed in the JVM.
+
+        The expressions are built once: building them costs more py4j round trips
+        than a small batch takes to compute.
+        """
         from pyspark.sql import functions as F
 
-        events = self.events(records)
         if self.typer is not None:
             events = self.typer.typed(events)
-        failed = F.col(c.ERROR_STAGE).isNotNull()
-        key, value, headers = dead_letter_columns()
-        return events.select(
-            c.KEY,
-            ORDER,
-            entity_json(F.col(c.ENTITY)).cast("binary").alias(_VALUE),
-            F.when(failed, key).alias(_LETTER_KEY),
-            F.when(failed, value).alias(_LETTER_VALUE),
-            F.when(failed, headers).alias(_LETTER_HEADERS),
-        )
+        if self._columns is None:
+            failed = F.col(c.ERROR_STAGE).isNotNull()
+            key, value, headers = dead_letter_columns()
+            self._columns = [
+                F.col(c.KEY),
+                F.col(ORDER),
+                entity_json(F.col(c.ENTITY)).cast("binary").alias(_VALUE),
+                F.when(failed, key).alias(_LETTER_KEY),
+                F.when(failed, value).alias(_LETTER_VALUE),
+                # As JSON text: an Arrow column of nested headers costs the whole batch
+                # several times more to hand over than flat ones, even when all null.
+                F.when(failed, F.to_json(headers)).alias(_LETTER_HEADERS),
+            ]
+        return events.select(*self._columns)
 
-    def apply(self, records: DataFrame, batch_id: int, app_id: str, rows: int | None) -> Applied:
-        """Apply one batch: on the driver when it has at most ``DRIVER_ROWS`` records."""
+    def apply(self, events: DataFrame, batch_id: int, app_id: str, rows: int | None) -> Applied:
+        """Apply one batch of ``events``: on the driver when it has at most ``DRIVER_ROWS``."""
         from pyspark.sql import types as T
 
-        columns = self.arrow_columns(records)
+        columns = self.arrow_columns(events)
         if rows is not None and rows <= DRIVER_ROWS:
             if self._producer is None:
                 self._producer = _new_producer(self.target)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from materializer.config import SparkConfig
@@ -13,6 +16,31 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+POOLS = """<?xml version="1.0"?>
+<allocations>
+  <pool name="fold">
+    <schedulingMode>FIFO</schedulingMode><weight>10</weight><minShare>2</minShare>
+  </pool>
+  <pool name="delta">
+    <schedulingMode>FIFO</schedulingMode><weight>1</weight><minShare>0</minShare>
+  </pool>
+</allocations>
+"""
+"""Spark's FAIR pools (``pipeline.job.FOLD_POOL``, ``DELTA_POOL``): below its minimum share
+a pool gets the next free slot, so the folds' tasks go before the Delta queries'."""
+
+
+def pools_file() -> Path:
+    """The pools as the file Spark reads them from, written once per machine and content."""
+    digest = hashlib.sha256(POOLS.encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"materializer-pools-{digest}.xml"
+    if not path.exists():
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(POOLS)
+        partial.replace(path)
+    return path
 
 
 def spark_conf(config: SparkConfig) -> dict[str, str]:
@@ -25,13 +53,18 @@ def spark_conf(config: SparkConfig) -> dict[str, str]:
         # A state-store fold commits a batch's changed keys only, not a RocksDB snapshot
         # per batch: 1.7x the bulk rate in bench/fold_spike.py.
         "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
-        # Each map's fold runs its jobs in a pool of its own (job.FOLD_POOL), so a batch
-        # never queues behind all the tasks of a Delta MERGE submitted just before it.
+        # The folds' jobs run in a pool that takes every free task slot first, so a live
+        # batch waits for the Delta MERGE's running tasks at most, never its queued ones.
         "spark.scheduler.mode": "FAIR",
+        "spark.scheduler.allocation.file": str(pools_file()),
         "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
         # Each MERGE first rebuilds the table's snapshot from its log, by default in 50
         # tasks: far more than a map's table needs, and a per-batch cost on few cores.
         "spark.databricks.delta.snapshotPartitions": str(config.shuffle_partitions),
+        # The Delta sink merges a batch it has cached and that replays identically: Delta's
+        # copy of the MERGE source guards against sources that change between reads, and
+        # costs a third of the MERGE (bench in docs/fold-design.md).
+        "spark.databricks.delta.merge.materializeSource": "none",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",

@@ -39,12 +39,9 @@ def records(rows: list[tuple[str, str, dict | None]]) -> list[pa.RecordBatch]:
                 c.KEY: [k for k, _, _ in rows],
                 ORDER: [o for _, o, _ in rows],
                 "__value": [None if e is None else orjson.dumps(e) for _, _, e in rows],
-                "__dl_key": [None] * len(rows),
-                "__dl_value": [None] * len(rows),
-                "__dl_headers": pa.array(
-                    [None] * len(rows),
-                    pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
-                ),
+                "__dl_key": pa.array([None] * len(rows), pa.binary()),
+                "__dl_value": pa.array([None] * len(rows), pa.binary()),
+                "__dl_headers": pa.array([None] * len(rows), pa.string()),
             }
         )
     ]
