@@ -31,6 +31,7 @@ from materializer.pipeline import job
 from materializer.sinks.changelog import ChangelogSink
 from materializer.sinks.delta import DeltaSink
 from materializer.sinks.redis import RedisSink
+from materializer.sinks.redis_fold import RedisFoldSink
 from materializer.testing import KafkaBroker, RedisServer, create_topic
 
 PARTITIONS = 4
@@ -252,6 +253,7 @@ def instrument() -> None:
     timed(RedisSink, "write", "redis")
     timed(ChangelogSink, "write", "changelog")
     timed(DeltaSink, "write", "delta")
+    timed(RedisFoldSink, "write", "redis_fold")
 
 
 def batch_profile(query: Any) -> dict[str, Any]:
@@ -266,8 +268,9 @@ def batch_profile(query: Any) -> dict[str, Any]:
             totals[k] += d.get(k, 0) / 1000
         t = TIMINGS.get((p["name"], p["batchId"]), {})
         sinks = t.get("redis", 0) + t.get("changelog", 0) + t.get("delta", 0)
+        sinks += t.get("redis_fold", 0)
         totals["fold_and_count"] += t.get("projector", 0) - sinks
-        for sink in ("redis", "changelog", "delta"):
+        for sink in ("redis_fold", "redis", "changelog", "delta"):
             if sink in t:
                 totals[f"{sink}_sink"] += t[sink]
     out: dict[str, Any] = {

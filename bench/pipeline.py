@@ -4,9 +4,12 @@ All in one run, on one broker, one Redis and one Spark session:
 
   produce     N JSON events (~200 bytes) over K keys into a 4-partition topic;
   baseline    Spark's batch ``kafka`` read + ``count()`` of the topic;
+  floor_<q>   what Spark itself does with the same events (``fold_spike``): the batch
+              aggregation, the streaming one with state in RocksDB, the stateless decode;
   fold_<mode> the whole topic through decode, the fold (``latest``, ``merge``,
-              ``aggregate``), Redis and Delta, until everything is materialized:
-              events/s and the ratio to the baseline;
+              ``aggregate``) and Redis, with the Delta query beside it as in a run:
+              events/s until Redis holds the map, the ratio to the baseline and to
+              each floor, and the time until the Delta table holds it too;
   freshness   ``merge`` and ``aggregate`` maps, live and caught up, fed at a
               steady rate: produce-to-visible-in-Redis latency percentiles;
   redis_memory  Redis bytes per entity (``MEMORY USAGE``) against the entity's
@@ -97,6 +100,40 @@ def memory_per_entity(client: redis.Redis, map_name: str, samples: int) -> dict[
     }
 
 
+def engine_floors(
+    spark: Any, bootstrap: str, topic: str, work: Path, events: int, read_rate: float
+) -> dict[str, float]:
+    """What Spark itself does with the same events, as minimal queries (``fold_spike``):
+    seconds for the batch aggregation, the streaming one with state in RocksDB, and the
+    stateless streaming decode; each emitted with its ratio to the raw read."""
+    import functools
+
+    from fold_spike import aggregated, count_batch, run_stream, source
+
+    started = time.perf_counter()
+    aggregated(source(spark, bootstrap, topic, streaming=False)).count()
+    floors = {"batch_agg": time.perf_counter() - started}
+    counts: list[int] = []
+    step = functools.partial(count_batch, counts)
+    frame = aggregated(source(spark, bootstrap, topic, streaming=True))
+    floors["stream_agg"], _ = run_stream(
+        spark, frame, work, "floor_agg", step, output_mode="update"
+    )
+    frame = source(spark, bootstrap, topic, streaming=True)
+    floors["stateless"], _ = run_stream(
+        spark, frame, work, "floor_decode", step, output_mode="append"
+    )
+    for name, seconds in floors.items():
+        emit(
+            name=f"floor_{name}",
+            units="s, events/s",
+            seconds=round(seconds, 2),
+            events_per_s=round(events / seconds),
+            ratio_to_spark_read=round(events / seconds / read_rate, 3),
+        )
+    return floors
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -124,6 +161,7 @@ def main() -> None:
         spark = build_spark_session(first.spark)
         stack.callback(spark.stop)
         a = baseline_read(spark, bootstrap, topic, args.events)
+        floors = engine_floors(spark, bootstrap, topic, work, args.events, a)
 
         for mode in modes:
             name = f"bench_{mode}"
@@ -131,8 +169,11 @@ def main() -> None:
             started = time.perf_counter()
             queries = job.start_map(spark, cfg, name)
             try:
-                queries.process_all_available()
+                # Redis holds the map once the fold has taken everything; Delta follows.
+                queries.fold.processAllAvailable()
                 seconds = time.perf_counter() - started
+                queries.process_all_available()
+                with_delta = time.perf_counter() - started
                 profile = batch_profile(queries.fold)
             finally:
                 queries.stop()
@@ -146,7 +187,13 @@ def main() -> None:
                 seconds=round(seconds, 2),
                 events_per_s=round(args.events / seconds),
                 ratio_to_spark_read=round(args.events / seconds / a, 3),
+                **{
+                    f"ratio_to_{name}": round(floor_s / seconds, 3)
+                    for name, floor_s in floors.items()
+                },
                 entities_in_redis=entities,
+                with_delta_seconds=round(with_delta, 2),
+                with_delta_ratio_to_spark_read=round(args.events / with_delta / a, 3),
             )
             emit(name=f"fold_{mode}_batches", units="s (sums over batches)", **profile)
             emit(name=f"redis_memory_{mode}", **memory_per_entity(client, name, 2_000))

@@ -154,7 +154,9 @@ class Projector:
         try:
             # With the records kept, the first sink makes the rows out and counts them.
             count = None if records is not None else rows.count()
-            batch = Batch(rows=rows, batch_id=batch_id, app_id=self.app_id(), records=records)
+            batch = Batch(
+                rows=rows, batch_id=batch_id, app_id=self.app_id(), records=records, count=count
+            )
             self._drill.batch_started()
             for sink in self.sinks:
                 sink.write(batch)

@@ -21,6 +21,8 @@ class Batch:
     rows: DataFrame
     batch_id: int
     app_id: str
+    count: int | None = None
+    """How many rows, when the projector counted them."""
     records: DataFrame | None = None
     """The batch's records as read, decoded and keyed, when the fold ran inside the batch
     (a map folded in Redis): the dead letters and the history come from them."""

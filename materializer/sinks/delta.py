@@ -86,6 +86,8 @@ class DeltaSink(Sink):
         spark = batch.rows.sparkSession
         entity = batch.rows.schema[c.ENTITY].dataType
         self.ensure_table(spark, entity)  # type: ignore[arg-type]
+        if batch.count == 0:
+            return  # a MERGE of nothing still reads the whole table
         fields = [f.name for f in entity.fields]  # type: ignore[attr-defined]
         own = [f.name for f in self._own_columns()]
         stamp = [batch.rows[c.TIMESTAMP].alias(c.TABLE_UPDATED_AT)] if self.updated_at else []
