@@ -69,7 +69,9 @@ test: setup lint ## set up, lint, and run every test against real services
 
 bench: setup ## run the benchmarks (JSON lines on stdout)
 	$(BIN)/python bench/ingest.py
+	$(BIN)/python bench/fold_spike.py
 	$(BIN)/python bench/pipeline.py
+	$(BIN)/python bench/live.py
 	$(BIN)/python bench/query.py
 	$(BIN)/python bench/rehydrate.py
 	$(BIN)/python bench/enrich.py

@@ -98,12 +98,9 @@ def redis_fold_step(fold: RedisFold, counts: list[int], where: str) -> Any:
     """The production fold step, forced onto the driver or the executors."""
 
     def step(records: Any, batch_id: int) -> None:
-        records.persist()
-        try:
-            rows = 0 if where == "driver" else None
-            counts.append(fold.apply(records, batch_id, "spike", rows).keys)
-        finally:
-            records.unpersist()
+        # As the map's query does: one sink reads the batch, so it is not cached.
+        rows = 0 if where == "driver" else None
+        counts.append(fold.apply(records, batch_id, "spike", rows).keys)
 
     return step
 

@@ -139,9 +139,10 @@ CHUNK = 1000
 """Keys per ``FCALL``: enough to amortise the round trip, few enough not to hold up
 Redis's other clients for long."""
 
-DRIVER_ROWS = 50_000
+DRIVER_ROWS = 10_000
 """Batches of up to this many records are applied on the driver, larger ones on the
-executors (see ``bench/fold_spike.py``: a Python worker per partition costs ~0.1 s)."""
+executors: a Python worker per partition costs ~0.1 s a task, the driver ~46 µs a record
+(``bench/fold_spike.py``, docs/fold-design.md)."""
 
 ORDER = "__order"
 _VALUE = "__value"
