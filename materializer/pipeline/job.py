@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-from materializer.config import AppConfig
+from materializer.config import KAFKA_KEY, AppConfig
 from materializer.errors import ConfigError
 from materializer.layout import physical_name
 from materializer.paths import checkpoint_path, history_path, table_path
@@ -422,8 +422,17 @@ def _start_in_redis(
     typer = None
     if is_inferred(map_config):
         typer = EntityTyper(table_path(config, physical), c.table_meta(map_config))
+    one_partition_per_key = (
+        map_config.key == KAFKA_KEY
+        and len(map_config.source.topics) == 1
+        and not any(t.type == "value_to_key" for t in map_config.transforms)
+    )
     redis_fold = RedisFold(
-        target, map_config.fold, fail_on_error=map_config.on_error == "fail", typer=typer
+        target,
+        map_config.fold,
+        fail_on_error=map_config.on_error == "fail",
+        typer=typer,
+        spread_keys=not one_partition_per_key,
     )
     with map_key_paths(map_name):
         entity = redis_fold.entity_type(keyed)

@@ -372,7 +372,11 @@ def _send_dead_letters(deliveries: _Deliveries, topic: str, table: pa.Table) -> 
         failed[_LETTER_HEADERS].to_pylist(),
         strict=True,
     ):
-        pairs = [(h["key"], base64.b64decode(h["value"])) for h in orjson.loads(headers)]
+        # A header whose value is null has no "value" member in the JSON.
+        pairs = [
+            (h["key"], None if h.get("value") is None else base64.b64decode(h["value"]))
+            for h in orjson.loads(headers)
+        ]
         deliveries.send(topic, key, value, pairs)
     return int(failed.num_rows)
 
@@ -497,13 +501,17 @@ class RedisFold:
         *,
         fail_on_error: bool = False,
         typer: EntityTyper | None = None,
+        spread_keys: bool = True,
     ) -> None:
+        """``spread_keys=False``: a key's records all sit in one Kafka partition (the map is
+        keyed by the Kafka key of one topic), so a large batch needs no shuffle by key."""
         if fold.mode not in REDIS_FOLD_MODES:
             raise ConfigError("", [f"fold.mode: {fold.mode} is not folded in Redis"])
         self.target = target
         self.fold = fold
         self.fail_on_error = fail_on_error
         self.typer = typer
+        self.spread_keys = spread_keys
         self._producer: Producer | None = None
         self._columns: list[Column] | None = None
 
@@ -568,6 +576,7 @@ class RedisFold:
 
     def apply(self, events: DataFrame, batch_id: int, app_id: str, rows: int | None) -> Applied:
         """Apply one batch of ``events``: on the driver when it has at most ``DRIVER_ROWS``."""
+        from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
         columns = self.arrow_columns(events)
@@ -576,6 +585,10 @@ class RedisFold:
                 self._producer = _new_producer(self.target)
             batches = columns.toArrow().to_batches()
             return apply_batches(self.target, batch_id, app_id, batches, self._producer)
+        if self.spread_keys:
+            # Two tasks applying one key would race to the changelog: the Delta table
+            # could keep the older state. One task per key keeps its records in order.
+            columns = columns.repartition(F.col(c.KEY))
         counts = columns.mapInArrow(
             functools.partial(_apply_partition, self.target, batch_id, app_id),
             T.StructType(

@@ -189,3 +189,27 @@ def test_order_text_sorts_as_the_fold_orders_events(spark):
         assert [(r["t"], r[c.PARTITION], r[c.OFFSET]) for r in by_text] == [
             (r["t"], r[c.PARTITION], r[c.OFFSET]) for r in by_fold
         ], field
+
+
+def test_dead_letters_keep_their_headers_null_values_included(target, kafka_bootstrap, new_topic):
+    letters = FoldTarget(**{**target.__dict__, "dead_letter_topic": new_topic(1)})
+    headers = [
+        {"key": "trace", "value": "dA=="},  # base64 of b"t"
+        {"key": "empty"},  # Spark's to_json leaves a null value out
+        {"key": "x-error-stage", "value": "ZGVjb2Rl"},  # b"decode"
+    ]
+    batch = pa.RecordBatch.from_pydict(
+        {
+            c.KEY: pa.array([None], pa.string()),
+            ORDER: pa.array([None], pa.string()),
+            "__value": pa.array([None], pa.binary()),
+            "__dl_key": pa.array([b"k"], pa.binary()),
+            "__dl_value": pa.array([b"{broken"], pa.binary()),
+            "__dl_headers": pa.array([orjson.dumps(headers).decode()], pa.string()),
+        }
+    )
+    done = apply_batches(letters, 0, "app", [batch], _new_producer(letters))
+    assert (done.keys, done.dead_letters) == (0, 1)
+    [msg] = read_topic(kafka_bootstrap, letters.dead_letter_topic)
+    assert (msg.key(), msg.value()) == (b"k", b"{broken")
+    assert msg.headers() == [("trace", b"t"), ("empty", None), ("x-error-stage", b"decode")]
