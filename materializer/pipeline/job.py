@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from materializer.config import KAFKA_KEY, AppConfig
@@ -53,7 +53,7 @@ from materializer.sinks.base import Batch, Sink
 from materializer.sinks.changelog import ChangelogSink
 from materializer.sinks.delta import DeltaSink
 from materializer.sinks.group_offsets import GroupOffsetsSink
-from materializer.sinks.records import HistorySink, history_events
+from materializer.sinks.history import HistorySink, history_events
 from materializer.sinks.redis import RedisSink, expiry_ms
 from materializer.sinks.redis_fold import (
     REDIS_FOLD_MODES,
@@ -350,12 +350,22 @@ def start_map(
         group = offsets_group.replace("{map}", map_name)
         client = {"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.properties}
         sinks.append(GroupOffsetsSink(group, checkpoint.end_offsets, client))
-    table = table_path(config, physical)
-    inferred = is_inferred(map_config)
     if in_redis:
         return _start_in_redis(
-            spark, config, map_name, keyed, sinks, checkpoint, rows_out, generation, side_queries
+            spark,
+            config,
+            map_name,
+            keyed,
+            sinks,
+            checkpoint,
+            rows_out,
+            generation,
+            side_queries,
+            max_record_bytes=max_record_bytes,
+            ttl_ms=ttl_ms,
         )
+    table = table_path(config, physical)
+    inferred = is_inferred(map_config)
     folding = observe_fold_input(
         fail_on_error(keyed) if map_config.on_error == "fail" else good(keyed)
     )
@@ -392,33 +402,32 @@ def _start_in_redis(
     rows_out: Callable[[str, int, int], None] | None,
     generation: int,
     side_queries: bool,
+    *,
+    max_record_bytes: int,
+    ttl_ms: int | None,
 ) -> MapQueries:
     """One query for a map folded in Redis: the fold, its changelog and dead letters, then
     the history, the watermark and the group offsets (``sinks``), from one read of the
-    source; the Delta query beside it."""
+    source; the Delta query beside it. ``max_record_bytes``: what the changelog takes."""
     map_config = config.map(map_name)
     physical = physical_name(map_name, generation)
-    letters = side_queries and map_config.on_error == "dead_letter"
-    properties = config.kafka.properties
-    changelog = changelog_topic(config, map_name, generation)
+    letters = None
+    if side_queries and map_config.on_error == "dead_letter":
+        letters = dead_letter_topic(config, map_name)
+        # One producer sends both: it takes the bigger of the two topics' records.
+        limit = ensure_dead_letter_topic(config, map_name, letters)
+        max_record_bytes = max(max_record_bytes, limit)
     target = FoldTarget(
         redis=config.redis,
         map_name=physical,
-        changelog_topic=changelog,
+        changelog_topic=changelog_topic(config, map_name, generation),
         producer=producer_settings(
-            config.kafka.bootstrap_servers,
-            properties,
-            ensure_changelog_topic(config, map_name, changelog),
+            config.kafka.bootstrap_servers, config.kafka.properties, max_record_bytes
         ),
-        dead_letter_topic=dead_letter_topic(config, map_name) if letters else None,
-        ttl_ms=expiry_ms(map_config.ttl.redis if map_config.ttl else None),
+        dead_letter_topic=letters,
+        ttl_ms=ttl_ms,
         changes_max_len=map_config.changes.max_len,
     )
-    if target.dead_letter_topic is not None:
-        limit = ensure_dead_letter_topic(config, map_name, target.dead_letter_topic)
-        settings = dict(target.producer)
-        settings["message.max.bytes"] = str(max(limit, int(settings["message.max.bytes"])))
-        target = replace(target, producer=tuple(sorted(settings.items())))
     typer = None
     if is_inferred(map_config):
         typer = EntityTyper(table_path(config, physical), c.table_meta(map_config))
@@ -448,7 +457,7 @@ def _start_in_redis(
         keep_records=True,
         persist=len(head) > 1,  # the history reads the batch too
     )
-    observed = redis_fold.events(observe_fold_input(keyed, dead_letters=letters))
+    observed = redis_fold.events(observe_fold_input(keyed, dead_letters=letters is not None))
     fold_query = (
         observed.writeStream.queryName(f"{physical}.fold")
         .option("checkpointLocation", checkpoint.location)
