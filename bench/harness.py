@@ -28,7 +28,6 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from materializer.config import AppConfig, parse_config
 from materializer.layout import RESERVED_KEYS, entity_key
 from materializer.pipeline import job
-from materializer.sinks.changelog import ChangelogSink
 from materializer.sinks.delta import DeltaSink
 from materializer.sinks.redis import RedisSink
 from materializer.sinks.redis_fold import RedisFoldSink
@@ -251,7 +250,6 @@ def instrument() -> None:
     fold and Delta queries of a map number their batches independently)."""
     timed(job.Projector, "__call__", "projector")
     timed(RedisSink, "write", "redis")
-    timed(ChangelogSink, "write", "changelog")
     timed(DeltaSink, "write", "delta")
     timed(RedisFoldSink, "write", "redis_fold")
 
@@ -267,10 +265,9 @@ def batch_profile(query: Any) -> dict[str, Any]:
         for k in ("latestOffset", "queryPlanning", "walCommit", "addBatch", "commitOffsets"):
             totals[k] += d.get(k, 0) / 1000
         t = TIMINGS.get((p["name"], p["batchId"]), {})
-        sinks = t.get("redis", 0) + t.get("changelog", 0) + t.get("delta", 0)
-        sinks += t.get("redis_fold", 0)
+        sinks = t.get("redis_fold", 0) + t.get("redis", 0) + t.get("delta", 0)
         totals["fold_and_count"] += t.get("projector", 0) - sinks
-        for sink in ("redis_fold", "redis", "changelog", "delta"):
+        for sink in ("redis_fold", "redis", "delta"):
             if sink in t:
                 totals[f"{sink}_sink"] += t[sink]
     out: dict[str, Any] = {

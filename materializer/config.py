@@ -117,8 +117,8 @@ class SparkConfig(_Model):
     """Cadence of the folds (and enrichments): a record waits up to this long for the batch
     that takes it, so it bounds freshness from below; an idle poll is one offsets request."""
     side_trigger_interval: str = "5 seconds"
-    """Cadence of each map's side queries (dead letters, history): they may lag the fold,
-    and running them less often leaves the cores to the fold."""
+    """Unused: dead letters and history are written by the fold's own query, at its cadence.
+    Accepted so that configurations written for earlier versions still load."""
     shuffle_partitions: Annotated[int, Field(ge=1)] = 4
     max_offsets_per_trigger: Annotated[int, Field(ge=1)] | None = None
     conf: dict[str, str] = Field(default_factory=dict)

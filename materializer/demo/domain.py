@@ -64,8 +64,6 @@ def demo_config(
         "spark": {
             "master": "local[*]",
             "checkpoint_root": str(workdir / "checkpoints"),
-            "trigger_interval": "500 milliseconds",
-            "side_trigger_interval": "10 seconds",
             "shuffle_partitions": PARTITIONS,
             "conf": {
                 # Spark's scratch files stay in the work dir, which the demo removes.

@@ -40,7 +40,7 @@ from materializer.ops.kafka_offsets import admin_client, partition_offsets
 from materializer.paths import checkpoint_path, table_path
 from materializer.pipeline.job import MapQueries, changelog_topic, start_map
 from materializer.redis_client import Client, connect
-from materializer.sinks.redis_fold import order_keys_pattern
+from materializer.sinks.redis_fold import state_keys_pattern
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -117,7 +117,7 @@ def drop_redis_copy(client: Client, map_name: str, generation: int) -> int:
     keep = {f"{map_name}:{s}".encode() for s in (STATUS_SUFFIX, CONTROL_SUFFIX, GENERATION_SUFFIX)}
     dropped = 0
     batch: list[bytes] = []
-    for pattern in (f"{physical}:*".encode(), order_keys_pattern(physical)):
+    for pattern in (f"{physical}:*".encode(), state_keys_pattern(physical)):
         for key in client.scan_iter(match=pattern, count=5000):
             if key in keep:
                 continue

@@ -1,58 +1,161 @@
-"""The fold: entity state per key, kept in Spark's state store.
+"""A map's fold in two halves: what Spark computes per record, what is applied per key.
 
-``latest`` is a streaming aggregation: per key, the event with the greatest
-order (the event-time field if declared, then partition and offset) wins,
-deletes included, so a tombstone that comes last removes the entity. In
-``update`` output mode each micro-batch emits one row per key it touched —
-exactly the rows to project — and the aggregation state is checkpointed
-together with the source offsets.
+Spark decodes, transforms and keys each micro-batch without any state of its
+own. Each record leaves it as an *event*: its key, its *order* (text whose
+byte order is the order the fold applies events in) and its *payload* (text;
+null for a delete), with an optional mode-specific ``aux`` text. The fold's
+state lives in Redis beside each entity (``materializer.sinks.redis_fold``):
+
+- ``latest`` keeps the winning order only. A record applies when its order is
+  greater than the stored one, which Redis compares itself, so each key sends
+  one record per batch (its greatest) and no state crosses back.
+- ``merge`` and ``aggregate`` keep a state per key (JSON). A ``KeyFolder``
+  folds a key's events of the batch into the state read from Redis, and
+  Redis stores the new state and entity together if the state is still the
+  one read.
+
+The modes' semantics are in their own modules (``fold_merge``, ``fold_aggregate``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from materializer.config import FoldConfig
 from materializer.errors import ConfigError
 from materializer.pipeline import columns as c
+from materializer.sinks.encoding import entity_json
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
+    from pyspark.sql.types import DataType, StructType
+
+Event = tuple[str, bytes | None, str | None]
+"""One record of a key as the fold applies it: order, payload (None: a delete), aux."""
 
 
-def fold_latest(records: DataFrame, fold: FoldConfig) -> DataFrame:
-    """One row per key touched: ``__key``, ``__deleted``, ``__entity``."""
+class KeyFolder(Protocol):
+    """Folds one key's events of a batch into its state; runs on the driver or an executor.
+
+    Must pickle (it travels to the executors) and be deterministic: the same
+    state and events give the same bytes, so a replayed batch is recognised.
+    """
+
+    def __call__(self, state: bytes | None, events: list[Event]) -> tuple[bytes, bytes | None]:
+        """The key's state after ``events`` (in order) and its entity JSON (None: deleted).
+
+        A state equal to the one given means the events change nothing (they
+        were applied before): the caller then writes nothing.
+        """
+        ...
+
+
+class FoldMode:
+    """One fold mode's halves. ``latest`` is this base; ``merge`` and ``aggregate`` extend it."""
+
+    def __init__(self, fold: FoldConfig) -> None:
+        self.fold = fold
+
+    def entity(self, records: DataFrame) -> Column:
+        """The record's entity fields as a struct (the payload before it becomes text)."""
+        from pyspark.sql import functions as F
+
+        return F.struct(*[F.col(c.quote(f)) for f in c.entity_fields(records.columns)])
+
+    def entity_type(self, records: DataFrame) -> StructType:
+        """The entity's struct type: the Delta table's columns and the changelog's schema."""
+        from pyspark.sql.types import StructType
+
+        entity = records.select(self.entity(records)).schema[0].dataType
+        if not isinstance(entity, StructType):
+            raise TypeError(f"the fold's entity must be a struct, got {entity.simpleString()}")
+        return entity
+
+    def order(self, records: DataFrame) -> Column:
+        """The event-time field if declared, then partition and offset (``order_column``)."""
+        return order_column(records, self.fold.event_time)
+
+    def payload(self, entity: Column) -> Column:
+        """The record as text, from ``entity`` (null for a delete): the entity's JSON."""
+        return entity_json(entity)
+
+    def aux(self, records: DataFrame) -> Column | None:
+        """A mode's extra text per record, or None when it needs none."""
+        return None
+
+    def folder(self, records: DataFrame) -> KeyFolder | None:
+        """How a key's events fold into its state in Python; None: Redis orders them."""
+        return None
+
+
+def fold_mode(fold: FoldConfig) -> FoldMode:
+    """The fold mode a map's config names."""
+    if fold.mode == "latest":
+        return FoldMode(fold)
+    if fold.mode == "merge":
+        from materializer.pipeline.fold_merge import MergeMode
+
+        return MergeMode(fold)
+    if fold.mode == "aggregate":
+        from materializer.pipeline.fold_aggregate import AggregateMode
+
+        return AggregateMode(fold)
+    raise ConfigError("", [f"fold.mode: unknown mode {fold.mode!r}"])
+
+
+def position() -> Column:
+    """Partition and offset as fixed-width digits: their text order is Kafka's order."""
     from pyspark.sql import functions as F
 
-    order = [F.col(c.PARTITION), F.col(c.OFFSET)]
-    if fold.event_time:
-        order.insert(0, F.col(c.quote(fold.event_time)))
-    entity = F.struct(*[F.col(c.quote(f)) for f in c.entity_fields(records.columns)])
-    last = F.max_by(
-        F.struct(
-            F.col(c.DELETED).alias(c.DELETED),
-            F.when(F.col(c.DELETED), F.lit(None)).otherwise(entity).alias(c.ENTITY),
-        ),
-        F.struct(*order),
-    )
-    return records.groupBy(c.KEY).agg(last.alias("__last")).select(c.KEY, "__last.*")
+    return F.format_string("%010d%019d", F.col(c.PARTITION), F.col(c.OFFSET))
 
 
-def fold(records: DataFrame, config: FoldConfig) -> DataFrame:
-    """The map's fold, by mode: ``latest`` here, ``merge`` and ``aggregate`` in their modules.
+def order_column(
+    records: DataFrame, event_time: str | None = None, *, batch: bool = False
+) -> Column:
+    """The record's order as text whose byte order is the fold's order.
 
-    Every mode returns one row per key touched by a micro-batch (``__key``,
-    ``__deleted``, ``__entity``), for a query in ``update`` output mode.
+    Partition and offset as fixed-width digits; an event time before them,
+    null lowest, then integers, dates and timestamps as 20 digits of their
+    value shifted to be positive, or a string as it is, ended by a zero byte
+    so that a string sorts before its extensions. ``batch`` puts the
+    micro-batch's timestamp (which a replay of the batch reuses) between the
+    event time and the position.
     """
-    if config.mode == "latest":
-        return fold_latest(records, config)
-    if config.mode == "merge":
-        from materializer.pipeline.fold_merge import fold_merge
+    from pyspark.sql import functions as F
 
-        return fold_merge(records, config)
-    if config.mode == "aggregate":
-        # Imported here: the aggregate fold loads PySpark's pandas stateful API.
-        from materializer.pipeline.fold_aggregate import fold_aggregate
+    parts = [position()]
+    if batch:
+        parts.insert(0, F.format_string("%020d", F.unix_millis(F.current_timestamp())))
+    if event_time is not None:
+        if event_time not in records.columns:
+            known = ", ".join(c.entity_fields(records.columns))
+            raise ConfigError("", [f"fold.event_time: no field {event_time!r} ({known})"])
+        value = F.col(c.quote(event_time))
+        sortable = F.concat(F.lit("1"), _sortable(value, records.schema[event_time].dataType))
+        parts[:0] = [F.when(value.isNull(), F.lit("0")).otherwise(sortable), F.lit("\x00")]
+    return parts[0] if len(parts) == 1 else F.concat(*parts)
 
-        return fold_aggregate(records, config)
-    raise ConfigError("", [f"fold.mode: unknown mode {config.mode!r}"])
+
+def _sortable(value: Column, dtype: DataType) -> Column:
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.StringType):
+        return value
+    if isinstance(dtype, T.IntegralType):
+        number = value.cast("long")
+    elif isinstance(dtype, T.DateType):
+        number = F.unix_date(value).cast("long")
+    elif isinstance(dtype, T.TimestampType | T.TimestampNTZType):
+        number = F.unix_micros(value.cast("timestamp"))
+    else:
+        raise ConfigError(
+            "",
+            [
+                "fold.event_time: events are ordered by integers, dates, timestamps or "
+                f"strings; this field is {dtype.simpleString()}"
+            ],
+        )
+    shift = F.lit("9223372036854775808").cast("decimal(20,0)")
+    return F.lpad((number.cast("decimal(20,0)") + shift).cast("string"), 20, "0")

@@ -1,11 +1,4 @@
-"""The ``aggregate`` fold: the declared aggregates per key, in Spark's state store.
-
-It runs ``applyInPandasWithState`` grouped by ``__key`` in ``update`` mode and
-honours the fold's output contract: one row per key touched by the
-micro-batch, ``__key``, ``__deleted`` and ``__entity`` (a struct; null when
-deleted), carrying the key's aggregates after the batch. The state is
-checkpointed with the source offsets, so a replayed batch starts again from
-the state before it.
+"""The ``aggregate`` fold: the declared aggregates per key.
 
 ``__entity`` is a struct of the declared aggregates, in their declared order,
 and nothing else (the key is ``__key``; declare ``last`` of the key field to
@@ -13,78 +6,52 @@ carry it in the entity). ``count`` counts events (with a ``field``, events
 where it is not null); ``sum``, ``min``, ``max`` ignore nulls (null until a
 non-null value); ``first`` / ``last`` take the field's value, null included,
 at the entity's first / latest event. Types: ``count`` LONG; ``sum`` of
-integers LONG (null if it overflows), of FLOAT/DOUBLE DOUBLE, of
-DECIMAL(p, s) DECIMAL(min(38, p + 10), s); ``min`` / ``max`` / ``first`` /
-``last`` the field's type. ``min`` / ``max`` take numbers, strings, booleans,
-dates and timestamps (NaN is the greatest double, as in Spark SQL); ``first``
-/ ``last`` take any type.
+integers LONG (null while it is out of the LONG range), of FLOAT/DOUBLE
+DOUBLE, of DECIMAL(p, s) DECIMAL(min(38, p + 10), s) (null while it has more
+digits); ``min`` / ``max`` / ``first`` / ``last`` the field's type. ``min`` /
+``max`` take numbers, strings, booleans, dates and timestamps (NaN is the
+greatest double, as in Spark SQL); ``first`` / ``last`` take any type.
 
 Order: within a batch each key's events fold in ``(partition, offset)`` order;
 batches fold in the order they come. Kafka orders a partition only, so a key
 whose events span partitions folds them in batch order, then partition order.
 
-A delete (a tombstone, or an event matching ``delete_when``) removes the state:
-the key's row says ``__deleted`` and a later event starts a fresh entity.
+A delete (a tombstone, or an event matching ``delete_when``) removes the
+aggregates: the entity is deleted and a later event starts a fresh one.
 
-Encoding: the Python side sees only strings. The JVM encodes each typed value
-before the fold and decodes the results after it, so no Spark type is bent by
-pandas or the pickled state (no float for a big long, no NaN for a null, no
-lost microseconds or decimal digits). An integer sum is exact in Python and
-becomes null only while it is out of the LONG range.
+Why a replay is safe: an aggregate is not idempotent (a count folded twice
+counts twice), so the state keeps, per topic and partition, the last offset
+it folded, and an event at or below it is skipped. Redis stores state and
+entity together, so a batch's events of a key are folded all or none.
 
-Why this shape: the fold's cost is per key, not per event. ``applyInPandasWithState``
-carries each key's state inside the Arrow batches, where
-``transformWithStateInPandas`` (PySpark 4.0.0) makes several socket round trips
-to the JVM per key, about 5 ms. Its worker still turns every column of every
-key's chunk into a pandas Series of its own, 0.15 to 0.25 ms per column per
-key, and builds a DataFrame for the key's state: that fixed cost is most of the
-fold's. So each event crosses as one JSON text, ``[order, delete, input 0,
-input 1, ...]``, beside the key: two columns whatever the number of
-aggregates. The state and the result are one JSON text too, ``[events,
-aggregate 0, aggregate 1, ...]`` (null when the entity is deleted), which the
-JVM parses back into typed columns. The executor side works on plain lists: no
-pandas operation runs per event, and the key's one output row is built from a
-2-D object array, the cheapest public way to make a DataFrame. The worker
-drains each call's rows before the next key and tells a call nothing about the
-keys still to come, so rows cannot be held back and sent for many keys at once.
-
-Requires pyarrow < 21 (see pyproject): newer pyarrow breaks PySpark 4.0.0's
-reading of the per-key bookkeeping that travels beside the rows.
+Encoding: Python sees only text. Spark encodes each typed value before the
+fold (a decimal or a long as its digits, a date or timestamp as its number
+and its JSON), so no value is bent on the way (no double for a big long, no
+lost microseconds or decimal digits); an integer sum is exact in Python.
+The state is ``{"p": {"topic:partition": offset}, "n": events folded since
+the entity began, "v": [encoded aggregate, ...]}`` (no ``v`` when deleted);
+the entity's JSON is rendered from it as Spark would write it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import Context, Decimal
-from operator import itemgetter
 from typing import TYPE_CHECKING, Any
 
 import orjson
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
 
-from materializer.config import FoldConfig
 from materializer.errors import ConfigError
 from materializer.pipeline import columns as c
+from materializer.pipeline.fold import Event, FoldMode, position
 from materializer.sinks.encoding import JSON_OPTIONS
 
 if TYPE_CHECKING:
-    import pandas as pd
     from pyspark.sql import Column, DataFrame
-    from pyspark.sql.streaming.state import GroupState
+    from pyspark.sql import types as T
 
-_IN = "__in"
-"""One event as JSON: ``[order, delete, input 0, ...]``, all strings or null."""
-_OUT = "__out"
-"""A key's aggregates after the batch as JSON, ``[events, aggregate 0, ...]``; null if deleted."""
-_STATE = "aggregates"
-"""The state's one field: the same JSON as ``_OUT``."""
-
-_ORDER = 0
-_DELETE = 1
-_FIRST_INPUT = 2
 _NO_INPUT = -1
 
 # ---------------------------------------------------------------- driver side
@@ -92,11 +59,15 @@ _NO_INPUT = -1
 
 def _entity_schema(records: DataFrame) -> T.StructType:
     """The entity's fields (every column that is not the pipeline's own) as a struct."""
+    from pyspark.sql import types as T
+
     return T.StructType([f for f in records.schema.fields if not c.is_internal(f.name)])
 
 
 def _field(name: str) -> Column:
     """An entity field by its exact name (a flattened ``a.b`` is one column, not a path)."""
+    from pyspark.sql import functions as F
+
     return F.col(c.quote(name))
 
 
@@ -106,8 +77,9 @@ class Aggregate:
 
     ``kind`` is how the Python side reads the encoded value: ``count``,
     ``int``, ``float``, ``decimal``, ``str``, ``bool``, ``day`` (a date as days
-    since the epoch), ``micros`` (a timestamp as microseconds since the epoch)
-    or ``json`` (``first`` / ``last``: the value as the JSON text ``{"v": ...}``).
+    since the epoch, a space, its JSON ``{"v": ...}``), ``micros`` (a
+    timestamp likewise, as microseconds since the epoch) or ``json``
+    (``first`` / ``last``: the value as the JSON text ``{"v": ...}``).
     ``column`` is the input as a string column (null where the event has no
     value), or None for ``count`` without a field.
     """
@@ -122,8 +94,18 @@ class Aggregate:
 _MIN_MAX_TYPES = "numbers, strings, booleans, dates and timestamps"
 
 
+def _wrapped(col: Column) -> Column:
+    """The value as the JSON text ``{"v": ...}``, as the entity's JSON writes it."""
+    from pyspark.sql import functions as F
+
+    return F.to_json(F.struct(col.alias("v")), JSON_OPTIONS)
+
+
 def _plan(records: DataFrame, name: str, fn: str, field: str | None) -> Aggregate:
     """Check one aggregate against the records' fields and pick its encoding."""
+    from pyspark.sql import functions as F
+    from pyspark.sql import types as T
+
     where = f"fold.aggregates.{name}"
     if field is None:
         return Aggregate(name, fn, "count", None, T.LongType())
@@ -137,8 +119,7 @@ def _plan(records: DataFrame, name: str, fn: str, field: str | None) -> Aggregat
         # Only whether the field is set matters; any type counts.
         return Aggregate(name, fn, "count", F.when(col.isNotNull(), F.lit("1")), T.LongType())
     if fn in ("first", "last"):
-        wrapped = F.to_json(F.struct(col.alias("v")), JSON_OPTIONS)
-        return Aggregate(name, fn, "json", wrapped, dtype)
+        return Aggregate(name, fn, "json", _wrapped(col), dtype)
     # (kind, encoded input, type of a sum) of the types each function takes
     encoded: tuple[str, Column, T.DataType] | None = None
     if isinstance(dtype, T.IntegralType):
@@ -153,9 +134,9 @@ def _plan(records: DataFrame, name: str, fn: str, field: str | None) -> Aggregat
     elif fn != "sum" and isinstance(dtype, T.BooleanType):
         encoded = ("bool", col.cast("string"), dtype)
     elif fn != "sum" and isinstance(dtype, T.DateType):
-        encoded = ("day", F.unix_date(col).cast("string"), dtype)
+        encoded = ("day", F.concat_ws(" ", F.unix_date(col), _wrapped(col)), dtype)
     elif fn != "sum" and type(dtype) is T.TimestampType:
-        encoded = ("micros", F.unix_micros(col).cast("string"), dtype)
+        encoded = ("micros", F.concat_ws(" ", F.unix_micros(col), _wrapped(col)), dtype)
     if encoded is None:
         needs = "a numeric field" if fn == "sum" else _MIN_MAX_TYPES
         raise ConfigError(
@@ -165,72 +146,85 @@ def _plan(records: DataFrame, name: str, fn: str, field: str | None) -> Aggregat
     return Aggregate(name, fn, kind, column, total_type if fn == "sum" else dtype)
 
 
-def _decoded(agg: Aggregate, value: Column) -> Column:
-    """The JVM side of an aggregate's result: its encoded text back to its output type."""
-    if agg.kind == "count":
-        return value.cast("long")
-    if agg.kind == "json":
-        wrapper = T.StructType([T.StructField("v", agg.output)])
-        return F.from_json(value, wrapper, JSON_OPTIONS).getField("v")
-    if agg.kind == "day":
-        return F.date_from_unix_date(value.cast("int"))
-    if agg.kind == "micros":
-        return F.timestamp_micros(value.cast("long"))
-    if agg.kind == "float":
-        return value.cast("double").cast(agg.output)
-    return value.try_cast(agg.output)
+class AggregateMode(FoldMode):
+    """``aggregate``: ordered by position; the payload is the inputs as a JSON array of
+    text; ``aux`` is the topic (the replay guard keeps an offset per topic and partition)."""
+
+    def _plans(self, records: DataFrame) -> list[Aggregate]:
+        return [_plan(records, n, s.fn, s.field) for n, s in self.fold.aggregates.items()]
+
+    def entity(self, records: DataFrame) -> Column:
+        """The aggregates' inputs, a JSON array of text (the payload, not an entity)."""
+        from pyspark.sql import functions as F
+
+        inputs = [a.column for a in self._plans(records) if a.column is not None]
+        return F.to_json(F.array(*inputs)) if inputs else F.lit("[]")
+
+    def entity_type(self, records: DataFrame) -> T.StructType:
+        """The aggregates' output types, in their declared order."""
+        from pyspark.sql import types as T
+
+        return T.StructType([T.StructField(a.name, a.output) for a in self._plans(records)])
+
+    def order(self, records: DataFrame) -> Column:
+        """Partition and offset only: batches fold in the order they come."""
+        return position()
+
+    def payload(self, entity: Column) -> Column:
+        """The inputs' JSON array as it is."""
+        return entity
+
+    def aux(self, records: DataFrame) -> Column | None:
+        """The record's topic: offsets are per topic and partition."""
+        from pyspark.sql import functions as F
+
+        return F.col(c.TOPIC)
+
+    def folder(self, records: DataFrame) -> AggregateFolder:
+        """The aggregates' specs, each with its input's place in the payload."""
+        specs: list[Spec] = []
+        inputs = 0
+        for a in self._plans(records):
+            at = _NO_INPUT if a.column is None else inputs
+            inputs += a.column is not None
+            specs.append(Spec(a.name, a.fn, a.kind, at, _limit(a.output)))
+        return AggregateFolder(specs)
 
 
-def fold_aggregate(records: DataFrame, fold: FoldConfig) -> DataFrame:
-    """The declared aggregates per key; one row per key touched."""
-    from pyspark.sql.streaming.state import GroupStateTimeout
+def _limit(output: T.DataType) -> int | None:
+    """How many integer digits a decimal output holds; None for other types."""
+    from pyspark.sql import types as T
 
-    plan = [_plan(records, name, s.fn, s.field) for name, s in fold.aggregates.items()]
-    specs: list[tuple[str, str, int]] = []
-    inputs: list[Column] = []
-    for a in plan:
-        if a.column is None:
-            specs.append((a.fn, a.kind, _NO_INPUT))
-        else:
-            specs.append((a.fn, a.kind, _FIRST_INPUT + len(inputs)))
-            inputs.append(a.column)
-    # Fixed-width digits: the text's order is (partition, offset) order.
-    order = F.format_string("%010d%019d", F.col(c.PARTITION), F.col(c.OFFSET))
-    delete = F.when(F.col(c.DELETED), F.lit("1"))
-    event = F.to_json(F.array(order, delete, *inputs))
-    output = T.StructType(
-        [T.StructField(c.KEY, T.StringType()), T.StructField(_OUT, T.StringType())]
-    )
-    state = T.StructType([T.StructField(_STATE, T.StringType())])
-    folded = (
-        records.select(F.col(c.KEY), event.alias(_IN))
-        .groupBy(c.KEY)
-        .applyInPandasWithState(
-            AggregateFold(specs), output, state, "Update", GroupStateTimeout.NoTimeout
-        )
-    )
-    result = F.from_json(F.col(_OUT), T.ArrayType(T.StringType()))
-    entity = F.struct(
-        *[_decoded(a, result.getItem(i + 1)).alias(a.name) for i, a in enumerate(plan)]
-    )
-    deleted = F.col(_OUT).isNull()
-    return folded.select(
-        c.KEY,
-        deleted.alias(c.DELETED),
-        F.when(deleted, F.lit(None)).otherwise(entity).alias(c.ENTITY),
-    )
+    if isinstance(output, T.DecimalType):
+        return output.precision - output.scale
+    return None
 
 
 # ------------------------------------------------------------- executor side
 
 
+@dataclass(frozen=True)
+class Spec:
+    """One aggregate on the Python side: ``at`` is its input's index (-1: none)."""
+
+    name: str
+    fn: str
+    kind: str
+    at: int
+    digits: int | None = None
+    """A decimal sum's integer digits at most (beyond them it is null)."""
+
+
 _DECIMALS = Context(prec=100)
+_LONG = 2**63
 
 
 def _read(kind: str, text: str) -> Any:
     """An encoded value (input or state) as Python."""
-    if kind in ("int", "day", "micros"):
+    if kind in ("int",):
         return int(text)
+    if kind in ("day", "micros"):
+        return int(text.split(" ", 1)[0])
     if kind == "float":
         return float(text)
     if kind == "decimal":
@@ -241,18 +235,20 @@ def _read(kind: str, text: str) -> Any:
 
 
 def _write(kind: str, value: Any) -> str:
-    """A Python value encoded as the JVM side decodes it."""
+    """A Python value (a sum's) encoded as ``_read`` reads it."""
     if kind == "float":
-        if math.isnan(value):
-            return "NaN"
-        if math.isinf(value):
-            return "Infinity" if value > 0 else "-Infinity"
-        return repr(value)
-    if kind == "bool":
-        return "true" if value else "false"
+        return _float_text(value)
     if kind == "decimal":
         return format(value, "f")
     return str(value)
+
+
+def _float_text(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return repr(value)
 
 
 def _nan_last(value: float) -> tuple[bool, float]:
@@ -260,9 +256,7 @@ def _nan_last(value: float) -> tuple[bool, float]:
     return (math.isnan(value), value)
 
 
-def _fold_one(
-    fn: str, kind: str, at: int, current: str | None, events: list[list[Any]], fresh: bool
-) -> str | None:
+def _fold_one(spec: Spec, current: str | None, events: list[list[Any]], fresh: bool) -> str | None:
     """One aggregate's encoded value after ``events`` (a live run: no delete among them).
 
     ``current`` is its encoded value before them, ``fresh`` whether the entity
@@ -270,93 +264,97 @@ def _fold_one(
     so sums of doubles round as a left fold does and ``min`` / ``max`` keep
     the earliest of equal values (``0.0`` before ``-0.0``).
     """
+    fn, kind, at = spec.fn, spec.kind, spec.at
     if fn == "count":
         n = len(events) if at == _NO_INPUT else sum(1 for e in events if e[at] is not None)
         return str(n if current is None else int(current) + n)
     if fn == "last":
-        value: str | None = events[-1][at]
-        return value
+        last: str | None = events[-1][at]
+        return last
     if fn == "first":
-        return events[0][at] if fresh else current
-    present = [_read(kind, e[at]) for e in events if e[at] is not None]
-    if not present:
+        first: str | None = events[0][at]
+        return first if fresh else current
+    texts = [e[at] for e in events if e[at] is not None]
+    if not texts:
         return current
     if current is not None:
-        present.insert(0, _read(kind, current))
+        texts.insert(0, current)
     if fn == "sum":
-        total = present[0]
-        for v in present[1:]:
+        total = _read(kind, texts[0])
+        for t in texts[1:]:
+            v = _read(kind, t)
             total = _DECIMALS.add(total, v) if kind == "decimal" else total + v
         return _write(kind, total)
-    key = _nan_last if kind == "float" else None
-    best = min(present, key=key) if fn == "min" else max(present, key=key)
-    return _write(kind, best)
+    # min / max keep the winner's own text: a date or timestamp's JSON travels in it.
+    key = (lambda t: _nan_last(float(t))) if kind == "float" else (lambda t: _read(kind, t))
+    best: str = min(texts, key=key) if fn == "min" else max(texts, key=key)
+    return best
 
 
-_FRAME: tuple[Any, Any] | None = None
-"""The (index, columns) every output row shares, built on first use on each executor."""
+def _shown(spec: Spec, text: str) -> Any:
+    """An aggregate's encoded value as the entity's JSON shows it, or None (left out)."""
+    kind = spec.kind
+    if kind == "json":
+        inner = text[5:-1]  # {"v":...}; {} when null
+        return orjson.Fragment(inner) if inner else None
+    if kind in ("day", "micros"):
+        return orjson.Fragment(text.split(" ", 1)[1][5:-1])
+    if kind in ("count", "int"):
+        n = int(text)
+        return n if -_LONG <= n < _LONG else None
+    if kind == "float":
+        f = float(text)
+        return f if math.isfinite(f) else _float_text(f)
+    if kind == "decimal":
+        if spec.digits is not None and Decimal(text).adjusted() >= spec.digits:
+            return None
+        return orjson.Fragment(text)
+    if kind == "bool":
+        return text == "true"
+    return text
 
 
-def _frame(key: str, result: str | None) -> pd.DataFrame:
-    """The key's one output row, built from a 2-D array: no per-column inference."""
-    global _FRAME
-    import numpy as np
-    import pandas as pd
+class AggregateFolder:
+    """Python side of ``aggregate``: a key's events of a batch folded into its state."""
 
-    if _FRAME is None:
-        _FRAME = (pd.RangeIndex(1), pd.Index([c.KEY, _OUT]))
-    row = np.empty((1, 2), dtype=object)
-    row[0, 0] = key
-    row[0, 1] = result
-    return pd.DataFrame(row, index=_FRAME[0], columns=_FRAME[1], copy=False)
-
-
-class AggregateFold:
-    """Executor side: one key's events of a batch folded into its aggregates.
-
-    ``specs`` holds ``(fn, kind, at)`` per aggregate, ``at`` the index of its
-    input in an event's JSON array (-1 for ``count`` without a field). A plain
-    class rather than a closure: it pickles by reference with its specs.
-    """
-
-    def __init__(self, specs: Sequence[tuple[str, str, int]]) -> None:
+    def __init__(self, specs: Sequence[Spec]) -> None:
         self.specs = tuple(specs)
 
-    def __call__(
-        self, key: tuple[Any, ...], chunks: Iterable[pd.DataFrame], state: GroupState
-    ) -> Iterable[pd.DataFrame]:
-        """Fold the key's events into its state; the key's one row, as a one-element list.
-
-        PySpark takes any iterable of DataFrames: a list skips a generator's
-        overhead. A key's events may come in several chunks (a group larger
-        than an Arrow batch); they are joined, then put in order. ``sort`` is
-        stable and, on events already in order (the usual case), one linear
-        pass that moves nothing.
-        """
-        events: list[list[Any]] = []
-        for chunk in chunks:
-            events.extend(map(orjson.loads, chunk[_IN].tolist()))
-        if not events:
-            return []
-        events.sort(key=itemgetter(_ORDER))
+    def __call__(self, state: bytes | None, events: list[Event]) -> tuple[bytes, bytes | None]:
+        """Skip what was folded before, then fold: a delete starts the aggregates afresh."""
+        s: dict[str, Any] = orjson.loads(state) if state else {"p": {}, "n": 0}
+        offsets: dict[str, int] = s["p"]
+        fresh_events: list[bytes | None] = []
+        for order, payload, topic in events:
+            partition = f"{topic}:{int(order[:10])}"
+            offset = int(order[10:])
+            if offset <= offsets.get(partition, -1):
+                continue  # folded before: a replay
+            offsets[partition] = offset
+            fresh_events.append(payload)
+        if not fresh_events:
+            return state or orjson.dumps(s), None
         last_delete = -1
-        for i in range(len(events) - 1, -1, -1):
-            if events[i][_DELETE] is not None:
+        for i in range(len(fresh_events) - 1, -1, -1):
+            if fresh_events[i] is None:
                 last_delete = i
                 break
-        live = events[last_delete + 1 :]
-        if not live:
-            state.remove()
-            return [_frame(key[0], None)]
-        saved = None if last_delete >= 0 else state.getOption
-        values: list[str | None]
-        if saved is None:
-            seen, values = 0, [None] * len(self.specs)
-        else:
-            seen, *values = orjson.loads(saved[0])
-        fresh = seen == 0
-        for i, (fn, kind, at) in enumerate(self.specs):
-            values[i] = _fold_one(fn, kind, at, values[i], live, fresh)
-        text = orjson.dumps([seen + len(live), *values]).decode()
-        state.update((text,))
-        return [_frame(key[0], text)]
+        live = [orjson.loads(p) for p in fresh_events[last_delete + 1 :] if p is not None]
+        if last_delete >= 0:
+            s["n"] = 0
+            s.pop("v", None)
+        if live:
+            values = s.get("v") or [None] * len(self.specs)
+            fresh = s["n"] == 0
+            pairs = zip(self.specs, values, strict=True)
+            s["v"] = [_fold_one(sp, v, live, fresh) for sp, v in pairs]
+            s["n"] += len(live)
+        text = orjson.dumps(s)
+        if "v" not in s:
+            return text, None
+        entity = {
+            sp.name: shown
+            for sp, v in zip(self.specs, s["v"], strict=True)
+            if v is not None and (shown := _shown(sp, v)) is not None
+        }
+        return text, orjson.dumps(entity)

@@ -1,78 +1,95 @@
-"""The ``merge`` fold: each event an RFC 7386 JSON merge patch onto its entity, in the JVM.
+"""The ``merge`` fold: each event an RFC 7386 JSON merge patch onto its entity.
 
 A merge patch touches the entity leaf by leaf: a member it sets replaces that
 member (arrays and maps as a whole), a member it sets to ``null`` removes it,
 a nested object merges member by member, and a member it leaves out stays. So
 the entity's value at each leaf is the value of the *last event that mentions
-that leaf* — unless, later, the leaf's object was removed (an explicit null on
-an ancestor) or the entity was deleted. That is a streaming aggregation with
-built-in functions only, kept in the state store like ``latest``:
+that leaf*, unless, later, the leaf's object was removed (an explicit null on
+an ancestor) or the entity was deleted. The state kept per key says exactly
+that, and nothing else:
 
-- per leaf, ``max_by((order, value), order if the event mentions the leaf)``;
+- per leaf, the order and value of the last event that mentions it;
 - per nested object, the order of the last event that sets it to an object
   and of the last that sets it to null;
-- per key, the order of the last delete and of the last other event.
+- the order of the last delete and of the last other event.
 
-The entity is then rebuilt: a leaf counts if it was mentioned after the last
-delete or removal of any of its ancestors; an object exists if it was set
-after those. No Python runs, and state per key is a few values per leaf.
+The entity is rebuilt from it: a leaf counts if it was mentioned after the
+last delete or removal of any of its ancestors; an object exists if it was set
+after those. Why this and not the entity itself: each part of the state is a
+maximum by order, so folding an event twice, or events out of order, gives
+the same state: a replayed batch changes nothing, and events of one key from
+several partitions fold to the same entity whatever batch they come in. What
+no longer counts (older than a removal) is dropped, so the state stays the
+size of the schema.
 
 Order: the event-time field if declared, then the micro-batch (its timestamp,
 which a replay reuses), then partition and offset. Kafka orders a partition
 only, so events of one key from several topics fold in batch order, then by
 partition and offset.
 
-"Mentions": a non-null decoded value, or — for JSON values — a member present
-with ``null`` in the raw value (a decoded record cannot tell null from
-absent, the raw JSON can). A field renamed by a transform is found only by
-its new name, so an explicit null under its old name is not seen; other
-formats have no explicit nulls.
+"Mentions": a non-null decoded value, or, for JSON values, a member present
+with ``null`` in the raw value (a decoded record cannot tell null from absent,
+the raw JSON can; Spark finds them, ``aux`` names them). A field renamed by a
+transform is found only by its new name, so an explicit null under its old
+name is not seen; other formats have no explicit nulls.
+
+Values cross as the entity's JSON, parsed with ``orjson``; a schema with a
+decimal anywhere is parsed keeping each number's text, as a double cannot
+hold every decimal.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from materializer.config import FoldConfig
+import orjson
+
 from materializer.pipeline import columns as c
+from materializer.pipeline.fold import Event, FoldMode, order_column
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
-    from pyspark.sql.types import DataType
-
-_ORDER = "__order"
-_LAST_DELETE = "__last_delete"
-_LAST_EVENT = "__last_event"
+    from pyspark.sql.types import DataType, StructType
 
 
-@dataclass
-class _Node:
-    """A field of the entity: a leaf, or a nested object with children."""
+@dataclass(frozen=True)
+class Field:
+    """A field of the entity: a leaf, or a nested object (``children`` not None)."""
 
+    name: str
     path: tuple[str, ...]
-    dtype: DataType
-    children: list[_Node] = field(default_factory=list)
+    children: tuple[Field, ...] | None = None
 
     @property
-    def is_object(self) -> bool:
-        return bool(self.children)
-
-    @property
-    def tag(self) -> str:
-        """A column-name-safe tag, unique per path."""
-        return "__m" + "".join(f"_{len(p)}_{p}" for p in self.path).replace("`", "_")
+    def key(self) -> str:
+        """The field's name in the state: its path as JSON."""
+        return orjson.dumps(self.path).decode()
 
 
-def _nodes(dtype: DataType, path: tuple[str, ...]) -> list[_Node]:
+def fields_of(dtype: StructType, path: tuple[str, ...] = ()) -> tuple[Field, ...]:
+    """The entity's fields: structs with fields are objects, everything else a leaf."""
     from pyspark.sql.types import StructType
 
     out = []
-    for f in dtype.fields:  # type: ignore[attr-defined]
-        node = _Node((*path, f.name), f.dataType)
+    for f in dtype.fields:
+        inner = (*path, f.name)
         if isinstance(f.dataType, StructType) and f.dataType.fields:
-            node.children = _nodes(f.dataType, node.path)
-        out.append(node)
+            out.append(Field(f.name, inner, fields_of(f.dataType, inner)))
+        else:
+            out.append(Field(f.name, inner))
+    return tuple(out)
+
+
+def _flat(fields: tuple[Field, ...]) -> list[Field]:
+    """Every field, depth first: the numbering ``aux`` uses."""
+    out = []
+    for f in fields:
+        out.append(f)
+        if f.children is not None:
+            out.extend(_flat(f.children))
     return out
 
 
@@ -85,126 +102,161 @@ def _value(path: tuple[str, ...]) -> Column:
     return col
 
 
-def _json_path(path: tuple[str, ...]) -> str | None:
-    """``$['a']['b']``, or None when a name cannot be written in a JSON path."""
-    if any("'" in p or "\\" in p for p in path):
-        return None
-    return "$" + "".join(f"['{p}']" for p in path)
-
-
-_ROOT_MEMBERS = "__members"
-
-
 def _members(path: tuple[str, ...]) -> Column | None:
-    """The member names of the raw JSON object at ``path`` (the root when empty)."""
+    """The member names of the raw JSON object at ``path`` (the root when empty), or None
+    when a name cannot be written in a JSON path."""
     from pyspark.sql import functions as F
 
-    raw = F.col(c.VALUE).cast("string")
-    json_path = _json_path(path)
-    if json_path is None:
+    if any("'" in p or "\\" in p for p in path):
         return None
+    raw = F.col(c.VALUE).cast("string")
+    json_path = "$" + "".join(f"['{p}']" for p in path)
     return F.json_object_keys(F.get_json_object(raw, json_path) if path else raw)
 
 
-def _member_columns(nodes: list[_Node], root: bool = False) -> dict[str, Column]:
-    """Each object's raw member names as a column of its own, parsed once per record."""
-    out: dict[str, Column] = {}
-    members = _members(()) if root else None
-    if members is not None:
-        out[_ROOT_MEMBERS] = members
-    for node in nodes:
-        if node.is_object:
-            members = _members(node.path)
-            if members is not None:
-                out[node.tag + "_members"] = members
-            out.update(_member_columns(node.children))
-    return out
+def _contains_decimal(dtype: DataType) -> bool:
+    return "decimal" in dtype.simpleString()
 
 
-def _explicit_null(node: _Node, parent_members: str | None) -> Column:
-    from pyspark.sql import functions as F
+class MergeMode(FoldMode):
+    """``merge``: the order has the batch in it; ``aux`` lists the explicit nulls."""
 
-    if parent_members is None:
-        return F.lit(False)
-    present = F.coalesce(F.array_contains(F.col(parent_members), node.path[-1]), F.lit(False))
-    return present & _value(node.path).isNull()
+    def order(self, records: DataFrame) -> Column:
+        """Event time, then the batch, then partition and offset."""
+        return order_column(records, self.fold.event_time, batch=True)
 
+    def aux(self, records: DataFrame) -> Column | None:
+        """The depth-first numbers of the fields the raw JSON sets to null, comma-separated;
+        empty when none."""
+        from pyspark.sql import functions as F
 
-def _order(fold: FoldConfig) -> Column:
-    from pyspark.sql import functions as F
+        members: dict[tuple[str, ...], Column | None] = {}
+        nulls = []
+        for i, f in enumerate(_flat(fields_of(self.entity_type(records)))):
+            parent = f.path[:-1]
+            if parent not in members:
+                members[parent] = _members(parent)
+            names = members[parent]
+            if names is None:
+                continue
+            present = F.coalesce(F.array_contains(names, f.name), F.lit(False))
+            nulls.append(F.when(present & _value(f.path).isNull(), F.lit(str(i))))
+        return F.concat_ws(",", *nulls) if nulls else None
 
-    parts = [F.current_timestamp().alias("b"), F.col(c.PARTITION).alias("p")]
-    parts.append(F.col(c.OFFSET).alias("o"))
-    if fold.event_time:
-        parts.insert(0, F.col(c.quote(fold.event_time)).alias("t"))
-    return F.struct(*parts)
-
-
-def _aggregates(nodes: list[_Node], parent_members: str | None, known: set[str]) -> list[Column]:
-    """The state kept per key for ``nodes``, given the raw members of their parent object."""
-    from pyspark.sql import functions as F
-
-    order = F.col(_ORDER)
-    live = ~F.col(c.DELETED)
-    out = []
-    for node in nodes:
-        nulled = live & _explicit_null(node, parent_members)
-        if node.is_object:
-            set_as_object = live & _value(node.path).isNotNull()
-            out.append(F.max(F.when(set_as_object, order)).alias(node.tag + "_obj"))
-            out.append(F.max(F.when(nulled, order)).alias(node.tag + "_null"))
-            members = node.tag + "_members"
-            out.extend(_aggregates(node.children, members if members in known else None, known))
-        else:
-            mentioned = live & (_value(node.path).isNotNull() | nulled)
-            last = F.struct(order.alias("o"), _value(node.path).alias("v"))
-            out.append(F.max_by(last, F.when(mentioned, order)).alias(node.tag))
-    return out
+    def folder(self, records: DataFrame) -> MergeFolder:
+        """The entity's fields; numbers kept as text when a decimal is among them."""
+        entity = self.entity_type(records)
+        return MergeFolder(fields_of(entity), exact=_contains_decimal(entity))
 
 
-def _after(order: Column, cutoff: Column) -> Column:
-    """``order > cutoff``, where a null cutoff (nothing removed yet) lets everything count."""
-    from pyspark.sql import functions as F
-
-    return F.coalesce(order > cutoff, order.isNotNull() & cutoff.isNull())
+def _after(order: str | None, cutoff: str | None) -> bool:
+    """``order > cutoff``, where no cutoff (nothing removed yet) lets any order count."""
+    return order is not None and (cutoff is None or order > cutoff)
 
 
-def _rebuild(nodes: list[_Node], cutoff: Column) -> list[Column]:
-    """The entity's fields from the state: what was mentioned after ``cutoff`` counts."""
-    from pyspark.sql import functions as F
-
-    out = []
-    for node in nodes:
-        name = node.path[-1]
-        if node.is_object:
-            own_cutoff = F.greatest(cutoff, F.col(node.tag + "_null"))
-            exists = _after(F.col(node.tag + "_obj"), own_cutoff)
-            inner = F.struct(*_rebuild(node.children, own_cutoff))
-            out.append(F.when(exists, inner).alias(name))
-        else:
-            last = F.col(node.tag)
-            out.append(F.when(_after(last.getField("o"), cutoff), last.getField("v")).alias(name))
-    return out
+def _later(a: str | None, b: str | None) -> str | None:
+    return a if b is None or (a is not None and a > b) else b
 
 
-def fold_merge(records: DataFrame, fold: FoldConfig) -> DataFrame:
-    """One row per key touched: ``__key``, ``__deleted``, ``__entity`` (the merged object)."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.types import StructType
+def _exact_loads(text: bytes | str) -> Any:
+    """JSON with every non-integer number kept as its text."""
+    return json.loads(text, parse_float=orjson.Fragment)
 
-    fields = [f for f in records.schema.fields if not c.is_internal(f.name)]
-    nodes = _nodes(StructType(fields), ())
-    members = _member_columns(nodes, root=True)
-    prepared = records.withColumns({_ORDER: _order(fold), **members})
-    state = prepared.groupBy(c.KEY).agg(
-        F.max(F.when(F.col(c.DELETED), F.col(_ORDER))).alias(_LAST_DELETE),
-        F.max(F.when(~F.col(c.DELETED), F.col(_ORDER))).alias(_LAST_EVENT),
-        *_aggregates(nodes, _ROOT_MEMBERS, set(members)),
-    )
-    last_delete = F.col(_LAST_DELETE)
-    alive = _after(F.col(_LAST_EVENT), last_delete)
-    return state.select(
-        c.KEY,
-        (~alive).alias(c.DELETED),
-        F.when(alive, F.struct(*_rebuild(nodes, last_delete))).alias(c.ENTITY),
-    )
+
+class MergeFolder:
+    """Python side of ``merge``. State: ``{"d": last delete, "e": last event, "l": {leaf:
+    [order, value]}, "o": {object: [set, nulled]}}``, fields named by ``Field.key``."""
+
+    def __init__(self, fields: tuple[Field, ...], *, exact: bool) -> None:
+        self.fields = fields
+        self.exact = exact
+        self._flat = _flat(fields)
+
+    @property
+    def _loads(self) -> Callable[[bytes | str], Any]:
+        return _exact_loads if self.exact else orjson.loads
+
+    def __call__(self, state: bytes | None, events: list[Event]) -> tuple[bytes, bytes | None]:
+        """Each event's patch into the state, then the entity rebuilt from it."""
+        loads = self._loads
+        s = loads(state) if state else {"d": None, "e": None, "l": {}, "o": {}}
+        leaves: dict[str, list[Any]] = s.setdefault("l", {})
+        objects: dict[str, list[str | None]] = s.setdefault("o", {})
+        for order, payload, nulls in events:
+            if payload is None:
+                s["d"] = _later(order, s.get("d"))
+                continue
+            s["e"] = _later(order, s.get("e"))
+            self._patch(loads(payload), self.fields, order, leaves, objects)
+            for i in nulls.split(",") if nulls else ():
+                f = self._flat[int(i)]
+                if f.children is None:
+                    _set_leaf(leaves, f.key, order, None)
+                else:
+                    entry = objects.setdefault(f.key, [None, None])
+                    entry[1] = _later(order, entry[1])
+        entity = self._build(self.fields, s.get("d"), leaves, objects)
+        if not leaves:
+            del s["l"]
+        if not objects:
+            del s["o"]
+        text = orjson.dumps(s)
+        return text, (orjson.dumps(entity) if _after(s.get("e"), s.get("d")) else None)
+
+    def _patch(
+        self,
+        patch: dict[str, Any],
+        fields: tuple[Field, ...],
+        order: str,
+        leaves: dict[str, list[Any]],
+        objects: dict[str, list[str | None]],
+    ) -> None:
+        """Record what ``patch`` (the entity's JSON, nulls left out) sets, at ``order``."""
+        for f in fields:
+            if f.name not in patch:
+                continue
+            if f.children is None:
+                _set_leaf(leaves, f.key, order, patch[f.name])
+            else:
+                entry = objects.setdefault(f.key, [None, None])
+                entry[0] = _later(order, entry[0])
+                self._patch(patch[f.name], f.children, order, leaves, objects)
+
+    def _build(
+        self,
+        fields: tuple[Field, ...],
+        cutoff: str | None,
+        leaves: dict[str, list[Any]],
+        objects: dict[str, list[str | None]],
+    ) -> dict[str, Any]:
+        """The entity's members under ``fields``: what was set after ``cutoff``. Drops from
+        the state what is not: no later event can bring it back."""
+        out: dict[str, Any] = {}
+        for f in fields:
+            if f.children is None:
+                leaf = leaves.get(f.key)
+                if leaf is None:
+                    continue
+                if not _after(leaf[0], cutoff):
+                    del leaves[f.key]
+                elif leaf[1] is not None:
+                    out[f.name] = leaf[1]
+                continue
+            entry = objects.get(f.key, [None, None])
+            if not _after(entry[1], cutoff):
+                entry[1] = None
+            own = _later(entry[1], cutoff)
+            if not _after(entry[0], own):
+                entry[0] = None
+            inner = self._build(f.children, own, leaves, objects)
+            if entry[0] is not None:
+                out[f.name] = inner
+            elif f.key in objects and entry[1] is None:
+                del objects[f.key]
+        return out
+
+
+def _set_leaf(leaves: dict[str, list[Any]], key: str, order: str, value: Any) -> None:
+    current = leaves.get(key)
+    if current is None or order > current[0]:
+        leaves[key] = [order, value]

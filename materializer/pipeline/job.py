@@ -1,21 +1,20 @@
 """The streaming queries of one map, and the foreachBatch step that projects each batch.
 
-Each map runs its own queries over its topics, each with its own checkpoint
-under ``<checkpoint_root>/<map>/``, so one map's failure leaves the others running:
+Each map runs two queries, each with its own checkpoint under
+``<checkpoint_root>/<map>/``, so one map's failure leaves the others running:
 
-- ``fold``: decode, fold in the state store, and project every micro-batch into
-  Redis, then into the map's changelog topic (both idempotent per batch), then
-  commit its end offsets to the consumer group ``materializer.<map>`` for
-  Kafka's tools to see (the checkpoint, not the group, is where the fold resumes);
+- ``fold``: read and decode the map's topics once per micro-batch; send the
+  records that cannot be folded to the dead-letter topic (``on_error:
+  dead_letter``; ``skip`` drops them, ``fail`` fails the query at the first);
+  fold the rest into Redis and write the changelog topic (``redis_fold``);
+  append every folded event to ``<root>/<map>__events`` (``history: true``);
+  commit the watermark, then the batch's end offsets to the consumer group
+  ``materializer.<map>`` for Kafka's tools to see (the checkpoint, not the
+  group, is where the fold resumes). Every step is idempotent per batch.
 - ``delta``: the changelog into the Delta table, one MERGE per trigger of
   ``delta.trigger_interval`` (exactly once through Delta's transaction ids).
   Lookups see a batch as soon as Redis has it; the table follows within a
-  trigger or so, without ever slowing the fold down;
-- ``dead_letter`` (with ``on_error: dead_letter``): the records that cannot be
-  folded, to the dead-letter topic. With ``skip`` they are dropped; with
-  ``fail`` the fold query itself fails at the first one;
-- ``history`` (with ``history: true``): every folded event appended to
-  ``<root>/<map>__events``.
+  trigger or so, without ever slowing the fold down.
 """
 
 from __future__ import annotations
@@ -34,29 +33,25 @@ from materializer.paths import checkpoint_path, history_path, table_path
 from materializer.pipeline import columns as c
 from materializer.pipeline.checkpoint import Checkpoint
 from materializer.pipeline.crash import CrashDrill
-from materializer.pipeline.dead_letter import dead_letters, fail_on_error
 from materializer.pipeline.decode import decode
-from materializer.pipeline.fold import fold
 from materializer.pipeline.formats.batch_typing import (
     EntityTyper,
     changelog_entity,
     typed_batches,
 )
 from materializer.pipeline.formats.json_inferred import is_inferred
-from materializer.pipeline.keys import assign_keys, bad, good
-from materializer.pipeline.metrics import BatchMetrics, observe_dead_letters, observe_fold_input
+from materializer.pipeline.keys import assign_keys
+from materializer.pipeline.metrics import BatchMetrics, observe_fold_input
 from materializer.pipeline.progress import BatchLog
 from materializer.pipeline.source import kafka_options, read_source
 from materializer.pipeline.topics import ensure_changelog_topic, ensure_dead_letter_topic
 from materializer.pipeline.transforms import apply_transforms
 from materializer.sinks.base import Batch, Sink
-from materializer.sinks.changelog import ChangelogSink
 from materializer.sinks.delta import DeltaSink
 from materializer.sinks.group_offsets import GroupOffsetsSink
-from materializer.sinks.history import HistorySink, history_events
+from materializer.sinks.history import HistorySink
 from materializer.sinks.redis import RedisSink, expiry_ms
 from materializer.sinks.redis_fold import (
-    REDIS_FOLD_MODES,
     FoldTarget,
     RedisFold,
     RedisFoldSink,
@@ -316,111 +311,24 @@ def start_map(
     none, for queries whose progress is not the map's (a rebuild's replay).
     ``until`` folds only the records before those offsets (``records``).
     """
-    from pyspark.sql.types import StructType
 
     map_config = config.map(map_name)
     physical = physical_name(map_name, generation)
     keyed = records(spark, config, map_name, until)
-    trigger = {"processingTime": config.spark.trigger_interval}
-
-    fold_checkpoint = checkpoint_path(config, physical, "fold")
-    checkpoint = Checkpoint(spark, fold_checkpoint)
+    checkpoint = Checkpoint(spark, checkpoint_path(config, physical, "fold"))
     changelog = changelog_topic(config, map_name, generation)
     max_record_bytes = ensure_changelog_topic(config, map_name, changelog)
-    # Redis first, so lookups see a batch as soon as possible. Both writes are
-    # idempotent per batch: a crash between them is repaired by the batch's replay.
-    # The consumer group last: it reports what the stores already hold.
-    in_redis = map_config.fold.mode in REDIS_FOLD_MODES
-    ttl_ms = expiry_ms(map_config.ttl.redis if map_config.ttl else None)
-    sinks: list[Sink] = [
-        RedisSink(
-            config.redis,
-            physical,
-            checkpoint.end_offsets,
-            map_config.changes.max_len,
-            ttl_ms=ttl_ms,
-            entities=not in_redis,
-        ),
-    ]
-    if not in_redis:
-        # Folded in Redis, the fold's own step writes the changelog.
-        sinks.append(ChangelogSink(changelog, producer_options(config, max_record_bytes)))
-    rows_out = report_rows_out(batch_log, metrics)
-    if offsets_group is not None:
-        group = offsets_group.replace("{map}", map_name)
-        client = {"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.properties}
-        sinks.append(GroupOffsetsSink(group, checkpoint.end_offsets, client))
-    if in_redis:
-        return _start_in_redis(
-            spark,
-            config,
-            map_name,
-            keyed,
-            sinks,
-            checkpoint,
-            rows_out,
-            generation,
-            side_queries,
-            max_record_bytes=max_record_bytes,
-            ttl_ms=ttl_ms,
-        )
-    table = table_path(config, physical)
-    inferred = is_inferred(map_config)
-    folding = observe_fold_input(
-        fail_on_error(keyed) if map_config.on_error == "fail" else good(keyed)
-    )
-    with map_key_paths(map_name):
-        folded = fold(folding, map_config.fold)
-    entity = folded.schema[c.ENTITY].dataType
-    if not isinstance(entity, StructType):
-        raise TypeError(f"the fold's entity must be a struct, got {entity.simpleString()}")
-    projector = Projector(physical, sinks, checkpoint, rows_out)
-    fold_query = (
-        folded.writeStream.queryName(f"{physical}.fold")
-        .outputMode("update")
-        .option("checkpointLocation", fold_checkpoint)
-        .trigger(**trigger)
-        .foreachBatch(typed_batches(projector, table, inferred, c.table_meta(map_config)))
-        .start()
-    )
-    side = [_start_delta(spark, config, map_name, entity, rows_out, generation)]
-    side_trigger = {"processingTime": config.spark.side_trigger_interval}
-    if side_queries and map_config.on_error == "dead_letter":
-        side.append(_start_dead_letters(config, map_name, bad(keyed), side_trigger))
-    if side_queries and map_config.history:
-        side.append(_start_history(config, map_name, good(keyed), side_trigger))
-    return MapQueries(name=map_name, fold=fold_query, side=side, projectors=[projector])
-
-
-def _start_in_redis(
-    spark: SparkSession,
-    config: AppConfig,
-    map_name: str,
-    keyed: DataFrame,
-    sinks: list[Sink],
-    checkpoint: Checkpoint,
-    rows_out: Callable[[str, int, int], None] | None,
-    generation: int,
-    side_queries: bool,
-    *,
-    max_record_bytes: int,
-    ttl_ms: int | None,
-) -> MapQueries:
-    """One query for a map folded in Redis: the fold, its changelog and dead letters, then
-    the history, the watermark and the group offsets (``sinks``), from one read of the
-    source; the Delta query beside it. ``max_record_bytes``: what the changelog takes."""
-    map_config = config.map(map_name)
-    physical = physical_name(map_name, generation)
     letters = None
     if side_queries and map_config.on_error == "dead_letter":
         letters = dead_letter_topic(config, map_name)
         # One producer sends both: it takes the bigger of the two topics' records.
         limit = ensure_dead_letter_topic(config, map_name, letters)
         max_record_bytes = max(max_record_bytes, limit)
+    ttl_ms = expiry_ms(map_config.ttl.redis if map_config.ttl else None)
     target = FoldTarget(
         redis=config.redis,
         map_name=physical,
-        changelog_topic=changelog_topic(config, map_name, generation),
+        changelog_topic=changelog,
         producer=producer_settings(
             config.kafka.bootstrap_servers, config.kafka.properties, max_record_bytes
         ),
@@ -444,22 +352,34 @@ def _start_in_redis(
         spread_keys=not one_partition_per_key,
     )
     with map_key_paths(map_name):
+        events = redis_fold.events(observe_fold_input(keyed, dead_letters=letters is not None))
         entity = redis_fold.entity_type(keyed)
     load_library(config.redis)
-    head: list[Sink] = [RedisFoldSink(redis_fold, checkpoint.end_offsets)]
+    # The fold first (Redis, then the changelog), so lookups see a batch as soon as
+    # possible; every step is idempotent per batch, so a crash between two is repaired by
+    # the batch's replay. The watermark after the fold, the consumer group last: it
+    # reports what the stores already hold.
+    sinks: list[Sink] = [RedisFoldSink(redis_fold, checkpoint.end_offsets)]
     if side_queries and map_config.history:
-        head.append(HistorySink(history_path(config, map_name)))
+        sinks.append(HistorySink(history_path(config, map_name)))
+    sinks.append(
+        RedisSink(config.redis, physical, checkpoint.end_offsets, map_config.changes.max_len)
+    )
+    if offsets_group is not None:
+        group = offsets_group.replace("{map}", map_name)
+        client = {"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.properties}
+        sinks.append(GroupOffsetsSink(group, checkpoint.end_offsets, client))
+    rows_out = report_rows_out(batch_log, metrics)
     projector = Projector(
         physical,
-        [*head, *sinks],
+        sinks,
         checkpoint,
         rows_out,
         keep_records=True,
-        persist=len(head) > 1,  # the history reads the batch too
+        persist=map_config.history and side_queries,  # the history reads the batch too
     )
-    observed = redis_fold.events(observe_fold_input(keyed, dead_letters=letters is not None))
     fold_query = (
-        observed.writeStream.queryName(f"{physical}.fold")
+        events.writeStream.queryName(f"{physical}.fold")
         .option("checkpointLocation", checkpoint.location)
         .trigger(processingTime=config.spark.trigger_interval)
         .foreachBatch(projector)
@@ -565,38 +485,4 @@ def _start_delta(
         .trigger(processingTime=config.delta.trigger_interval)
         .foreachBatch(typed_batches(projector, table, inferred, c.table_meta(map_config)))
         .start()
-    )
-
-
-def _start_dead_letters(
-    config: AppConfig, map_name: str, failed: DataFrame, trigger: dict[str, str]
-) -> StreamingQuery:
-    topic = dead_letter_topic(config, map_name)
-    max_record_bytes = ensure_dead_letter_topic(config, map_name, topic)
-    writer = (
-        observe_dead_letters(dead_letters(failed))
-        .writeStream.queryName(f"{map_name}.dead_letter")
-        .format("kafka")
-        .option("topic", topic)
-        .option("checkpointLocation", checkpoint_path(config, map_name, "dead_letter"))
-        .trigger(**trigger)
-    )
-    for key, value in producer_options(config, max_record_bytes).items():
-        writer = writer.option(f"kafka.{key}", value)
-    return writer.start()
-
-
-def _start_history(
-    config: AppConfig, map_name: str, folded: DataFrame, trigger: dict[str, str]
-) -> StreamingQuery:
-    """Every folded event, appended; Delta's streaming sink commits each batch exactly once."""
-    events = history_events(folded)
-    return (
-        events.writeStream.queryName(f"{map_name}.history")
-        .format("delta")
-        .outputMode("append")
-        .option("checkpointLocation", checkpoint_path(config, map_name, "history"))
-        .option("mergeSchema", "true")
-        .trigger(**trigger)
-        .start(history_path(config, map_name))
     )

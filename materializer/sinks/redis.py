@@ -1,10 +1,14 @@
-"""The Redis map: ``<map>:<key>`` per entity, then the watermark and change entries.
+"""The Redis map's bookkeeping: the change entries and the watermark of each batch.
 
-Entity writes run on the executors, one pipelined round trip per chunk of a
-partition, so the driver never collects the batch. They write final state
-(SET or DEL), so replaying a batch rewrites the same values. The change
-entries and then the watermark go last, after every entity of the batch is in
-place.
+The fold (``redis_fold``) puts a batch's entities in place, and on one server
+their change entries in the same atomic call; the watermark goes last, after
+every entity of the batch. ``write_partition`` writes entities as final state
+(SET or DEL) for those who hold entities already folded, so writing them
+twice writes the same values.
+
+Why a replay is safe: each batch's watermark (and change entries written
+here) carry the batch's id and its query's app id, and a step whose key
+already holds that batch is skipped (``commit``).
 
 With a TTL (``ttl.redis``), every SET also sets the key's expiry (``PX``): a key
 not written again within it expires. Bookkeeping keys (``__meta__``, ...) never
@@ -13,7 +17,6 @@ expire.
 
 from __future__ import annotations
 
-import functools
 import math
 import time
 from collections.abc import Iterable, Mapping
@@ -22,10 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from materializer.config import RedisConfig
 from materializer.layout import Watermark, change_entry, changes_key, entity_key, meta_key
-from materializer.pipeline import columns as c
 from materializer.redis_client import Client, connect
 from materializer.sinks.base import Batch, Sink
-from materializer.sinks.encoding import entity_json
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -72,7 +73,8 @@ def write_partition(
 
 
 class RedisSink(Sink):
-    """Entities on the executors, then ``<map>:__meta__`` from the driver."""
+    """``<map>:__meta__``, the batch's watermark, once the fold has put its entities and
+    change entries in place (``redis_fold``)."""
 
     name = "redis"
 
@@ -82,35 +84,21 @@ class RedisSink(Sink):
         map_name: str,
         end_offsets: Callable[[int], dict[str, dict[int, int]]],
         changes_max_len: int = 100_000,
-        ttl_ms: int | None = None,
-        *,
-        entities: bool = True,
     ) -> None:
-        """``entities=False``: the fold already put the entities and their change entries in
-        place (``redis_fold``); the sink commits the batch's watermark only."""
         self.config = config
-        self.entities = entities
         self.map_name = map_name
         self.changes_max_len = changes_max_len
-        self.ttl_ms = ttl_ms
         self._end_offsets = end_offsets
 
     def write(self, batch: Batch) -> None:
-        """Write the batch's entities, then its change entries and watermark (``commit``)."""
-        changes: list[tuple[str, bool]] = []
-        if self.entities:
-            rows = batch.rows.select(c.KEY, c.DELETED, entity_json(batch.rows[c.ENTITY]))
-            rows.foreachPartition(
-                functools.partial(write_partition, self.config, self.map_name, ttl_ms=self.ttl_ms)
-            )
-            changes = [(r[0], bool(r[1])) for r in batch.rows.select(c.KEY, c.DELETED).collect()]
+        """Commit the batch's watermark."""
         watermark = Watermark(
             batch_id=batch.batch_id,
             offsets=self._end_offsets(batch.batch_id),
             updated_at_ms=int(time.time() * 1000),
             app_id=batch.app_id,
         )
-        self.commit(watermark, changes)
+        self.commit(watermark, [])
 
     def commit(self, watermark: Watermark, changes: list[tuple[str, bool]]) -> None:
         """The change entries, then the watermark, each once per (app id, batch id).

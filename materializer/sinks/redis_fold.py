@@ -1,36 +1,45 @@
-"""The fold applied where the map lives: a Redis Function per fold mode, as Hazelcast
-applies an entry processor to an IMap entry.
+"""The fold applied where the map lives: Redis Functions, as Hazelcast applies an entry
+processor to an IMap entry.
 
-A map folded here runs one streaming query. Spark reads, decodes, transforms
-and keys each micro-batch without any state of its own; then one function
-takes the batch's records as Arrow batches and, in a single pass:
+A map runs one streaming query. Spark reads, decodes, transforms and keys
+each micro-batch without any state of its own (``materializer.pipeline.fold``
+says what each mode computes per record); then one function takes the
+batch's events as Arrow batches and, in a single pass:
 
 - sends the records that fail to the dead-letter topic;
-- pre-folds the rest per key (the greatest order wins) and applies each key's
-  winner with ``FCALL``, a chunk of keys per call, atomically per call;
+- applies each key's events of the batch to its entity in Redis, a chunk of
+  keys per ``FCALL``, atomically per call;
 - writes each touched entity's state after the call to the changelog topic.
 
 A small batch (the live case) runs that function on the driver after one
 Arrow collect: waking a Python worker per Kafka partition costs more than the
-whole batch. A large one (a backlog) runs it on the executors, in parallel.
+whole batch. A large one (a backlog) runs it on the executors, in parallel,
+each key in one task.
 
 ``latest``: the entity becomes the winning record (a delete removes it), and
-the winner's *order* is kept beside it under ``order_key``. Orders are byte
-strings that compare as the fold orders its events: the event-time field
-when declared, then partition and offset (``order_column``).
-
+the winner's *order* is kept beside it under ``state_key``; the batch's
+winner per key is picked in Arrow and Redis compares it with the stored order.
 Why a replay is safe: a record already applied has an order no greater than
 the one stored with its entity, so the function leaves the entity alone the
 second time, whatever crashed in between, and writes no second change entry.
-Its answer for every key is the entity's state *after* the call, applied or
-not, so the changelog gets the state even when the first attempt's write was
-lost; a changelog record repeated with the same or a later state changes
-nothing for its readers, who keep the last one per key.
 
-Change entries (``<map>:__changes__``): on one server the function appends
-them itself, in the same atomic call as the entities they announce. On a
+``merge`` and ``aggregate``: the fold's state per key (JSON) is kept under
+``state_key``. Python reads states and entities (one ``FCALL_RO`` a chunk),
+folds each key's events into its state (``KeyFolder``), and writes the states
+and entities whose state changed, each only if its state is still the one
+read (another writer's change makes Python read and fold that key again).
+Why a replay is safe: the mode's state recognises events it has folded (see
+its module), so a replay folds to the same state and nothing is written.
+
+Either way, the changelog gets each key's state *after* the call, applied or
+not, so it gets the state even when the first attempt's write was lost; a
+changelog record repeated with the same or a later state changes nothing for
+its readers, who keep the last one per key.
+
+Change entries (``<map>:__changes__``): on one server the functions append
+them themselves, in the same atomic call as the entities they announce. On a
 Redis Cluster the stream lives on one master: each master's chunk is applied
-there (an order key has its entity's hash slot), and its applied keys'
+there (a state key has its entity's hash slot), and its applied keys'
 entries follow in one transaction on the stream, so a crash between the two
 can drop that chunk's entries; the watermark still tells a reader how far
 the map is.
@@ -41,19 +50,18 @@ from __future__ import annotations
 import base64
 import functools
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
 from materializer.config import FoldConfig, RedisConfig
-from materializer.errors import ConfigError
 from materializer.layout import changes_key, entity_key
 from materializer.pipeline import columns as c
 from materializer.pipeline.dead_letter import dead_letter_columns
+from materializer.pipeline.fold import Event, FoldMode, KeyFolder, fold_mode
 from materializer.sinks.base import Batch, Sink
 from materializer.sinks.changelog import APP_HEADER, BATCH_HEADER
-from materializer.sinks.encoding import entity_json
 from materializer.sinks.redis import client_for
 
 if TYPE_CHECKING:
@@ -62,21 +70,22 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from confluent_kafka import Producer
     from pyspark.sql import Column, DataFrame
-    from pyspark.sql.types import DataType, StructType
+    from pyspark.sql.types import StructType
 
     from materializer.pipeline.formats.batch_typing import EntityTyper
 
-REDIS_FOLD_MODES = ("latest",)
-"""The fold modes applied in Redis; the others still fold in Spark's state store."""
-
 LIBRARY = "materializer"
 LATEST = "materializer_latest_v1"
+READ = "materializer_read_v1"
+PUT = "materializer_put_v1"
 
 SOURCE = f"""#!lua name={LIBRARY}
 -- Materializer's fold functions. Loaded with FUNCTION LOAD REPLACE at every start.
 --
 -- KEYS[1] is one entity key of the call, which routes it to its master on a cluster;
 -- every key a call touches comes in ARGV, and lives on that master (the flag below).
+-- The writing functions' ARGV start with the change stream ('' for none), PX
+-- milliseconds or '', batch id, stream MAXLEN and the entity keys' prefix length.
 
 -- Whether a sorts after b byte by byte: Lua's own '<' on strings follows the server's
 -- locale (strcoll), the fold's orders follow bytes, as Spark compares strings.
@@ -92,37 +101,40 @@ local function after(a, b)
   return string.byte(a, lo) > string.byte(b, lo)
 end
 
--- ARGV: the change stream ('' for none), PX milliseconds or '', batch id, stream
--- MAXLEN, the entity keys' prefix length, then per record its entity key, order
--- key, order and value ('' deletes). Returns per record 1 when applied, else the
--- entity's current value (false: none).
-local function latest(keys, args)
+-- Sets the entity (value '' deletes it) and its state, and appends its change entry.
+local function write(args, entity, state_key, state, value)
   local stream, ttl, batch, maxlen = args[1], args[2], args[3], args[4]
-  local prefix = tonumber(args[5])
+  local op = 'upsert'
+  if value == '' then
+    redis.call('DEL', entity)
+    op = 'delete'
+  elseif ttl == '' then
+    redis.call('SET', entity, value)
+  else
+    redis.call('SET', entity, value, 'PX', ttl)
+  end
+  if ttl == '' then
+    redis.call('SET', state_key, state)
+  else
+    redis.call('SET', state_key, state, 'PX', ttl)
+  end
+  if stream ~= '' then
+    redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
+      'key', string.sub(entity, tonumber(args[5]) + 1), 'op', op, 'batch_id', batch)
+  end
+end
+
+-- ARGV after the five: per record its entity key, state key, order and value ('' deletes).
+-- Applies a record whose order is greater than the stored one. Returns per record 1
+-- when applied, else the entity's current value (false: none).
+local function latest(keys, args)
   local out = {{}}
   for i = 0, (#args - 5) / 4 - 1 do
-    local entity, order_key = args[6 + 4 * i], args[7 + 4 * i]
+    local entity, state_key = args[6 + 4 * i], args[7 + 4 * i]
     local order, value = args[8 + 4 * i], args[9 + 4 * i]
-    local current = redis.call('GET', order_key)
+    local current = redis.call('GET', state_key)
     if (not current) or after(order, current) then
-      local op = 'upsert'
-      if value == '' then
-        redis.call('DEL', entity)
-        op = 'delete'
-      elseif ttl == '' then
-        redis.call('SET', entity, value)
-      else
-        redis.call('SET', entity, value, 'PX', ttl)
-      end
-      if ttl == '' then
-        redis.call('SET', order_key, order)
-      else
-        redis.call('SET', order_key, order, 'PX', ttl)
-      end
-      if stream ~= '' then
-        redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
-          'key', string.sub(entity, prefix + 1), 'op', op, 'batch_id', batch)
-      end
+      write(args, entity, state_key, order, value)
       out[i + 1] = 1
     else
       out[i + 1] = redis.call('GET', entity)
@@ -131,9 +143,38 @@ local function latest(keys, args)
   return out
 end
 
+-- ARGV: state key, entity key, per key. Returns both values per key (false: none).
+local function read(keys, args)
+  local out = {{}}
+  for i = 1, #args do out[i] = redis.call('GET', args[i]) end
+  return out
+end
+
+-- ARGV after the five: per key its entity key, state key, the state its fold read ('' for
+-- none), the new state and value ('' removes the entity). Writes a key only if its state
+-- is still the one its fold read. Returns per key 1 when written, 0 when its state had
+-- changed.
+local function put(keys, args)
+  local out = {{}}
+  for i = 0, (#args - 5) / 5 - 1 do
+    local entity, state_key = args[6 + 5 * i], args[7 + 5 * i]
+    if (redis.call('GET', state_key) or '') ~= args[8 + 5 * i] then
+      out[i + 1] = 0
+    else
+      write(args, entity, state_key, args[9 + 5 * i], args[10 + 5 * i])
+      out[i + 1] = 1
+    end
+  end
+  return out
+end
+
 redis.register_function{{function_name='{LATEST}', callback=latest,
   flags={{'allow-cross-slot-keys'}}}}
-"""
+redis.register_function{{function_name='{READ}', callback=read,
+  flags={{'no-writes', 'allow-cross-slot-keys'}}}}
+redis.register_function{{function_name='{PUT}', callback=put,
+  flags={{'allow-cross-slot-keys'}}}}
+"""  # noqa: S608 - Lua, not SQL
 
 CHUNK = 1000
 """Keys per ``FCALL``: enough to amortise the round trip, few enough not to hold up
@@ -146,6 +187,7 @@ executors: a Python worker per partition costs ~0.1 s a task, the driver ~46 µs
 
 ORDER = "__order"
 _VALUE = "__value"
+_AUX = "__aux"
 _LETTER_KEY, _LETTER_VALUE, _LETTER_HEADERS = "__dl_key", "__dl_value", "__dl_headers"
 """A failed record's key, value and headers (its own, then the error's, as a JSON array of
 ``{"key": ..., "value": <base64>}``); null for the others."""
@@ -160,6 +202,7 @@ def _arrow_schema() -> pa.Schema:
             (c.KEY, pa.string()),
             (ORDER, pa.string()),
             (_VALUE, pa.binary()),
+            (_AUX, pa.string()),
             (_LETTER_KEY, pa.binary()),
             (_LETTER_VALUE, pa.binary()),
             (_LETTER_HEADERS, pa.string()),
@@ -167,78 +210,29 @@ def _arrow_schema() -> pa.Schema:
     )
 
 
-ORDER_MARK = b"\x00o:"
-"""Joins a map's physical name and the rest of an order key: no entity key holds it there."""
+STATE_MARK = b"\x00o:"
+"""Joins a map's physical name and the rest of a state key: no entity key holds it there."""
 
 
-def order_key(map_name: str, key: str) -> bytes:
-    """Where an entity's winning order is kept: ``<map>\\0o:`` and a hash tag of the entity
-    key's slot, so the fold of one key touches one slot.
+def state_key(map_name: str, key: str) -> bytes:
+    """Where an entity's fold state is kept (``latest``: its winning order; the other modes:
+    their state as JSON): ``<map>\\0o:`` and a hash tag of the entity key's slot, so the
+    fold of one key touches one slot.
 
-    An entity key without a hash tag hashes whole, so the order key tags it
-    whole; one with a tag (``{...}`` in the key) keeps that tag. Order keys
+    An entity key without a hash tag hashes whole, so the state key tags it
+    whole; one with a tag (``{...}`` in the key) keeps that tag. State keys
     never match ``<map>:*``, so scans of a map's entities never see them.
     """
     entity = entity_key(map_name, key).encode()
     start = entity.find(b"{")
     end = entity.find(b"}", start + 1) if start >= 0 else -1
     rest = key.encode() if start >= 0 and end > start + 1 else b"{" + entity + b"}"
-    return map_name.encode() + ORDER_MARK + rest
+    return map_name.encode() + STATE_MARK + rest
 
 
-def order_keys_pattern(map_name: str) -> bytes:
-    """A ``SCAN`` pattern for a map's order keys (map names hold no glob characters)."""
-    return map_name.encode() + ORDER_MARK + b"*"
-
-
-def order_column(records: DataFrame, event_time: str | None = None) -> Column:
-    """The record's order as text whose byte order is the fold's order.
-
-    Partition and offset as fixed-width digits; an event time before them,
-    null lowest, then integers, dates and timestamps as 20 digits of their
-    value shifted to be positive, or a string as it is, ended by a zero byte
-    so that a string sorts before its extensions.
-    """
-    from pyspark.sql import functions as F
-
-    position = F.format_string("%010d%019d", F.col(c.PARTITION), F.col(c.OFFSET))
-    if event_time is None:
-        return position
-    if event_time not in records.columns:
-        known = ", ".join(c.entity_fields(records.columns))
-        raise ConfigError("", [f"fold.event_time: no field {event_time!r} ({known})"])
-    value = F.col(c.quote(event_time))
-    return F.concat(
-        F.when(value.isNull(), F.lit("0")).otherwise(
-            F.concat(F.lit("1"), _sortable(value, records.schema[event_time].dataType))
-        ),
-        F.lit("\x00"),
-        position,
-    )
-
-
-def _sortable(value: Column, dtype: DataType) -> Column:
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    if isinstance(dtype, T.StringType):
-        return value
-    if isinstance(dtype, T.IntegralType):
-        number = value.cast("long")
-    elif isinstance(dtype, T.DateType):
-        number = F.unix_date(value).cast("long")
-    elif isinstance(dtype, T.TimestampType | T.TimestampNTZType):
-        number = F.unix_micros(value.cast("timestamp"))
-    else:
-        raise ConfigError(
-            "",
-            [
-                "fold.event_time: events are ordered by integers, dates, timestamps or "
-                f"strings; this field is {dtype.simpleString()}"
-            ],
-        )
-    shift = F.lit("9223372036854775808").cast("decimal(20,0)")
-    return F.lpad((number.cast("decimal(20,0)") + shift).cast("string"), 20, "0")
+def state_keys_pattern(map_name: str) -> bytes:
+    """A ``SCAN`` pattern for a map's state keys (map names hold no glob characters)."""
+    return map_name.encode() + STATE_MARK + b"*"
 
 
 def load_library(config: RedisConfig) -> None:
@@ -268,6 +262,8 @@ class FoldTarget:
     dead_letter_topic: str | None = None
     ttl_ms: int | None = None
     changes_max_len: int = 100_000
+    folder: KeyFolder | None = None
+    """How a key's events fold into its state; None: ``latest``, ordered by Redis."""
 
 
 @dataclass(frozen=True)
@@ -335,16 +331,21 @@ def apply_batches(
     letters = 0
     if target.dead_letter_topic is not None:
         letters = _send_dead_letters(deliveries, target.dead_letter_topic, table)
-    keys, orders, values = _winners(table)
     headers = [(BATCH_HEADER, str(batch_id).encode()), (APP_HEADER, app_id.encode())]
-    winners = list(zip(keys, zip(orders, values, strict=True), strict=True))
-    for key, state in _apply_latest(target, batch_id, winners):
+    writer = _Writer(target, batch_id)
+    if target.folder is None:
+        states = writer.latest(_winners(table))
+    else:
+        states = writer.fold(target.folder, _events(table))
+    keys = 0
+    for key, state in states:
         deliveries.send(target.changelog_topic, key.encode(), state, headers)
+        keys += 1
     deliveries.flush()
-    return Applied(keys=len(winners), dead_letters=letters)
+    return Applied(keys=keys, dead_letters=letters)
 
 
-def _winners(table: pa.Table) -> tuple[list[str], list[str], list[bytes | None]]:
+def _winners(table: pa.Table) -> list[tuple[str, tuple[str, bytes | None]]]:
     """Each key's record with the greatest order, picked in Arrow: Python touches one row
     per key, not one per record."""
     import pyarrow.compute as pc
@@ -354,11 +355,32 @@ def _winners(table: pa.Table) -> tuple[list[str], list[str], list[bytes | None]]
     winners = folding.join(
         best, keys=[c.KEY, ORDER], right_keys=[c.KEY, f"{ORDER}_max"], join_type="inner"
     )
-    return (
-        winners[c.KEY].to_pylist(),
-        winners[ORDER].to_pylist(),
-        winners[_VALUE].to_pylist(),
-    )
+    orders_values = zip(winners[ORDER].to_pylist(), winners[_VALUE].to_pylist(), strict=True)
+    return list(zip(winners[c.KEY].to_pylist(), orders_values, strict=True))
+
+
+def _events(table: pa.Table) -> list[tuple[str, list[Event]]]:
+    """Each key's events in order: sorted in Arrow, grouped in one pass."""
+    import pyarrow.compute as pc
+
+    folding = table.filter(pc.is_valid(table[ORDER]))
+    folding = folding.take(pc.sort_indices(folding, [(c.KEY, "ascending"), (ORDER, "ascending")]))
+    out: list[tuple[str, list[Event]]] = []
+    last: str | None = None
+    events: list[Event] = []
+    for key, order, value, aux in zip(
+        folding[c.KEY].to_pylist(),
+        folding[ORDER].to_pylist(),
+        folding[_VALUE].to_pylist(),
+        folding[_AUX].to_pylist(),
+        strict=True,
+    ):
+        if key != last:
+            events = []
+            out.append((key, events))
+            last = key
+        events.append((order, value, aux))
+    return out
 
 
 def _send_dead_letters(deliveries: _Deliveries, topic: str, table: pa.Table) -> int:
@@ -381,95 +403,137 @@ def _send_dead_letters(deliveries: _Deliveries, topic: str, table: pa.Table) -> 
     return int(failed.num_rows)
 
 
-def _apply_latest(
-    target: FoldTarget, batch_id: int, winners: list[tuple[str, tuple[str, bytes | None]]]
-) -> Iterator[tuple[str, bytes | None]]:
-    """``FCALL`` the winners in chunks; each key with its state after the call."""
-    from redis.cluster import RedisCluster
+_T = TypeVar("_T")
 
-    client = client_for(target.redis)
-    prefix = len(entity_key(target.map_name, "").encode())
-    stream = changes_key(target.map_name).encode()
-    fixed = [
-        b"",
-        b"" if target.ttl_ms is None else str(target.ttl_ms).encode(),
-        str(batch_id).encode(),
-        str(target.changes_max_len).encode(),
-        str(prefix).encode(),
-    ]
-    if isinstance(client, RedisCluster):
-        groups: dict[Any, list[tuple[str, tuple[str, bytes | None]]]] = {}
-        for item in winners:
-            node = client.get_node_from_key(  # type: ignore[no-untyped-call]
-                entity_key(target.map_name, item[0])
+CONFLICT_ROUNDS = 10
+"""How often a key is folded again because another writer changed its state first."""
+
+
+class _Writer:
+    """A batch's calls to Redis: chunks of keys, each sent to the master holding them."""
+
+    def __init__(self, target: FoldTarget, batch_id: int) -> None:
+        from redis.cluster import RedisCluster
+
+        self.target = target
+        self.batch_id = batch_id
+        self.client = client_for(target.redis)
+        self.cluster = isinstance(self.client, RedisCluster)
+        self.stream = changes_key(target.map_name).encode()
+        prefix = len(entity_key(target.map_name, "").encode())
+        # The writing functions' first five arguments; a cluster appends changes itself.
+        self.fixed = [
+            b"" if self.cluster else self.stream,
+            b"" if target.ttl_ms is None else str(target.ttl_ms).encode(),
+            str(batch_id).encode(),
+            str(target.changes_max_len).encode(),
+            str(prefix).encode(),
+        ]
+
+    def _chunks(self, items: list[tuple[str, _T]]) -> Iterator[tuple[Any, list[tuple[str, _T]]]]:
+        """``items`` (keyed by entity key) in chunks, each with its master (None: one server)."""
+        if not self.cluster:
+            for start in range(0, len(items), CHUNK):
+                yield None, items[start : start + CHUNK]
+            return
+        groups: dict[Any, list[tuple[str, _T]]] = {}
+        nodes: dict[Any, Any] = {}
+        for item in items:
+            node = self.client.get_node_from_key(  # type: ignore[union-attr]
+                entity_key(self.target.map_name, item[0])
             )
             groups.setdefault(node.name, []).append(item)
-        for items in groups.values():
-            node = client.get_node_from_key(  # type: ignore[no-untyped-call]
-                entity_key(target.map_name, items[0][0])
-            )
-            for start in range(0, len(items), CHUNK):
-                chunk = items[start : start + CHUNK]
-                answers = _fcall(target, chunk, fixed, node)
-                yield from _states(chunk, answers)
-                _append_changes(client, stream, target, batch_id, chunk, answers)
-        return
-    for start in range(0, len(winners), CHUNK):
-        chunk = winners[start : start + CHUNK]
-        yield from _states(chunk, _fcall(target, chunk, [stream, *fixed[1:]], None))
+            nodes[node.name] = node
+        for name, group in groups.items():
+            for start in range(0, len(group), CHUNK):
+                yield nodes[name], group[start : start + CHUNK]
 
+    def call(self, function: str, route: bytes, args: list[bytes], node: Any) -> list[Any]:
+        """``FCALL`` ``function`` (``FCALL_RO`` for ``READ``) with ``route``, an entity key of
+        the call, as its one key; loads the library again if the server lost it."""
+        from redis.exceptions import ResponseError
 
-def _fcall(
-    target: FoldTarget,
-    chunk: list[tuple[str, tuple[str, bytes | None]]],
-    fixed: list[bytes],
-    node: Any,
-) -> list[Any]:
-    from redis.exceptions import ResponseError
+        command = ("FCALL_RO" if function == READ else "FCALL", function, 1, route)
+        options = {} if node is None else {"target_nodes": node}
+        try:
+            return list(self.client.execute_command(*command, *args, **options))  # type: ignore[no-untyped-call]
+        except ResponseError as exc:
+            # A server restarted empty has lost the library with the data: load it again.
+            if "Function not found" not in str(exc):
+                raise
+            load_library(self.target.redis)
+            return list(self.client.execute_command(*command, *args, **options))  # type: ignore[no-untyped-call]
 
-    args: list[Any] = list(fixed)
-    for key, (order, value) in chunk:
-        entity = entity_key(target.map_name, key).encode()
-        args += [entity, order_key(target.map_name, key), order.encode()]
-        args.append(b"" if value is None else value)
-    command = ("FCALL", LATEST, 1, args[len(fixed)], *args)
-    options = {} if node is None else {"target_nodes": node}
-    client = client_for(target.redis)
-    try:
-        return list(client.execute_command(*command, **options))  # type: ignore[no-untyped-call]
-    except ResponseError as exc:
-        # A server restarted empty has lost the library with the data: load it again.
-        if "Function not found" not in str(exc):
-            raise
-        load_library(target.redis)
-        return list(client.execute_command(*command, **options))  # type: ignore[no-untyped-call]
+    def latest(
+        self, winners: list[tuple[str, tuple[str, bytes | None]]]
+    ) -> Iterator[tuple[str, bytes | None]]:
+        """Apply each key's winning record; each key with its state after the call."""
+        name = self.target.map_name
+        for node, chunk in self._chunks(winners):
+            args = list(self.fixed)
+            for key, (order, value) in chunk:
+                args += [entity_key(name, key).encode(), state_key(name, key), order.encode()]
+                args.append(b"" if value is None else value)
+            answers = self.call(LATEST, args[len(self.fixed)], args, node)
+            states = [
+                (key, value if answer == 1 else answer)
+                for (key, (_, value)), answer in zip(chunk, answers, strict=True)
+            ]
+            applied = [kv for kv, answer in zip(states, answers, strict=True) if answer == 1]
+            self._append_changes(applied)
+            yield from states
 
+    def fold(
+        self, folder: KeyFolder, keyed: list[tuple[str, list[Event]]]
+    ) -> Iterator[tuple[str, bytes | None]]:
+        """Fold each key's events into its state read from Redis and write what changed."""
+        name = self.target.map_name
+        for node, chunk in self._chunks(keyed):
+            pending = chunk
+            for _ in range(CONFLICT_ROUNDS):
+                args: list[bytes] = []
+                for key, _ in pending:
+                    args += [state_key(name, key), entity_key(name, key).encode()]
+                read = self.call(READ, args[1], args, node)
+                writes: list[tuple[str, bytes | None]] = []
+                put = list(self.fixed)
+                retry = []
+                for i, (key, events) in enumerate(pending):
+                    before, current = read[2 * i], read[2 * i + 1]
+                    state, value = folder(before, events)
+                    if state == before:
+                        yield key, current  # nothing new: applied before
+                        continue
+                    put += [entity_key(name, key).encode(), state_key(name, key)]
+                    put += [before or b"", state, b"" if value is None else value]
+                    writes.append((key, value))
+                    retry.append((key, events))
+                if not writes:
+                    break
+                answers = self.call(PUT, put[len(self.fixed)], put, node)
+                applied = [kv for kv, answer in zip(writes, answers, strict=True) if answer == 1]
+                self._append_changes(applied)
+                yield from applied
+                pending = [kv for kv, answer in zip(retry, answers, strict=True) if answer != 1]
+                if not pending:
+                    break
+            else:
+                keys = ", ".join(key for key, _ in pending[:3])
+                raise RuntimeError(
+                    f"map {name}: another writer kept changing the fold state of {keys}"
+                )
 
-def _states(
-    chunk: list[tuple[str, tuple[str, bytes | None]]], answers: list[Any]
-) -> Iterator[tuple[str, bytes | None]]:
-    for (key, (_, value)), answer in zip(chunk, answers, strict=True):
-        yield key, (value if answer == 1 else answer)
-
-
-def _append_changes(
-    client: Any,
-    stream: bytes,
-    target: FoldTarget,
-    batch_id: int,
-    chunk: list[tuple[str, tuple[str, bytes | None]]],
-    answers: list[Any],
-) -> None:
-    """A cluster's change entries for the keys a chunk applied, in one transaction."""
-    applied = [(k, v) for (k, (_, v)), a in zip(chunk, answers, strict=True) if a == 1]
-    if not applied:
-        return
-    with client.pipeline(transaction=True) as pipe:
-        for key, value in applied:
-            entry = {"key": key, "op": "delete" if value is None else "upsert"}
-            entry["batch_id"] = str(batch_id)
-            pipe.xadd(stream, entry, maxlen=target.changes_max_len, approximate=True)
-        pipe.execute()
+    def _append_changes(self, applied: list[tuple[str, bytes | None]]) -> None:
+        """A cluster's change entries for the keys a chunk applied, in one transaction (on one
+        server the functions append them)."""
+        if not self.cluster or not applied:
+            return
+        with self.client.pipeline(transaction=True) as pipe:
+            for key, value in applied:
+                entry: dict[Any, Any] = {"key": key, "op": "delete" if value is None else "upsert"}
+                entry["batch_id"] = str(self.batch_id)
+                pipe.xadd(self.stream, entry, maxlen=self.target.changes_max_len, approximate=True)
+            pipe.execute()
 
 
 def _apply_partition(
@@ -505,10 +569,8 @@ class RedisFold:
     ) -> None:
         """``spread_keys=False``: a key's records all sit in one Kafka partition (the map is
         keyed by the Kafka key of one topic), so a large batch needs no shuffle by key."""
-        if fold.mode not in REDIS_FOLD_MODES:
-            raise ConfigError("", [f"fold.mode: {fold.mode} is not folded in Redis"])
         self.target = target
-        self.fold = fold
+        self.mode: FoldMode = fold_mode(fold)
         self.fail_on_error = fail_on_error
         self.typer = typer
         self.spread_keys = spread_keys
@@ -522,9 +584,10 @@ class RedisFold:
             self._producer = None
 
     def events(self, records: DataFrame) -> DataFrame:
-        """Every record with ``__entity`` (null for a delete or a record that failed) and
-        ``__order`` (null for a record that failed): the map's query computes them in its
-        plan, so each batch comes with them."""
+        """Every record with ``__entity`` (the fold mode's, null for a delete or a record
+        that failed), ``__order`` (null for a record that failed) and ``__aux``: the map's
+        query computes them in its plan, so each batch comes with them. Fixes the mode's
+        ``KeyFolder`` for these records' fields."""
         from pyspark.sql import functions as F
 
         from materializer.pipeline.dead_letter import fail_on_error
@@ -532,22 +595,18 @@ class RedisFold:
         if self.fail_on_error:
             records = fail_on_error(records)
         folds = F.col(c.ERROR_STAGE).isNull()
-        entity = F.struct(*[F.col(c.quote(f)) for f in c.entity_fields(records.columns)])
-        order = order_column(records, self.fold.event_time)
+        aux = self.mode.aux(records)
+        self.target = replace(self.target, folder=self.mode.folder(records))
         return records.select(
             "*",
-            F.when(folds & ~F.col(c.DELETED), entity).alias(c.ENTITY),
-            F.when(folds, order).alias(ORDER),
+            F.when(folds & ~F.col(c.DELETED), self.mode.entity(records)).alias(c.ENTITY),
+            F.when(folds, self.mode.order(records)).alias(ORDER),
+            (F.lit(None).cast("string") if aux is None else F.when(folds, aux)).alias(_AUX),
         )
 
     def entity_type(self, records: DataFrame) -> StructType:
         """The entity's struct (a schemaless map's: its document); checks the fold's config."""
-        from pyspark.sql.types import StructType
-
-        entity = self.events(records).schema[c.ENTITY].dataType
-        if not isinstance(entity, StructType):
-            raise TypeError(f"the fold's entity must be a struct, got {entity.simpleString()}")
-        return entity
+        return self.mode.entity_type(records)
 
     def arrow_columns(self, events: DataFrame) -> DataFrame:
         """The columns ``apply_batches`` reads from a batch of ``events``, computed in the JVM.
@@ -565,7 +624,8 @@ class RedisFold:
             self._columns = [
                 F.col(c.KEY),
                 F.col(ORDER),
-                entity_json(F.col(c.ENTITY)).cast("binary").alias(_VALUE),
+                self.mode.payload(F.col(c.ENTITY)).cast("binary").alias(_VALUE),
+                F.col(_AUX),
                 F.when(failed, key).alias(_LETTER_KEY),
                 F.when(failed, value).alias(_LETTER_VALUE),
                 # As JSON text: an Arrow column of nested headers costs the whole batch

@@ -39,7 +39,6 @@ def slice_config(
             "master": "local[2]",
             "checkpoint_root": str(tmp / "checkpoints"),
             "trigger_interval": "200 milliseconds",
-            "side_trigger_interval": "500 milliseconds",
             "shuffle_partitions": 2,
             **extra.pop("spark", {}),
         },

@@ -4,6 +4,7 @@ real Kafka topic, and the order encoding on a real Spark session."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from datetime import UTC, date, datetime, timedelta
 
 import orjson
@@ -15,6 +16,8 @@ from slice_helpers import read_topic
 from materializer.config import RedisConfig
 from materializer.layout import changes_key, entity_key
 from materializer.pipeline import columns as c
+from materializer.pipeline.fold import order_column
+from materializer.pipeline.fold_aggregate import AggregateFolder, Spec
 from materializer.sinks.changelog import APP_HEADER, BATCH_HEADER
 from materializer.sinks.redis_fold import (
     ORDER,
@@ -22,10 +25,9 @@ from materializer.sinks.redis_fold import (
     _new_producer,
     apply_batches,
     load_library,
-    order_column,
-    order_key,
-    order_keys_pattern,
     producer_settings,
+    state_key,
+    state_keys_pattern,
 )
 
 pytestmark = pytest.mark.integration
@@ -39,6 +41,7 @@ def records(rows: list[tuple[str, str, dict | None]]) -> list[pa.RecordBatch]:
                 c.KEY: [k for k, _, _ in rows],
                 ORDER: [o for _, o, _ in rows],
                 "__value": [None if e is None else orjson.dumps(e) for _, _, e in rows],
+                "__aux": pa.array([None] * len(rows), pa.string()),
                 "__dl_key": pa.array([None] * len(rows), pa.binary()),
                 "__dl_value": pa.array([None] * len(rows), pa.binary()),
                 "__dl_headers": pa.array([None] * len(rows), pa.string()),
@@ -112,11 +115,74 @@ def test_greatest_order_wins_and_a_replay_changes_nothing(target, redis_client, 
     }
 
 
+def stateful(rows: list[tuple[str, int, int | None]]) -> list[pa.RecordBatch]:
+    """(key, offset, amount or None for a delete) of partition 0 of topic ``t``, as the
+    ``aggregate`` mode hands them over."""
+    return [
+        pa.RecordBatch.from_pydict(
+            {
+                c.KEY: [k for k, _, _ in rows],
+                ORDER: [f"{0:010d}{o:019d}" for _, o, _ in rows],
+                "__value": [None if a is None else orjson.dumps([str(a)]) for _, _, a in rows],
+                "__aux": ["t"] * len(rows),
+                "__dl_key": pa.array([None] * len(rows), pa.binary()),
+                "__dl_value": pa.array([None] * len(rows), pa.binary()),
+                "__dl_headers": pa.array([None] * len(rows), pa.string()),
+            }
+        )
+    ]
+
+
+class Intruder(AggregateFolder):
+    """Another writer: changes a key's state in Redis while this one folds it, once."""
+
+    def __init__(self, target: FoldTarget, client) -> None:
+        super().__init__([Spec("total", "sum", "int", 0), Spec("events", "count", "count", -1)])
+        self.target, self.client, self.done = target, client, False
+
+    def __call__(self, state, events):
+        if not self.done:
+            self.done = True
+            theirs, value = super().__call__(state, [(f"{0:010d}{0:019d}", b'["100"]', "u")])
+            self.client.set(state_key(self.target.map_name, "k"), theirs)
+            self.client.set(entity_key(self.target.map_name, "k"), value)
+        return super().__call__(state, events)
+
+
+def test_a_stateful_fold_skips_a_replay_and_folds_again_after_another_writer(
+    target, redis_client, kafka_bootstrap
+):
+    folder = AggregateFolder([Spec("total", "sum", "int", 0), Spec("events", "count", "count", -1)])
+    summed = replace(target, folder=folder)
+    batch = stateful([("k", 0, 5), ("k", 1, 6), ("j", 2, 1), ("j", 3, None)])
+    done = apply_batches(summed, 0, "app", batch, _new_producer(summed))
+    assert done.keys == 2
+    assert entity(redis_client, target, "k") == {"total": 11, "events": 2}
+    assert entity(redis_client, target, "j") is None
+    assert sorted(changes(redis_client, target)) == [("j", "delete", "0"), ("k", "upsert", "0")]
+
+    # The same batch again: nothing folds twice, no second change entry, and the
+    # changelog gets the state as Redis has it.
+    apply_batches(summed, 0, "app", batch, _new_producer(summed))
+    assert entity(redis_client, target, "k") == {"total": 11, "events": 2}
+    assert len(changes(redis_client, target)) == 2
+    last = {
+        m.key().decode(): m.value() for m in read_topic(kafka_bootstrap, target.changelog_topic)
+    }
+    assert orjson.loads(last["k"]) == {"total": 11, "events": 2} and last["j"] is None
+
+    # Another writer changes k's state between this fold's read and its write: the write
+    # is refused and k is folded again from the state the other writer left.
+    raced = replace(target, folder=Intruder(target, redis_client))
+    apply_batches(raced, 1, "app", stateful([("k", 4, 1)]), _new_producer(raced))
+    assert entity(redis_client, target, "k") == {"total": 112, "events": 4}
+
+
 def test_a_ttl_expires_the_entity_and_its_order_together(target, redis_client):
     ttl = FoldTarget(**{**target.__dict__, "ttl_ms": 60_000})
     apply(ttl, 0, [("k", "1", {"v": 1})])
     entity_ttl = redis_client.pttl(entity_key(target.map_name, "k"))
-    order_ttl = redis_client.pttl(order_key(target.map_name, "k"))
+    order_ttl = redis_client.pttl(state_key(target.map_name, "k"))
     assert 0 < entity_ttl <= 60_000 and 0 < order_ttl <= 60_000
 
 
@@ -142,9 +208,9 @@ def test_a_server_that_lost_the_library_gets_it_again(target, redis_client):
 )
 def test_an_order_key_shares_its_entitys_slot_and_stays_out_of_entity_scans(key, same_slot):
     ek = entity_key("users~3", key).encode()
-    ok = order_key("users~3", key)
+    ok = state_key("users~3", key)
     assert (key_slot(ok) == key_slot(ek)) is same_slot
-    assert ok.startswith(order_keys_pattern("users~3")[:-1])
+    assert ok.startswith(state_keys_pattern("users~3")[:-1])
     assert not ok.startswith(b"users~3:")
 
 
