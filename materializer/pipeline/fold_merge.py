@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -62,11 +63,11 @@ class Field:
     name: str
     path: tuple[str, ...]
     children: tuple[Field, ...] | None = None
+    key: str = dataclass_field(init=False, compare=False)
+    """The field's name in the state: its path as JSON."""
 
-    @property
-    def key(self) -> str:
-        """The field's name in the state: its path as JSON."""
-        return orjson.dumps(self.path).decode()
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", orjson.dumps(self.path).decode())
 
 
 def fields_of(dtype: StructType, path: tuple[str, ...] = ()) -> tuple[Field, ...]:
@@ -216,7 +217,9 @@ class MergeFolder:
             if f.name not in patch:
                 continue
             if f.children is None:
-                _set_leaf(leaves, f.key, order, patch[f.name])
+                leaf = leaves.get(f.key)
+                if leaf is None or order > leaf[0]:
+                    leaves[f.key] = [order, patch[f.name]]
             else:
                 entry = objects.setdefault(f.key, [None, None])
                 entry[0] = _later(order, entry[0])
