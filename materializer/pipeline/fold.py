@@ -49,6 +49,12 @@ class KeyFolder(Protocol):
         """
         ...
 
+    def seed(self, entity: bytes) -> bytes:
+        """A state for an entity Redis holds without one: restored by ``rehydrate`` after
+        Redis lost its data, or written by an earlier version. The entity's values count
+        as folded before any event to come, so the next event builds on them."""
+        ...
+
 
 class FoldMode:
     """One fold mode's halves. ``latest`` is this base; ``merge`` and ``aggregate`` extend it."""

@@ -35,9 +35,11 @@ the entity's JSON is rendered from it as Spark would write it.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, date, datetime, timedelta
 from decimal import Context, Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -314,11 +316,54 @@ def _shown(spec: Spec, text: str) -> Any:
     return text
 
 
+_EPOCH_DAY = date(1970, 1, 1)
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class _Number(str):
+    """A JSON number kept as its text."""
+
+
+def _json(value: Any) -> str:
+    """``value`` as JSON, its numbers written as the text they were read from."""
+    return orjson.dumps(
+        value,
+        option=orjson.OPT_PASSTHROUGH_SUBCLASS,
+        default=lambda n: orjson.Fragment(str(n)),
+    ).decode()
+
+
+def _encoded(spec: Spec, shown: Any) -> str | None:
+    """An aggregate's value as the entity's JSON shows it (numbers as ``_Number``) back to
+    its encoded text; the inverse of ``_shown``."""
+    if shown is None:
+        return None
+    kind = spec.kind
+    if kind == "json":
+        return '{"v":' + _json(shown) + "}"
+    if kind == "day":
+        days = (date.fromisoformat(shown) - _EPOCH_DAY).days
+        return f'{days} {{"v":{_json(shown)}}}'
+    if kind == "micros":
+        micros = (datetime.fromisoformat(shown) - _EPOCH) // timedelta(microseconds=1)
+        return f'{micros} {{"v":{_json(shown)}}}'
+    if kind == "bool":
+        return "true" if shown else "false"
+    return str(shown)
+
+
 class AggregateFolder:
     """Python side of ``aggregate``: a key's events of a batch folded into its state."""
 
     def __init__(self, specs: Sequence[Spec]) -> None:
         self.specs = tuple(specs)
+
+    def seed(self, entity: bytes) -> bytes:
+        """The entity's aggregates as the state, counted as one event folded before (so
+        ``first`` stays); no offsets: the source's position is the checkpoint's."""
+        shown = json.loads(entity, parse_float=_Number, parse_int=_Number)
+        values = [_encoded(sp, shown.get(sp.name)) for sp in self.specs]
+        return orjson.dumps({"p": {}, "n": 1, "v": values})
 
     def __call__(self, state: bytes | None, events: list[Event]) -> tuple[bytes, bytes | None]:
         """Skip what was folded before, then fold: a delete starts the aggregates afresh."""

@@ -150,6 +150,10 @@ class MergeMode(FoldMode):
         return MergeFolder(fields_of(entity), exact=_contains_decimal(entity))
 
 
+SEED = ""
+"""The order of what an entity held before its state was kept: below every event's."""
+
+
 def _after(order: str | None, cutoff: str | None) -> bool:
     """``order > cutoff``, where no cutoff (nothing removed yet) lets any order count."""
     return order is not None and (cutoff is None or order > cutoff)
@@ -203,6 +207,13 @@ class MergeFolder:
             del s["o"]
         text = orjson.dumps(s)
         return text, (orjson.dumps(entity) if _after(s.get("e"), s.get("d")) else None)
+
+    def seed(self, entity: bytes) -> bytes:
+        """Every member of the entity set at the lowest order: any event sorts after it."""
+        leaves: dict[str, list[Any]] = {}
+        objects: dict[str, list[str | None]] = {}
+        self._patch(self._loads(entity), self.fields, SEED, leaves, objects)
+        return orjson.dumps({"d": None, "e": SEED, "l": leaves, "o": objects})
 
     def _patch(
         self,

@@ -500,7 +500,10 @@ class _Writer:
                 retry = []
                 for i, (key, events) in enumerate(pending):
                     before, current = read[2 * i], read[2 * i + 1]
-                    state, value = folder(before, events)
+                    start = before
+                    if before is None and current is not None:
+                        start = folder.seed(current)  # restored, or from an earlier version
+                    state, value = folder(start, events)
                     if state == before:
                         yield key, current  # nothing new: applied before
                         continue

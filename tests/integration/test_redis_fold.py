@@ -279,3 +279,13 @@ def test_dead_letters_keep_their_headers_null_values_included(target, kafka_boot
     [msg] = read_topic(kafka_bootstrap, letters.dead_letter_topic)
     assert (msg.key(), msg.value()) == (b"k", b"{broken")
     assert msg.headers() == [("trace", b"t"), ("empty", None), ("x-error-stage", b"decode")]
+
+
+def test_an_entity_restored_without_its_state_is_folded_on_not_started_over(target, redis_client):
+    """As after ``rehydrate`` (entities from Delta, no fold state) or an earlier version."""
+    folder = AggregateFolder([Spec("total", "sum", "int", 0), Spec("events", "count", "count", -1)])
+    summed = replace(target, folder=folder)
+    redis_client.set(entity_key(target.map_name, "k"), b'{"total":40,"events":4}')
+    apply_batches(summed, 7, "app", stateful([("k", 9, 2)]), _new_producer(summed))
+    assert entity(redis_client, target, "k") == {"total": 42, "events": 5}
+    assert redis_client.exists(state_key(target.map_name, "k"))

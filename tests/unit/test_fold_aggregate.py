@@ -125,3 +125,33 @@ def test_a_decimal_sum_beyond_its_precision_is_null():
     assert entity == b"{}"
     _, entity = fold(state, [event(0, 2, "-100.00")])
     assert entity == b'{"s":10.75}'
+
+
+def test_an_entity_without_a_state_is_its_own_seed():
+    fold = AggregateFolder(
+        [
+            Spec("n", "count", "count", -1),
+            Spec("total", "sum", "decimal", 0, 28),
+            Spec("big", "sum", "int", 1),
+            Spec("mean", "sum", "float", 2),
+            Spec("day", "max", "day", 3),
+            Spec("at", "min", "micros", 4),
+            Spec("first", "first", "json", 5),
+            Spec("ok", "max", "bool", 6),
+        ]
+    )
+    event_inputs = [
+        "1.10",
+        str(2**62),
+        "NaN",
+        '19358 {"v":"2023-01-01"}',
+        '1000001 {"v":"1970-01-01T00:00:01.000001Z"}',
+        '{"v":{"a":[1,2.50]}}',
+        "true",
+    ]
+    state, entity = fold(None, [event(0, 0, *event_inputs)])
+    seeded = fold.seed(entity or b"")
+    assert orjson.loads(seeded)["v"] == orjson.loads(state)["v"]
+    # The next event builds on the seed as it would on the state.
+    later = [event(0, 1, "0.05", "1", "1.0", None, None, '{"v":3}', "false")]
+    assert fold(seeded, later)[1] == fold(state, later)[1]

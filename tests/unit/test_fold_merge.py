@@ -133,3 +133,12 @@ def test_decimals_keep_every_digit():
     assert entity == text
     _, entity = folder(state, [("2", b'{"e":1}', "")])
     assert entity == text
+
+
+def test_an_entity_without_a_state_is_its_own_seed():
+    entity = {"name": "a", "tags": ["x"], "address": {"city": "Oslo", "geo": {"lat": "1"}}}
+    seeded = FOLDER.seed(orjson.dumps(entity))
+    for patch in PATCHES:
+        _, got = FOLDER(seeded, [as_event(1, patch)])
+        expected = None if patch is None else json_merge_patch(entity, patch)
+        assert (None if got is None else orjson.loads(got)) == expected, patch
