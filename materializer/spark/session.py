@@ -61,10 +61,6 @@ def spark_conf(config: SparkConfig) -> dict[str, str]:
         # Each MERGE first rebuilds the table's snapshot from its log, by default in 50
         # tasks: far more than a map's table needs, and a per-batch cost on few cores.
         "spark.databricks.delta.snapshotPartitions": str(config.shuffle_partitions),
-        # The Delta sink merges a batch it has cached and that replays identically: Delta's
-        # copy of the MERGE source guards against sources that change between reads, and
-        # costs a third of the MERGE (bench in docs/fold-design.md).
-        "spark.databricks.delta.merge.materializeSource": "none",
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",

@@ -13,6 +13,7 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
+from deltalake.exceptions import TableNotFoundError
 from slice_helpers import (
     FIELDS,
     delta_map_rs,
@@ -254,14 +255,16 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
         counts = fold_aggregate(events, "id", AGGREGATES_REFERENCE)
         # The tables trail Redis by a trigger of their own query: wait for them while
         # the run is up, since a stop ends each query after its batch in flight.
-        wait_for(
-            "the Delta tables to catch up",
-            lambda: (
-                delta_map_rs(tmp_path / "warehouse" / "crash") == reference
-                and delta_map_rs(tmp_path / "warehouse" / "crash_agg") == counts
-            ),
-            timeout=300,
-        )
+        def tables_caught_up() -> bool:
+            try:
+                return (
+                    delta_map_rs(tmp_path / "warehouse" / "crash") == reference
+                    and delta_map_rs(tmp_path / "warehouse" / "crash_agg") == counts
+                )
+            except TableNotFoundError:
+                return False  # its first commit is still to come
+
+        wait_for("the Delta tables to catch up", tables_caught_up, timeout=300)
 
         # Each order's output once for read_committed consumers; at least once otherwise.
         def enriched(guarantee: str) -> list[str]:

@@ -220,7 +220,7 @@ def test_avro_values_convert_to_what_arrow_takes():
     assert read["uid"] == str(uid) and read["items"] == [{"u": str(uid)}]
     assert read["tod"] == 3723004
     assert read["either"] == {"member1": 42}
-    arrow_type = pa.struct(list(to_arrow_schema(spark_type(schema))))
+    arrow_type = pa.struct(list(to_arrow_schema(spark_type(schema), timezone="UTC")))
     assert pa.array([read], type=arrow_type).to_pylist()[0]["either"] == {
         "member0": None,
         "member1": 42,

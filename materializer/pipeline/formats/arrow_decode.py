@@ -69,7 +69,8 @@ class ArrowDecode:
         from pyspark.sql.types import StructType
 
         fields = StructType.fromJson(_loads(self.fields_json))
-        return pa.struct(list(to_arrow_schema(fields)))
+        # Timestamps cross in UTC, as Spark hands mapInArrow its timestamp columns.
+        return pa.struct(list(to_arrow_schema(fields, timezone="UTC")))
 
     def __call__(self, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         """Decode each batch's ``__value`` column."""
