@@ -66,11 +66,23 @@ def _drop_nulls(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def delta_map_rs(path: Path) -> dict[str, Any]:
-    """The Delta table read with delta-rs (no JVM), keyed by ``_key``."""
-    from deltalake import DeltaTable
+    """The Delta table read with delta-rs (no JVM), keyed by ``_key``.
 
-    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
-    return {r.pop("_key"): _drop_nulls(r) for r in rows}
+    A table whose log folder exists but holds no commit yet is being created
+    (Delta makes the folder first): it is read again for a few seconds.
+    """
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+            return {r.pop("_key"): _drop_nulls(r) for r in rows}
+        except TableNotFoundError:
+            if not (Path(path) / "_delta_log").is_dir() or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def delta_map_spark(spark: Any, path: Path) -> dict[str, Any]:

@@ -253,6 +253,7 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
         events = [(p, o, k, v) for (p, o), (k, v) in zip(positions, records, strict=True)]
         reference = fold_latest(events, "id", FIELDS)
         counts = fold_aggregate(events, "id", AGGREGATES_REFERENCE)
+
         # The tables trail Redis by a trigger of their own query: wait for them while
         # the run is up, since a stop ends each query after its batch in flight.
         def tables_caught_up() -> bool:
