@@ -11,7 +11,9 @@ Written down in docs/redis-layout.md and pinned by tests/unit/test_layout.py.
   last entry ``app_id``;
 - ``<map>:__status__`` hash, what the running materializer reports of the map;
 - ``<map>:__control__`` hash, what operators ask of it (pause, resume, restart);
-- ``<map>:__generation__`` string, which generation of the map readers use.
+- ``<map>:__generation__`` string, which generation of the map readers use;
+- ``<map>\\0m:`` string (on a Redis Cluster one per master, ``<map>\\0m:{<tag>}``),
+  the *marker*: this server holds the map's copy whole (``marker_key``).
 
 A map's data (entities, ``__meta__``, ``__changes__``) lives under its
 *physical* name: the map's own name for generation 0, ``<map>~<n>`` for the
@@ -25,6 +27,8 @@ partition is greater than ``o``.
 
 from __future__ import annotations
 
+import binascii
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,6 +80,37 @@ def changes_key(map_name: str) -> str:
 def change_entry(key: str, deleted: bool, batch_id: int) -> dict[str, str]:
     """The fields of one ``<map>:__changes__`` entry."""
     return {"key": key, "op": "delete" if deleted else "upsert", "batch_id": str(batch_id)}
+
+
+MARKER_MARK = "\x00m:"
+"""Joins a map's physical name and its marker's tag: no entity or state key holds it there."""
+
+
+def marker_key(map_name: str, tag: str | None = None) -> str:
+    """Where a server says it holds the map's copy whole: ``<map>\\0m:``, and on a Redis
+    Cluster ``{<tag>}``, a hash tag of a slot the master owns (``slot_tag``).
+
+    The materializer writes it once the copy is complete (a new map, or a copy
+    restored from Delta and the changelog) and its writes refuse to run on a
+    server without it, so a server restarted empty, or replaced by an empty
+    one, is noticed before anything is folded onto nothing. Readers take a
+    missing marker under a running map as "being restored", never "not found".
+    """
+    base = f"{map_name}{MARKER_MARK}"
+    return base if tag is None else f"{base}{{{tag}}}"
+
+
+CLUSTER_SLOTS = 16384
+
+
+@functools.cache
+def slot_tag(slot: int) -> str:
+    """The first decimal number whose CRC16 hash slot is ``slot``: a hash tag that puts a
+    key on the master owning that slot."""
+    n = 0
+    while binascii.crc_hqx(str(n).encode(), 0) % CLUSTER_SLOTS != slot:
+        n += 1
+    return str(n)
 
 
 def meta_key(map_name: str) -> str:
@@ -135,7 +170,7 @@ def control_key(map_name: str) -> str:
     return f"{map_name}:{CONTROL_SUFFIX}"
 
 
-MAP_STATES = ("running", "paused", "failed", "stopped")
+MAP_STATES = ("running", "paused", "restoring", "failed", "stopped")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ that reads or writes maps goes through this module for both:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeAlias
 
@@ -26,6 +27,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import ClusterPipeline, RedisCluster
 
 from materializer.config import RedisConfig
+from materializer.layout import CLUSTER_SLOTS, marker_key, slot_tag
 
 Client: TypeAlias = "redis.Redis | RedisCluster"
 AsyncClient: TypeAlias = "aioredis.Redis | AsyncRedisCluster"
@@ -84,3 +86,48 @@ def where(client: Client | AsyncClient) -> str:
         return f"{node.host}:{node.port}" if node is not None else "the Redis Cluster"
     kwargs = client.connection_pool.connection_kwargs
     return str(kwargs.get("path") or f"{kwargs.get('host')}:{kwargs.get('port')}")
+
+
+def markers(client: Client | AsyncClient, map_name: str) -> dict[str, str]:
+    """The map's marker key on each master, by node name (``""``: the one server).
+
+    On a cluster each master's marker is tagged with the first slot it owns
+    (``layout.slot_tag``), from the client's slot map: a reshard that moves
+    that slot names a new marker, which the materializer finds missing and
+    repairs by restoring the keys that master lacks (none), then marking it.
+    """
+    if not isinstance(client, RedisCluster | AsyncRedisCluster):
+        return {"": marker_key(map_name)}
+    first: dict[str, int] = {}
+    for slot, nodes in client.nodes_manager.slots_cache.items():
+        name = nodes[0].name
+        if slot < first.get(name, CLUSTER_SLOTS):
+            first[name] = slot
+    return {name: marker_key(map_name, slot_tag(slot)) for name, slot in first.items()}
+
+
+def marker_of(client: Client | AsyncClient, map_name: str, entity: str) -> str:
+    """The marker on the server that holds ``entity`` (a full entity key)."""
+    if not isinstance(client, RedisCluster | AsyncRedisCluster):
+        return marker_key(map_name)
+    slot = client.keyslot(entity)
+    owner = client.nodes_manager.slots_cache[slot][0].name
+    return markers(client, map_name)[owner]
+
+
+def is_whole(client: Client, physical: str) -> bool:
+    """Whether every master holds the map's marker."""
+    keys = list(markers(client, physical).values())
+    with client.pipeline(transaction=False) as pipe:
+        for key in keys:
+            pipe.exists(key)
+        return all(pipe.execute())
+
+
+def mark_whole(client: Client, physical: str) -> None:
+    """Put the map's marker on every master: its copy there is whole."""
+    stamp = str(int(time.time() * 1000))
+    with client.pipeline(transaction=False) as pipe:
+        for key in markers(client, physical).values():
+            pipe.set(key, stamp)
+        pipe.execute()

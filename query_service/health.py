@@ -3,6 +3,11 @@
 A load balancer or Kubernetes readiness probe then stops sending lookups to
 a replica whose Redis is gone, instead of letting every call fail with
 UNAVAILABLE; the status flips back on the first successful ping.
+
+Each map has a health of its own, service name ``map/<map>``: NOT_SERVING
+also while its materializer reports it ``restoring`` (Redis lost its copy),
+so a client can tell which maps answer in full. The overall health follows
+Redis alone: one map being restored is no reason to take a replica out.
 """
 
 from __future__ import annotations
@@ -14,9 +19,16 @@ from collections.abc import Sequence
 from grpc_health.v1 import health, health_pb2
 from redis.exceptions import RedisError
 
+from materializer.layout import status_key
 from materializer.redis_client import AsyncClient
 
 log = logging.getLogger(__name__)
+
+
+def map_service(map_name: str) -> str:
+    """The health service name of one map."""
+    return f"map/{map_name}"
+
 
 CHECK_SECONDS = 1.0
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -32,18 +44,24 @@ class RedisHealth:
         client: AsyncClient,
         services: Sequence[str],
         interval: float = CHECK_SECONDS,
+        maps: Sequence[str] = (),
     ) -> None:
         self._servicer = servicer
         self._client = client
         self._services = [health.OVERALL_HEALTH, *services]
+        self._maps = list(maps)
         self._interval = interval
         self._task: asyncio.Task[None] | None = None
         self._serving: bool | None = None
+        self._map_serving: dict[str, bool] = {}
 
     async def check(self) -> bool:
-        """One ping; the health status follows its outcome."""
+        """One ping (and each map's reported state); the health statuses follow."""
+        states: list[bytes | None] = []
         try:
             ok = bool(await asyncio.wait_for(self._client.ping(), timeout=self._interval))
+            if ok and self._maps:
+                states = await asyncio.wait_for(self._map_states(), timeout=self._interval)
         except (RedisError, OSError, TimeoutError):
             ok = False
         if ok != self._serving:
@@ -56,7 +74,19 @@ class RedisHealth:
             self._serving = ok
             for service in self._services:
                 await self._servicer.set(service, SERVING if ok else NOT_SERVING)
+        for i, name in enumerate(self._maps):
+            serving = ok and i < len(states) and states[i] != b"restoring"
+            if self._map_serving.get(name) != serving:
+                self._map_serving[name] = serving
+                await self._servicer.set(map_service(name), SERVING if serving else NOT_SERVING)
         return ok
+
+    async def _map_states(self) -> list[bytes | None]:
+        """Each map's reported state (``<map>:__status__``), one round trip."""
+        async with self._client.pipeline(transaction=False) as pipe:
+            for name in self._maps:
+                pipe.hget(status_key(name), "state")
+            return list(await pipe.execute())
 
     async def _run(self) -> None:
         while True:
@@ -74,5 +104,5 @@ class RedisHealth:
             self._task.cancel()
             self._task = None
         self._serving = False
-        for service in self._services:
+        for service in [*self._services, *map(map_service, self._maps)]:
             await self._servicer.set(service, NOT_SERVING)

@@ -134,7 +134,7 @@ async def create_server(
 
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    redis_health = RedisHealth(health_servicer, store.client, SERVICES)
+    redis_health = RedisHealth(health_servicer, store.client, SERVICES, maps=list(config.maps))
     await redis_health.start()
     if background is not None:
         background.append(redis_health)

@@ -62,7 +62,13 @@ def _views(config: AppConfig, names: list[str]) -> list[MapView]:
         client.close()
 
 
-_STATE_STYLE = {"running": "green", "paused": "yellow", "failed": "red", "stopped": "dim"}
+_STATE_STYLE = {
+    "running": "green",
+    "paused": "yellow",
+    "restoring": "magenta",
+    "failed": "red",
+    "stopped": "dim",
+}
 
 
 def _age(ms: int | None) -> str:

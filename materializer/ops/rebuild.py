@@ -33,6 +33,7 @@ from materializer.layout import (
     GENERATION_SUFFIX,
     STATUS_SUFFIX,
     generation_key,
+    marker_key,
     physical_name,
 )
 from materializer.ops.control import MapControl
@@ -111,13 +112,14 @@ class GenerationFiles:
 
 
 def drop_redis_copy(client: Client, map_name: str, generation: int) -> int:
-    """Delete a generation's keys (entities, watermark, changes, the fold's orders); the map's
-    own keys stay."""
+    """Delete a generation's keys (entities, watermark, changes, the fold's states, its
+    markers); the map's own keys stay."""
     physical = physical_name(map_name, generation)
     keep = {f"{map_name}:{s}".encode() for s in (STATUS_SUFFIX, CONTROL_SUFFIX, GENERATION_SUFFIX)}
     dropped = 0
     batch: list[bytes] = []
-    for pattern in (f"{physical}:*".encode(), state_keys_pattern(physical)):
+    markers = f"{marker_key(physical)}*".encode()
+    for pattern in (f"{physical}:*".encode(), state_keys_pattern(physical), markers):
         for key in client.scan_iter(match=pattern, count=5000):
             if key in keep:
                 continue

@@ -40,7 +40,7 @@ from materializer.ops.entity_json import encode_columns
 from materializer.ops.redis_bulk import bulk_writer, entity_keys, entity_values
 from materializer.paths import checkpoint_path, table_path
 from materializer.pipeline.columns import TABLE_KEY, TABLE_UPDATED_AT, table_meta
-from materializer.redis_client import Client
+from materializer.redis_client import Client, mark_whole
 from materializer.sinks.redis import expiry_ms
 
 BATCH_ROWS = 16_384
@@ -320,6 +320,7 @@ def rehydrate(
             if watermark is not None:
                 pipe.hset(meta_key(physical), mapping=dict(watermark.to_hash()))  # type: ignore[arg-type]
             pipe.execute()
+        mark_whole(client, physical)
     return RehydrateReport(
         map_name=map_name,
         generation=gen,

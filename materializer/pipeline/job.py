@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from materializer.config import KAFKA_KEY, AppConfig
 from materializer.errors import ConfigError
 from materializer.layout import physical_name
+from materializer.ops.restore import ensure_whole
 from materializer.paths import checkpoint_path, history_path, table_path
 from materializer.pipeline import columns as c
 from materializer.pipeline.checkpoint import Checkpoint
@@ -355,6 +356,8 @@ def start_map(
         events = redis_fold.events(observe_fold_input(keyed, dead_letters=letters is not None))
         entity = redis_fold.entity_type(keyed)
     load_library(config.redis)
+    # A copy a server lost while the map was stopped is restored before anything folds.
+    ensure_whole(config, map_name, generation)
     # The fold first (Redis, then the changelog), so lookups see a batch as soon as
     # possible; every step is idempotent per batch, so a crash between two is repaired by
     # the batch's replay. The watermark after the fold, the consumer group last: it

@@ -22,14 +22,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from materializer.config import AppConfig
 from materializer.enrichment.job import start_enrichment
 from materializer.errors import MaterializerError
-from materializer.layout import Control, MapReport
+from materializer.layout import Control, MapReport, generation_key, physical_name
+from materializer.ops.restore import ensure_whole
 from materializer.pipeline.control import ControlChannel
 from materializer.pipeline.job import MapQueries, start_map
 from materializer.pipeline.metrics import BatchMetrics, serve_metrics
 from materializer.pipeline.progress import BatchLog
+from materializer.redis_client import is_whole
+from materializer.sinks.redis import client_for
+from materializer.sinks.redis_fold import CopyLost
 from materializer.spark.session import build_spark_session
 
 if TYPE_CHECKING:
@@ -38,6 +44,20 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOOP_SECONDS = 0.5
+
+RECOVERABLE = tuple(
+    f"{cls.__module__}.{cls.__name__}"
+    for cls in (
+        CopyLost,
+        redis.exceptions.ConnectionError,
+        redis.exceptions.TimeoutError,
+        redis.exceptions.ClusterDownError,
+        redis.exceptions.TryAgainError,
+    )
+)
+"""Failures of a map's query that a restart mends once Redis answers again with a whole
+copy (``Supervisor.restore``): a server that restarted, empty or not, or a cluster that
+was down for a while. Anything else fails the map."""
 
 
 @dataclass
@@ -49,6 +69,8 @@ class _Map:
     queries: MapQueries | None = None
     error: str = ""
     restart_id: str = ""
+    generation: int = 0
+    """The generation its queries last started on."""
 
     def report(self) -> MapReport:
         """The map's state and its fold's latest rates."""
@@ -77,12 +99,15 @@ class Supervisor:
         batch_log: BatchLog,
         generation: Callable[[str], int] = lambda _: 0,
         metrics: BatchMetrics | None = None,
+        report: Callable[[dict[str, MapReport]], None] = lambda _: None,
     ) -> None:
+        """``report`` writes maps' states at once, for a state the loop would report late."""
         self._spark = spark
         self._config = config
         self._batch_log = batch_log
         self._generation = generation
         self._metrics = metrics
+        self._report = report
 
     def start(self, m: _Map) -> None:
         """Start a map's queries on its current generation; a start that fails marks it failed.
@@ -96,12 +121,13 @@ class Supervisor:
                     self._spark, self._config, m.name, self._batch_log, metrics=self._metrics
                 )
             else:
+                m.generation = self._generation(m.name)
                 m.queries = start_map(
                     self._spark,
                     self._config,
                     m.name,
                     self._batch_log,
-                    generation=self._generation(m.name),
+                    generation=m.generation,
                     metrics=self._metrics,
                 )
         except MaterializerError:
@@ -128,12 +154,58 @@ class Supervisor:
             m.queries = None
         m.state, m.error = "failed", error
 
+    def restore(self, m: _Map, why: str) -> None:
+        """Stop a map that lost Redis (its copy, or for a while the server), restore its copy
+        if a server lost it, and start the map again from its checkpoints.
+
+        The map reports ``restoring`` meanwhile; a restore that fails (Redis
+        still unreachable) is tried again on the next loop.
+        """
+        if m.state != "restoring":
+            log.warning("map %s: %s; restarting it once its Redis copy is whole", m.name, why)
+            m.state = "restoring"
+            self._report({m.name: m.report()})
+        if m.queries is not None:
+            m.queries.stop_after_batch()
+            m.queries = None
+        if m.name not in self._config.enrichments:
+            try:
+                client = client_for(self._config.redis)
+                if m.generation:  # the pointer to the generation goes with the data
+                    client.set(generation_key(m.name), str(m.generation), nx=True)
+                ensure_whole(self._config, m.name, m.generation)
+            except (redis.RedisError, MaterializerError) as exc:
+                log.error(
+                    "map %s: cannot restore its Redis copy yet, trying again: %s", m.name, exc
+                )
+                return
+        self.start(m)
+
+    def lost(self, m: _Map) -> bool:
+        """Whether a running map's Redis copy lost a master's marker (not an enrichment's)."""
+        if m.name in self._config.enrichments:
+            return False
+        try:
+            return not is_whole(client_for(self._config.redis), physical_name(m.name, m.generation))
+        except redis.RedisError:
+            return False  # unreachable: its queries retry, then fail or find it lost
+
     def step(self, m: _Map, request: Control) -> None:
-        """Bring one map to what is asked of it, and notice a failed query."""
+        """Bring one map to what is asked of it, and notice a failed query or a lost copy."""
+        if m.state == "restoring":
+            self.restore(m, "")
+            return
         if m.state == "running" and m.queries is not None:
             broken = [q for q in m.queries.queries if not q.isActive]
             if broken:
-                self.fail(m, str(broken[0].exception()))
+                error = str(broken[0].exception())
+                if any(name in error for name in RECOVERABLE):
+                    self.restore(m, "Redis failed its query")
+                    return
+                self.fail(m, error)
+            elif self.lost(m):
+                self.restore(m, "Redis lost its copy")
+                return
         if request.restart_id != m.restart_id:
             m.restart_id = request.restart_id
             log.info("map %s: restart requested", m.name)
@@ -163,7 +235,7 @@ def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> 
     spark.streams.addListener(batch_log)
     spark.streams.addListener(metrics)
     channel = ControlChannel(config.redis, names)
-    supervisor = Supervisor(spark, config, batch_log, channel.generation, metrics)
+    supervisor = Supervisor(spark, config, batch_log, channel.generation, metrics, channel.report)
     maps = {name: _Map(name) for name in names}
     try:
         requests = channel.requests()
@@ -174,7 +246,9 @@ def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> 
                 log.info("map %s paused (as requested before this run)", m.name)
             else:
                 supervisor.start(m)
-        while not stop.is_set() and any(m.state in ("running", "paused") for m in maps.values()):
+        while not stop.is_set() and any(
+            m.state in ("running", "paused", "restoring") for m in maps.values()
+        ):
             requests = channel.requests()
             for m in maps.values():
                 supervisor.step(m, requests[m.name])

@@ -56,10 +56,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from materializer.config import FoldConfig, RedisConfig
+from materializer.errors import MaterializerError
 from materializer.layout import changes_key, entity_key
 from materializer.pipeline import columns as c
 from materializer.pipeline.dead_letter import dead_letter_columns
 from materializer.pipeline.fold import Event, FoldMode, KeyFolder, fold_mode
+from materializer.redis_client import markers, where
 from materializer.sinks.base import Batch, Sink
 from materializer.sinks.changelog import APP_HEADER, BATCH_HEADER
 from materializer.sinks.redis import client_for
@@ -75,9 +77,15 @@ if TYPE_CHECKING:
     from materializer.pipeline.formats.batch_typing import EntityTyper
 
 LIBRARY = "materializer"
-LATEST = "materializer_latest_v1"
-READ = "materializer_read_v1"
-PUT = "materializer_put_v1"
+LATEST = "materializer_latest_v2"
+READ = "materializer_read_v2"
+PUT = "materializer_put_v2"
+FILL = "materializer_fill_v2"
+
+LOST = "MATERIALIZER_LOST"
+"""The error the writing functions answer on a server without the map's marker."""
+
+FIXED_ARGS = 6
 
 SOURCE = f"""#!lua name={LIBRARY}
 -- Materializer's fold functions. Loaded with FUNCTION LOAD REPLACE at every start.
@@ -85,7 +93,8 @@ SOURCE = f"""#!lua name={LIBRARY}
 -- KEYS[1] is one entity key of the call, which routes it to its master on a cluster;
 -- every key a call touches comes in ARGV, and lives on that master (the flag below).
 -- The writing functions' ARGV start with the change stream ('' for none), PX
--- milliseconds or '', batch id, stream MAXLEN and the entity keys' prefix length.
+-- milliseconds or '', batch id, stream MAXLEN, the entity keys' prefix length and the
+-- map's marker on this server.
 
 -- Whether a sorts after b byte by byte: Lua's own '<' on strings follows the server's
 -- locale (strcoll), the fold's orders follow bytes, as Spark compares strings.
@@ -99,6 +108,16 @@ local function after(a, b)
     if string.sub(a, 1, mid) == string.sub(b, 1, mid) then lo = mid + 1 else hi = mid end
   end
   return string.byte(a, lo) > string.byte(b, lo)
+end
+
+-- Whether this server holds the map's copy whole: a server restarted empty (or replaced)
+-- has no marker, and nothing may be folded onto it before the copy is restored.
+local function whole(args)
+  return redis.call('EXISTS', args[6]) == 1
+end
+
+local function lost()
+  return redis.error_reply('{LOST} this server has no marker of the map: its copy is lost')
 end
 
 -- Sets the entity (value '' deletes it) and its state, and appends its change entry.
@@ -124,14 +143,15 @@ local function write(args, entity, state_key, state, value)
   end
 end
 
--- ARGV after the five: per record its entity key, state key, order and value ('' deletes).
+-- ARGV after the six: per record its entity key, state key, order and value ('' deletes).
 -- Applies a record whose order is greater than the stored one. Returns per record 1
 -- when applied, else the entity's current value (false: none).
 local function latest(keys, args)
+  if not whole(args) then return lost() end
   local out = {{}}
-  for i = 0, (#args - 5) / 4 - 1 do
-    local entity, state_key = args[6 + 4 * i], args[7 + 4 * i]
-    local order, value = args[8 + 4 * i], args[9 + 4 * i]
+  for i = 0, (#args - 6) / 4 - 1 do
+    local entity, state_key = args[7 + 4 * i], args[8 + 4 * i]
+    local order, value = args[9 + 4 * i], args[10 + 4 * i]
     local current = redis.call('GET', state_key)
     if (not current) or after(order, current) then
       write(args, entity, state_key, order, value)
@@ -150,22 +170,43 @@ local function read(keys, args)
   return out
 end
 
--- ARGV after the five: per key its entity key, state key, the state its fold read ('' for
+-- ARGV after the six: per key its entity key, state key, the state its fold read ('' for
 -- none), the new state and value ('' removes the entity). Writes a key only if its state
 -- is still the one its fold read. Returns per key 1 when written, 0 when its state had
 -- changed.
 local function put(keys, args)
+  if not whole(args) then return lost() end
   local out = {{}}
-  for i = 0, (#args - 5) / 5 - 1 do
-    local entity, state_key = args[6 + 5 * i], args[7 + 5 * i]
-    if (redis.call('GET', state_key) or '') ~= args[8 + 5 * i] then
+  for i = 0, (#args - 6) / 5 - 1 do
+    local entity, state_key = args[7 + 5 * i], args[8 + 5 * i]
+    if (redis.call('GET', state_key) or '') ~= args[9 + 5 * i] then
       out[i + 1] = 0
     else
-      write(args, entity, state_key, args[9 + 5 * i], args[10 + 5 * i])
+      write(args, entity, state_key, args[10 + 5 * i], args[11 + 5 * i])
       out[i + 1] = 1
     end
   end
   return out
+end
+
+-- ARGV: per key its entity key, state key, value and PX milliseconds ('' for none).
+-- Restores an entity this server lost: written only where neither it nor its state is
+-- (a key the fold wrote since, or deleted, keeps what the fold made of it). Returns how
+-- many were written.
+local function fill(keys, args)
+  local written = 0
+  for i = 0, #args / 4 - 1 do
+    local entity, state_key = args[1 + 4 * i], args[2 + 4 * i]
+    if redis.call('EXISTS', entity, state_key) == 0 then
+      if args[4 + 4 * i] == '' then
+        redis.call('SET', entity, args[3 + 4 * i])
+      else
+        redis.call('SET', entity, args[3 + 4 * i], 'PX', args[4 + 4 * i])
+      end
+      written = written + 1
+    end
+  end
+  return written
 end
 
 redis.register_function{{function_name='{LATEST}', callback=latest,
@@ -173,6 +214,8 @@ redis.register_function{{function_name='{LATEST}', callback=latest,
 redis.register_function{{function_name='{READ}', callback=read,
   flags={{'no-writes', 'allow-cross-slot-keys'}}}}
 redis.register_function{{function_name='{PUT}', callback=put,
+  flags={{'allow-cross-slot-keys'}}}}
+redis.register_function{{function_name='{FILL}', callback=fill,
   flags={{'allow-cross-slot-keys'}}}}
 """  # noqa: S608 - Lua, not SQL
 
@@ -247,6 +290,23 @@ def load_library(config: RedisConfig) -> None:
             )
     else:
         client.function_load(SOURCE, replace=True)
+
+
+class CopyLost(MaterializerError):
+    """A Redis server holds no marker of the map: restarted empty, or replaced by an empty one.
+
+    The fold stops before writing anything onto it; the run restores the
+    copy from Delta and the changelog and starts the map again
+    (``materializer.ops.restore``).
+    """
+
+    def __init__(self, map_name: str, server: str, node: Any = None) -> None:
+        self.map_name = map_name
+        on = f"Redis at {server}" if node is None else f"the Redis Cluster master {node.name}"
+        super().__init__(
+            f"map {map_name}: {on} has lost the map's copy (its marker is gone); "
+            "the copy is restored from Delta and the changelog before the fold goes on"
+        )
 
 
 @dataclass(frozen=True)
@@ -333,10 +393,13 @@ def apply_batches(
         letters = _send_dead_letters(deliveries, target.dead_letter_topic, table)
     headers = [(BATCH_HEADER, str(batch_id).encode()), (APP_HEADER, app_id.encode())]
     writer = _Writer(target, batch_id)
+    # Every chunk in Redis before the first changelog record: a batch that fails on the
+    # way (a server that lost the map's copy) leaves nothing in the changelog, so the
+    # copy restored from it is the last whole batch's, which the replay then folds on.
     if target.folder is None:
-        states = writer.latest(_winners(table))
+        states = list(writer.latest(_winners(table)))
     else:
-        states = writer.fold(target.folder, _events(table))
+        states = list(writer.fold(target.folder, _events(table)))
     keys = 0
     for key, state in states:
         deliveries.send(target.changelog_topic, key.encode(), state, headers)
@@ -409,6 +472,45 @@ CONFLICT_ROUNDS = 10
 """How often a key is folded again because another writer changed its state first."""
 
 
+def chunks_by_master(
+    client: Any, map_name: str, items: list[tuple[str, _T]]
+) -> Iterator[tuple[Any, list[tuple[str, _T]]]]:
+    """``items`` (keyed by entity key) in chunks of ``CHUNK``, each with the master holding
+    its keys (None: one server)."""
+    from redis.cluster import RedisCluster
+
+    if not isinstance(client, RedisCluster):
+        for start in range(0, len(items), CHUNK):
+            yield None, items[start : start + CHUNK]
+        return
+    groups: dict[Any, list[tuple[str, _T]]] = {}
+    nodes: dict[Any, Any] = {}
+    for item in items:
+        node = client.get_node_from_key(entity_key(map_name, item[0]))  # type: ignore[no-untyped-call]
+        groups.setdefault(node.name, []).append(item)
+        nodes[node.name] = node
+    for name, group in groups.items():
+        for start in range(0, len(group), CHUNK):
+            yield nodes[name], group[start : start + CHUNK]
+
+
+def fill(
+    config: RedisConfig, map_name: str, entities: list[tuple[str, tuple[bytes, int | None]]]
+) -> int:
+    """Write the entities (key, (JSON, PX milliseconds or None)) a server lost: each only
+    where neither it nor its fold state is (``FILL``); how many were written."""
+    client = client_for(config)
+    written = 0
+    for node, chunk in chunks_by_master(client, map_name, entities):
+        args: list[bytes] = []
+        for key, (value, px) in chunk:
+            args += [entity_key(map_name, key).encode(), state_key(map_name, key), value]
+            args.append(b"" if px is None else str(px).encode())
+        options = {} if node is None else {"target_nodes": node}
+        written += int(client.execute_command("FCALL", FILL, 1, args[0], *args, **options))  # type: ignore[no-untyped-call]
+    return written
+
+
 class _Writer:
     """A batch's calls to Redis: chunks of keys, each sent to the master holding them."""
 
@@ -421,7 +523,7 @@ class _Writer:
         self.cluster = isinstance(self.client, RedisCluster)
         self.stream = changes_key(target.map_name).encode()
         prefix = len(entity_key(target.map_name, "").encode())
-        # The writing functions' first five arguments; a cluster appends changes itself.
+        # The writing functions' first arguments; a cluster appends changes itself.
         self.fixed = [
             b"" if self.cluster else self.stream,
             b"" if target.ttl_ms is None else str(target.ttl_ms).encode(),
@@ -429,24 +531,14 @@ class _Writer:
             str(target.changes_max_len).encode(),
             str(prefix).encode(),
         ]
+        self.markers = markers(self.client, target.map_name)
+
+    def _fixed(self, node: Any) -> list[bytes]:
+        """The writing functions' first arguments on ``node``: the last is its marker."""
+        return [*self.fixed, self.markers["" if node is None else node.name].encode()]
 
     def _chunks(self, items: list[tuple[str, _T]]) -> Iterator[tuple[Any, list[tuple[str, _T]]]]:
-        """``items`` (keyed by entity key) in chunks, each with its master (None: one server)."""
-        if not self.cluster:
-            for start in range(0, len(items), CHUNK):
-                yield None, items[start : start + CHUNK]
-            return
-        groups: dict[Any, list[tuple[str, _T]]] = {}
-        nodes: dict[Any, Any] = {}
-        for item in items:
-            node = self.client.get_node_from_key(  # type: ignore[union-attr]
-                entity_key(self.target.map_name, item[0])
-            )
-            groups.setdefault(node.name, []).append(item)
-            nodes[node.name] = node
-        for name, group in groups.items():
-            for start in range(0, len(group), CHUNK):
-                yield nodes[name], group[start : start + CHUNK]
+        return chunks_by_master(self.client, self.target.map_name, items)
 
     def call(self, function: str, route: bytes, args: list[bytes], node: Any) -> list[Any]:
         """``FCALL`` ``function`` (``FCALL_RO`` for ``READ``) with ``route``, an entity key of
@@ -455,14 +547,18 @@ class _Writer:
 
         command = ("FCALL_RO" if function == READ else "FCALL", function, 1, route)
         options = {} if node is None else {"target_nodes": node}
-        try:
-            return list(self.client.execute_command(*command, *args, **options))  # type: ignore[no-untyped-call]
-        except ResponseError as exc:
-            # A server restarted empty has lost the library with the data: load it again.
-            if "Function not found" not in str(exc):
-                raise
-            load_library(self.target.redis)
-            return list(self.client.execute_command(*command, *args, **options))  # type: ignore[no-untyped-call]
+        for attempt in range(2):
+            try:
+                return list(self.client.execute_command(*command, *args, **options))  # type: ignore[no-untyped-call]
+            except ResponseError as exc:
+                if str(exc).startswith(LOST):
+                    raise CopyLost(self.target.map_name, where(self.client), node) from None
+                # A server restarted empty has lost the library with the data: load it
+                # again (the marker, lost too, then stops the write).
+                if "Function not found" not in str(exc) or attempt:
+                    raise
+                load_library(self.target.redis)
+        raise AssertionError("unreachable")
 
     def latest(
         self, winners: list[tuple[str, tuple[str, bytes | None]]]
@@ -470,11 +566,11 @@ class _Writer:
         """Apply each key's winning record; each key with its state after the call."""
         name = self.target.map_name
         for node, chunk in self._chunks(winners):
-            args = list(self.fixed)
+            args = self._fixed(node)
             for key, (order, value) in chunk:
                 args += [entity_key(name, key).encode(), state_key(name, key), order.encode()]
                 args.append(b"" if value is None else value)
-            answers = self.call(LATEST, args[len(self.fixed)], args, node)
+            answers = self.call(LATEST, args[FIXED_ARGS], args, node)
             states = [
                 (key, value if answer == 1 else answer)
                 for (key, (_, value)), answer in zip(chunk, answers, strict=True)
@@ -496,7 +592,7 @@ class _Writer:
                     args += [state_key(name, key), entity_key(name, key).encode()]
                 read = self.call(READ, args[1], args, node)
                 writes: list[tuple[str, bytes | None]] = []
-                put = list(self.fixed)
+                put = self._fixed(node)
                 retry = []
                 for i, (key, events) in enumerate(pending):
                     before, current = read[2 * i], read[2 * i + 1]
@@ -513,7 +609,7 @@ class _Writer:
                     retry.append((key, events))
                 if not writes:
                     break
-                answers = self.call(PUT, put[len(self.fixed)], put, node)
+                answers = self.call(PUT, put[FIXED_ARGS], put, node)
                 applied = [kv for kv, answer in zip(writes, answers, strict=True) if answer == 1]
                 self._append_changes(applied)
                 yield from applied

@@ -62,6 +62,14 @@ class RedisServer:
             client.close()
         return self
 
+    def restart_empty(self) -> None:
+        """Stop the server and start an empty one on the same port, as a restart without
+        persistence does."""
+        if self._proc is not None:
+            self._proc.stop()
+            self._proc = None
+        self.start()
+
     def alive(self) -> bool:
         """Whether the server process is running."""
         return self._proc is not None and self._proc.alive()

@@ -67,12 +67,14 @@ class MapStatus(_message.Message):
         PAUSED: _ClassVar[MapStatus.State]
         FAILED: _ClassVar[MapStatus.State]
         STOPPED: _ClassVar[MapStatus.State]
+        RESTORING: _ClassVar[MapStatus.State]
     STATE_UNSPECIFIED: MapStatus.State
     NOT_STARTED: MapStatus.State
     RUNNING: MapStatus.State
     PAUSED: MapStatus.State
     FAILED: MapStatus.State
     STOPPED: MapStatus.State
+    RESTORING: MapStatus.State
     MAP_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]

@@ -26,6 +26,7 @@ _STATES = {
     "paused": State.PAUSED,
     "failed": State.FAILED,
     "stopped": State.STOPPED,
+    "restoring": State.RESTORING,
 }
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, cast
@@ -12,12 +13,20 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ClusterDownError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from materializer.config import RedisConfig
-from materializer.layout import Watermark, changes_key, entity_key, meta_key, physical_name
-from materializer.redis_client import AsyncClient, connect_async, queue_gets, where
+from materializer.layout import (
+    Watermark,
+    changes_key,
+    entity_key,
+    meta_key,
+    physical_name,
+    status_key,
+)
+from materializer.redis_client import AsyncClient, connect_async, markers, queue_gets, where
 from query_service.errors import StoreUnavailable
 from query_service.stores.base import BatchLookup, Change, ChangeRead, Lookup, MapStore
 from query_service.stores.coalesce import Coalescer
@@ -27,6 +36,8 @@ log = logging.getLogger(__name__)
 
 REPLY_SECONDS = 5.0
 """How long a blocking read may outlast its block when the URL sets no socket timeout."""
+CHECK_SECONDS = 1.0
+"""How often lookups that found their keys look for markers not seen yet."""
 MAX_WAITING_CONNECTIONS = 10_000
 """Connections of the pool for blocking change reads: one per reader waiting at once
 (Redis's own default ``maxclients``)."""
@@ -48,10 +59,11 @@ def _client_defaults() -> dict[str, Any]:
 
 @asynccontextmanager
 async def unavailable_on_connection_errors(where: str) -> AsyncIterator[None]:
-    """Connection failures and timeouts as ``StoreUnavailable`` (UNAVAILABLE to clients)."""
+    """Connection failures, timeouts and a Redis Cluster down or moving slots (a master
+    restarting) as ``StoreUnavailable`` (UNAVAILABLE to clients)."""
     try:
         yield
-    except (RedisConnectionError, RedisTimeoutError) as exc:
+    except (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError) as exc:
         log.warning("redis at %s unavailable: %s", where, exc)
         raise StoreUnavailable(f"redis at {where} is unavailable ({type(exc).__name__})") from exc
 
@@ -79,6 +91,9 @@ class RedisMapStore(MapStore):
         self._reply_seconds = float(kwargs.get("socket_timeout") or REPLY_SECONDS)
         self._coalescer = Coalescer(self.get_many)
         self._generations = Generations(client)
+        self._whole: set[str] = set()
+        """Physical maps whose markers were all seen: a later miss without them is a loss."""
+        self._checked: dict[str, float] = {}
 
     @property
     def client(self) -> AsyncClient:
@@ -154,7 +169,49 @@ class RedisMapStore(MapStore):
             mark = Watermark.from_hash(next(replies))
             entities = take(replies)
             out[name] = BatchLookup(entities=entities, watermark=mark)
+            missing = any(entity is None for entity in entities)
+            if missing or self._unchecked(physical[name]):
+                await self._check_whole(name, physical[name], missing)
         return out
+
+    def _unchecked(self, physical: str) -> bool:
+        """Whether a lookup that found every key should look for the map's markers: until
+        they were seen, once a second (a map without them costs its hits nothing more)."""
+        if physical in self._whole:
+            return False
+        now = time.monotonic()
+        if now - self._checked.get(physical, -CHECK_SECONDS) < CHECK_SECONDS:
+            return False
+        self._checked[physical] = now
+        return True
+
+    async def _check_whole(self, map_name: str, physical: str, missing: bool) -> None:
+        """Raise ``StoreUnavailable`` when a key is missing from a copy Redis lost.
+
+        Every master holds the map's marker while its copy is whole
+        (``materializer.layout.marker_key``). A copy once seen whole here, or
+        whose materializer reports on it, and now without a marker was lost
+        (a server restarted empty) and is being restored: its missing keys may
+        exist, so they are UNAVAILABLE (clients retry), never NOT_FOUND. A map
+        no materializer ever marked (written by other means) answers as it is.
+        """
+        marks = list(markers(self._client, physical).values())
+        async with (
+            self._unavailable_on_connection_errors(),
+            self._client.pipeline(transaction=False) as pipe,
+        ):
+            for key in marks:
+                pipe.exists(key)
+            pipe.exists(status_key(map_name))
+            *found, reported = await pipe.execute()
+        if all(found):
+            self._whole.add(physical)
+            return
+        if missing and (physical in self._whole or reported):
+            raise StoreUnavailable(
+                f"map {map_name}: Redis lost its copy, which the materializer is restoring "
+                "from Delta and the changelog; retry shortly"
+            )
 
     async def last_change_id(self, map_name: str) -> str | None:
         """``XREVRANGE <map>:__changes__ + - COUNT 1``."""

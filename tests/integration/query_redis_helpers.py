@@ -61,7 +61,7 @@ def fresh_map(client: redis.Redis) -> Iterator[str]:
 @asynccontextmanager
 async def serving(config: AppConfig) -> AsyncIterator[grpc.aio.Channel]:
     """A started server (with the near caches of ``config``) and a channel to it."""
-    store = RedisMapStore.from_url(config.redis.url)
+    store = RedisMapStore.from_config(config.redis)
     near_caches = NearCaches(store, config.query.near_cache)
     await near_caches.start()
     server, port = await create_server(config, store=store, near_caches=near_caches)

@@ -22,7 +22,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from query_redis_helpers import make_config, map_doc, run
 
 from materializer.config import AppConfig
-from materializer.layout import Watermark, entity_key, meta_key
+from materializer.layout import MapReport, Watermark, entity_key, marker_key, meta_key, status_key
 from materializer.testing import free_port
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
@@ -207,6 +207,50 @@ def test_health_reports_serving(redis_url: str, map_name: str) -> None:
     statuses = run(make_config(redis_url, map_name), body)
 
     assert statuses == [health_pb2.HealthCheckResponse.SERVING] * 2
+
+
+def _health(config: AppConfig, *services: str) -> list[int]:
+    async def body(channel: grpc.aio.Channel) -> list[int]:
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest
+        return [
+            (await stub.Check(request(service=service), timeout=DEADLINE)).status
+            for service in services
+        ]
+
+    return run(config, body)
+
+
+def test_a_map_redis_lost_answers_unavailable_for_a_missing_key_never_not_found(
+    redis_url: str, redis_client: redis.Redis, map_name: str
+) -> None:
+    config = make_config(redis_url, map_name)
+    redis_client.set(entity_key(map_name, "u1"), b'{"id":"u1"}')
+    # Its materializer reports on it, and its marker is gone: Redis lost its copy.
+    redis_client.hset(status_key(map_name), mapping=MapReport(state="restoring").to_hash())
+
+    error = get_error(config, map_name, "u2")
+    found = get(config, map_name, "u1")
+    health = _health(config, "", f"map/{map_name}")
+
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert f"map {map_name}: Redis lost its copy" in (error.details() or "")
+    assert found.found and found.entity == b'{"id":"u1"}'
+    # The replica serves (other maps answer in full); the map says it is being restored.
+    serving, not_serving = (
+        health_pb2.HealthCheckResponse.SERVING,
+        health_pb2.HealthCheckResponse.NOT_SERVING,
+    )
+    assert health == [serving, not_serving]
+
+    # Restored: the marker is back, a missing key is missing again.
+    redis_client.set(marker_key(map_name), b"1")
+    redis_client.hset(status_key(map_name), mapping=MapReport(state="running").to_hash())
+    try:
+        assert not get(config, map_name, "u2").found
+        assert _health(config, f"map/{map_name}") == [serving]
+    finally:
+        redis_client.delete(marker_key(map_name))
 
 
 def test_aborts_made_by_a_handler_pass_the_interceptor_untouched(

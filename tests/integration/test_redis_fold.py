@@ -18,9 +18,12 @@ from materializer.layout import changes_key, entity_key
 from materializer.pipeline import columns as c
 from materializer.pipeline.fold import order_column
 from materializer.pipeline.fold_aggregate import AggregateFolder, Spec
+from materializer.redis_client import mark_whole
 from materializer.sinks.changelog import APP_HEADER, BATCH_HEADER
+from materializer.sinks.redis import client_for
 from materializer.sinks.redis_fold import (
     ORDER,
+    CopyLost,
     FoldTarget,
     _new_producer,
     apply_batches,
@@ -54,9 +57,11 @@ def records(rows: list[tuple[str, str, dict | None]]) -> list[pa.RecordBatch]:
 def target(redis_url: str, kafka_bootstrap: str, new_topic) -> FoldTarget:
     config = RedisConfig(url=redis_url)
     load_library(config)
+    name = f"rf{random.randrange(10**9)}"
+    mark_whole(client_for(config), name)
     return FoldTarget(
         redis=config,
-        map_name=f"rf{random.randrange(10**9)}",
+        map_name=name,
         changelog_topic=new_topic(2),
         producer=producer_settings(kafka_bootstrap, {}, 1_048_576),
     )
@@ -184,6 +189,17 @@ def test_a_ttl_expires_the_entity_and_its_order_together(target, redis_client):
     entity_ttl = redis_client.pttl(entity_key(target.map_name, "k"))
     order_ttl = redis_client.pttl(state_key(target.map_name, "k"))
     assert 0 < entity_ttl <= 60_000 and 0 < order_ttl <= 60_000
+
+
+def test_a_server_without_the_maps_marker_takes_no_write(target, redis_client, kafka_bootstrap):
+    apply(target, 0, [("a", "1", {"v": 1})])
+    # As a restart without persistence: every key of the map goes, the marker too.
+    redis_client.delete(*redis_client.keys(f"{target.map_name}*"))
+    with pytest.raises(CopyLost, match=f"map {target.map_name}: Redis at .* has lost"):
+        apply(target, 1, [("b", "2", {"v": 2})])
+    assert redis_client.keys(f"{target.map_name}*") == []
+    # The batch that failed sent nothing to the changelog: its replay folds it once.
+    assert [r.key() for r in read_topic(kafka_bootstrap, target.changelog_topic)] == [b"a"]
 
 
 def test_a_server_that_lost_the_library_gets_it_again(target, redis_client):

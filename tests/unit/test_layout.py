@@ -12,9 +12,11 @@ from materializer.layout import (
     control_key,
     entity_key,
     generation_key,
+    marker_key,
     meta_key,
     parse_generation,
     physical_name,
+    slot_tag,
     status_key,
 )
 
@@ -23,6 +25,18 @@ def test_key_names_are_the_contract():
     assert entity_key("users", "u-1") == "users:u-1"
     assert entity_key("users", "a:b") == "users:a:b"
     assert meta_key("users") == "users:__meta__"
+
+
+def test_markers_are_the_contract():
+    from redis.crc import key_slot
+
+    assert marker_key("users") == "users\x00m:"
+    assert marker_key("users~2") == "users~2\x00m:"
+    # On a cluster each master's marker is tagged with a slot it owns.
+    assert marker_key("users", slot_tag(0)) == "users\x00m:{3560}"
+    for slot in (0, 1, 5461, 10923, 16383):
+        assert key_slot(marker_key("users", slot_tag(slot)).encode()) == slot
+    assert not marker_key("users").startswith("users:")
 
 
 def test_watermark_hash_fields_are_the_contract():
