@@ -104,12 +104,22 @@ def delta_rows(path: Path) -> int:
         return 0
 
 
-def write_config(work: Path, bootstrap: str, redis_url: str, topic: str, mode: str) -> Path:
+def write_config(
+    work: Path,
+    bootstrap: str,
+    redis_url: str,
+    topic: str,
+    mode: str,
+    delta_trigger: str | None = None,
+) -> Path:
+    delta: dict[str, Any] = {"root": str(work / "warehouse")}
+    if delta_trigger is not None:
+        delta["trigger_interval"] = delta_trigger
     doc = {
         "kafka": {"bootstrap_servers": bootstrap},
         "redis": {"url": redis_url},
-        # Every cadence at its default, as users run it.
-        "delta": {"root": str(work / "warehouse")},
+        # Every cadence at its default, as users run it, unless --delta-trigger says.
+        "delta": delta,
         "spark": {"checkpoint_root": str(work / "checkpoints")},
         "metrics": {"port": 0},
         "maps": {
@@ -169,6 +179,10 @@ def main() -> None:
     parser.add_argument("--sample-every", type=int, default=10)
     parser.add_argument("--delta-sample-every", type=int, default=500)
     parser.add_argument("--keep-logs", help="copy each run's log into this folder")
+    parser.add_argument(
+        "--delta-trigger",
+        help="the Delta query's trigger interval (default: the config's), e.g. '30 seconds'",
+    )
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
 
@@ -182,7 +196,7 @@ def main() -> None:
             topic = create_topic(bootstrap, PARTITIONS)
             # Every key once, so the map starts with all its entities.
             produce_bulk(bootstrap, topic, args.keys, args.keys)
-            config = write_config(work, bootstrap, redis_url, topic, mode)
+            config = write_config(work, bootstrap, redis_url, topic, mode, args.delta_trigger)
             started = time.perf_counter()
             proc = ManagedProcess(
                 [sys.executable, "-m", "materializer", "run", "-c", str(config)],
@@ -260,6 +274,7 @@ def main() -> None:
                         last_third_p50_ms=round(statistics.median(last_third), 1),
                         held=unresolved == 0
                         and statistics.median(last_third) <= statistics.median(first) + 1000,
+                        delta_trigger=args.delta_trigger or "default",
                         delta_samples=len(trail),
                         delta_unresolved=delta.pending(),
                         delta_trails_redis_p50_ms=round(nearest_rank(trail, 50)) if trail else None,

@@ -120,6 +120,10 @@ class SparkConfig(_Model):
     """Unused: dead letters and history are written by the fold's own query, at its cadence.
     Accepted so that configurations written for earlier versions still load."""
     shuffle_partitions: Annotated[int, Field(ge=1)] = 4
+    stop_timeout: Duration = timedelta(seconds=100)
+    """How long a stop (SIGTERM, Ctrl-C) may take: the folds finish their batches, then the
+    Delta tables take in the changelog up to them. Within the chart's grace period (120 s);
+    what the timeout cuts short is logged, and the next start replays it."""
     max_offsets_per_trigger: Annotated[int, Field(ge=1)] | None = None
     conf: dict[str, str] = Field(default_factory=dict)
 

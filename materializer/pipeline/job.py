@@ -19,7 +19,9 @@ Each map runs two queries, each with its own checkpoint under
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -187,6 +189,9 @@ class MapQueries:
     side: list[StreamingQuery] = field(default_factory=list)
     projectors: list[Projector] = field(default_factory=list)
     """Closed once the queries stop, releasing the clients their sinks keep."""
+    catch_up: Callable[[], StreamingQuery] | None = None
+    """Starts the Delta query once more, to take in everything the changelog holds and end
+    (``availableNow``): what a stop runs after the fold has stopped."""
 
     @property
     def queries(self) -> list[StreamingQuery]:
@@ -207,6 +212,37 @@ class MapQueries:
     def _close(self) -> None:
         for projector in self.projectors:
             projector.close()
+
+    def stop_fold(self, deadline: float) -> None:
+        """Stop the fold once its batch in flight is done (cut short only at ``deadline``,
+        a ``time.monotonic()``)."""
+        _await_batch_end(self.fold, deadline)
+        self.fold.stop()
+
+    def drain(self, deadline: float) -> bool:
+        """After ``stop_fold``: stop the side queries after their batch, then let the Delta
+        table take in the changelog up to the fold's last batch. False when ``deadline`` cut
+        that short (the next start merges the rest).
+
+        A stop ends here, so the table a data team reads holds what Redis
+        holds, whatever the Delta query's trigger interval.
+        """
+        for query in self.side:
+            _await_batch_end(query, deadline)
+            query.stop()
+        done = True
+        if self.catch_up is not None:
+            query = self.catch_up()
+            try:
+                left = max(0, math.ceil(deadline - time.monotonic()))
+                done = bool(query.awaitTermination(left))
+            except Exception as exc:  # noqa: BLE001 - the next start replays it; say why
+                log.error("map %s: the Delta table's last catch-up failed: %s", self.name, exc)
+                done = False
+            if query.isActive:
+                query.stop()
+        self._close()
+        return done
 
     def stop_after_batch(self, timeout: float = FINISH_BATCH_TIMEOUT) -> None:
         """Stop each query once its batch in flight is done (cut short only after ``timeout``).
@@ -389,7 +425,15 @@ def start_map(
         .start()
     )
     delta = _start_delta(spark, config, map_name, entity, rows_out, generation)
-    return MapQueries(name=map_name, fold=fold_query, side=[delta], projectors=[projector])
+    return MapQueries(
+        name=map_name,
+        fold=fold_query,
+        side=[delta],
+        projectors=[projector],
+        catch_up=functools.partial(
+            _start_delta, spark, config, map_name, entity, rows_out, generation, catch_up=True
+        ),
+    )
 
 
 def report_rows_out(
@@ -438,8 +482,13 @@ def _start_delta(
     entity: StructType,
     rows_out: Callable[[str, int, int], None] | None,
     generation: int,
+    *,
+    catch_up: bool = False,
 ) -> StreamingQuery:
-    """The changelog into the Delta table: MERGE per batch, ``txnVersion`` = this query's batch."""
+    """The changelog into the Delta table: MERGE per batch, ``txnVersion`` = this query's batch.
+
+    ``catch_up``: everything the changelog holds now, then the query ends (a stop's last).
+    """
     from pyspark.sql import functions as F
 
     physical = physical_name(map_name, generation)
@@ -482,10 +531,13 @@ def _start_delta(
         prepare=last_per_key,
         pool=DELTA_POOL,
     )
-    return (
-        changes.writeStream.queryName(f"{physical}.delta")
-        .option("checkpointLocation", delta_checkpoint)
-        .trigger(processingTime=config.delta.trigger_interval)
-        .foreachBatch(typed_batches(projector, table, inferred, c.table_meta(map_config)))
-        .start()
+    writer = changes.writeStream.queryName(f"{physical}.delta").option(
+        "checkpointLocation", delta_checkpoint
     )
+    if catch_up:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=config.delta.trigger_interval)
+    return writer.foreachBatch(
+        typed_batches(projector, table, inferred, c.table_meta(map_config))
+    ).start()

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -146,6 +147,24 @@ class Supervisor:
         m.state = state
         log.info("map %s %s", m.name, state)
 
+    def stop_all(self, running: list[_Map]) -> None:
+        """The run's end: every fold stops after its batch, then every Delta table takes in
+        the changelog up to it, all within ``spark.stop_timeout``."""
+        deadline = time.monotonic() + self._config.spark.stop_timeout.total_seconds()
+        for m in running:
+            if m.queries is not None:
+                m.queries.stop_fold(deadline)
+        for m in running:
+            if m.queries is not None and not m.queries.drain(deadline):
+                log.warning(
+                    "map %s: the stop timeout (spark.stop_timeout) cut its Delta table's "
+                    "catch-up short; the next start merges the rest of the changelog",
+                    m.name,
+                )
+            m.queries = None
+            m.state = "stopped"
+            log.info("map %s stopped", m.name)
+
     def fail(self, m: _Map, error: str) -> None:
         """Record a failure; the other maps keep running."""
         log.error("map %s failed, the others keep running: %s", m.name, error)
@@ -255,9 +274,7 @@ def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> 
             channel.report({m.name: m.report() for m in maps.values()})
             stop.wait(LOOP_SECONDS)
     finally:
-        for m in maps.values():
-            if m.state == "running":
-                supervisor.stop(m, "stopped")
+        supervisor.stop_all([m for m in maps.values() if m.state == "running"])
         channel.report({m.name: m.report() for m in maps.values()})
         channel.close()
         spark.stop()

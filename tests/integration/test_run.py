@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import signal
 import sys
 from pathlib import Path
@@ -9,10 +10,19 @@ from pathlib import Path
 import orjson
 import pytest
 import yaml
-from slice_helpers import SCHEMA, redis_map, slice_config, wait_for, watermark
+from slice_helpers import (
+    FIELDS,
+    SCHEMA,
+    delta_map_rs,
+    redis_map,
+    slice_config,
+    wait_for,
+    watermark,
+)
 
 from materializer.testing import produce
 from materializer.testing.process import ManagedProcess
+from materializer.testing.reference import fold_latest
 
 pytestmark = pytest.mark.integration
 
@@ -54,3 +64,43 @@ def test_failed_map_is_reported_the_others_keep_going_and_sigterm_exits(
     assert "query=runok.fold batch=0 rows_in=1 rows_out=1" in log
     assert "failed: runfail" in log
     assert watermark(redis_client, "runfail") is None
+
+
+def test_sigterm_right_after_redis_shows_every_entity_leaves_delta_equal_to_it(
+    kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
+):
+    topic = new_topic(2)
+    doc = slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name="stopme")
+    # The Delta query's next trigger lies far beyond the test: only the stop can bring the
+    # table up to what Redis holds.
+    doc["delta"]["trigger_interval"] = "10 minutes"
+    config_file = tmp_path / "maps.yaml"
+    config_file.write_text(yaml.safe_dump(doc))
+    rng = random.Random(5)
+    records: list[tuple[bytes, bytes | None]] = []
+    for i in range(400):
+        key = f"s{rng.randrange(60)}"
+        value = None if rng.random() < 0.1 else orjson.dumps({"id": key, "age": i})
+        records.append((key.encode(), value))
+
+    args = [sys.executable, "-m", "materializer", "run", "-c", str(config_file)]
+    proc = ManagedProcess(args, tmp_path / "run.log")
+    try:
+        positions = produce(kafka_bootstrap, topic, records)
+        events = [(p, o, k, v) for (p, o), (k, v) in zip(positions, records, strict=True)]
+        reference = fold_latest(events, "id", FIELDS)
+        wait_for(
+            "Redis to hold every entity", lambda: redis_map(redis_client, "stopme") == reference
+        )
+        proc.proc.send_signal(signal.SIGTERM)
+        proc.proc.wait(150)
+    finally:
+        proc.stop()
+    log = proc.log_path.read_text()
+    assert proc.proc.returncode == 0, log[-3000:]
+    assert delta_map_rs(tmp_path / "warehouse" / "stopme") == reference
+    assert redis_map(redis_client, "stopme") == reference
+    # A clean stop: no stack trace, nothing cut short.
+    assert "Traceback" not in log and "Exception" not in log, log[-3000:]
+    assert "cut its Delta table's catch-up short" not in log
+    assert "map stopme stopped" in log
