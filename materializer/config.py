@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -72,6 +73,16 @@ def _duration(value: Any) -> Any:
 
 Duration = Annotated[timedelta, BeforeValidator(_duration)]
 """A ``timedelta`` written as ``"30 minutes"``, ``"2 s"``, ``"500 ms"`` or seconds (``90``)."""
+
+
+def _positive(value: timedelta) -> timedelta:
+    if value <= timedelta(0):
+        raise ValueError("must be more than 0")
+    return value
+
+
+PositiveDuration = Annotated[Duration, AfterValidator(_positive)]
+"""A ``Duration`` of more than nothing."""
 
 
 class KafkaConfig(_Model):
@@ -351,6 +362,10 @@ class FoldConfig(_Model):
     aggregates: dict[str, AggregateSpec] = Field(default_factory=dict)
     delete_when: str | None = None
     """A Spark SQL condition on an event that deletes the entity."""
+    deleted_retention: PositiveDuration = timedelta(days=1)
+    """How long a deleted entity's fold state stays in Redis: within it a replayed event
+    cannot bring the entity back or count twice; after it the state goes, so a map whose
+    keys come and go stays bounded. Replays reach back one batch, so a day is ample."""
 
     @model_validator(mode="after")
     def _mode_options(self) -> FoldConfig:
@@ -384,21 +399,14 @@ class ChangesConfig(_Model):
 class TtlConfig(_Model):
     """How long an entity nobody updates is kept; Redis and Delta expire independently."""
 
-    redis: Duration | None = None
+    redis: PositiveDuration | None = None
     """Each write of a key sets its expiry: a key not written for this long is gone."""
-    delta: Duration | None = None
+    delta: PositiveDuration | None = None
     """Rows of the table not updated for this long are deleted by the periodic cleanup."""
-    cleanup_interval: Duration = timedelta(hours=1)
+    cleanup_interval: PositiveDuration = timedelta(hours=1)
     """How often the Delta query runs the retention DELETE (and VACUUM) after its MERGE."""
     vacuum_retention: Duration | None = timedelta(hours=168)
     """VACUUM keeps data files removed this long ago: the time-travel window; null: no VACUUM."""
-
-    @field_validator("redis", "delta", "cleanup_interval")
-    @classmethod
-    def _positive(cls, value: timedelta | None) -> timedelta | None:
-        if value is not None and value <= timedelta(0):
-            raise ValueError("must be more than 0")
-        return value
 
     @field_validator("vacuum_retention")
     @classmethod

@@ -372,6 +372,7 @@ def start_map(
         dead_letter_topic=letters,
         ttl_ms=ttl_ms,
         changes_max_len=map_config.changes.max_len,
+        deleted_retention_ms=int(map_config.fold.deleted_retention.total_seconds() * 1000),
     )
     typer = None
     if is_inferred(map_config):

@@ -85,7 +85,7 @@ FILL = "materializer_fill_v2"
 LOST = "MATERIALIZER_LOST"
 """The error the writing functions answer on a server without the map's marker."""
 
-FIXED_ARGS = 6
+FIXED_ARGS = 7
 
 SOURCE = f"""#!lua name={LIBRARY}
 -- Materializer's fold functions. Loaded with FUNCTION LOAD REPLACE at every start.
@@ -93,8 +93,8 @@ SOURCE = f"""#!lua name={LIBRARY}
 -- KEYS[1] is one entity key of the call, which routes it to its master on a cluster;
 -- every key a call touches comes in ARGV, and lives on that master (the flag below).
 -- The writing functions' ARGV start with the change stream ('' for none), PX
--- milliseconds or '', batch id, stream MAXLEN, the entity keys' prefix length and the
--- map's marker on this server.
+-- milliseconds or '', batch id, stream MAXLEN, the entity keys' prefix length, the
+-- map's marker on this server and how long a deleted entity's state stays (PX ms).
 
 -- Whether a sorts after b byte by byte: Lua's own '<' on strings follows the server's
 -- locale (strcoll), the fold's orders follow bytes, as Spark compares strings.
@@ -121,21 +121,26 @@ local function lost()
 end
 
 -- Sets the entity (value '' deletes it) and its state, and appends its change entry.
+-- A deleted entity's state stays for the map's deleted_retention (or its TTL if shorter):
+-- long enough that a replay cannot bring the entity back, short enough that churn does
+-- not grow the map; the entity's next write takes the expiry off.
 local function write(args, entity, state_key, state, value)
   local stream, ttl, batch, maxlen = args[1], args[2], args[3], args[4]
   local op = 'upsert'
+  local px = ttl
   if value == '' then
     redis.call('DEL', entity)
     op = 'delete'
+    if ttl == '' or tonumber(args[7]) < tonumber(ttl) then px = args[7] end
   elseif ttl == '' then
     redis.call('SET', entity, value)
   else
     redis.call('SET', entity, value, 'PX', ttl)
   end
-  if ttl == '' then
+  if px == '' then
     redis.call('SET', state_key, state)
   else
-    redis.call('SET', state_key, state, 'PX', ttl)
+    redis.call('SET', state_key, state, 'PX', px)
   end
   if stream ~= '' then
     redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
@@ -149,9 +154,9 @@ end
 local function latest(keys, args)
   if not whole(args) then return lost() end
   local out = {{}}
-  for i = 0, (#args - 6) / 4 - 1 do
-    local entity, state_key = args[7 + 4 * i], args[8 + 4 * i]
-    local order, value = args[9 + 4 * i], args[10 + 4 * i]
+  for i = 0, (#args - 7) / 4 - 1 do
+    local entity, state_key = args[8 + 4 * i], args[9 + 4 * i]
+    local order, value = args[10 + 4 * i], args[11 + 4 * i]
     local current = redis.call('GET', state_key)
     if (not current) or after(order, current) then
       write(args, entity, state_key, order, value)
@@ -177,12 +182,12 @@ end
 local function put(keys, args)
   if not whole(args) then return lost() end
   local out = {{}}
-  for i = 0, (#args - 6) / 5 - 1 do
-    local entity, state_key = args[7 + 5 * i], args[8 + 5 * i]
-    if (redis.call('GET', state_key) or '') ~= args[9 + 5 * i] then
+  for i = 0, (#args - 7) / 5 - 1 do
+    local entity, state_key = args[8 + 5 * i], args[9 + 5 * i]
+    if (redis.call('GET', state_key) or '') ~= args[10 + 5 * i] then
       out[i + 1] = 0
     else
-      write(args, entity, state_key, args[10 + 5 * i], args[11 + 5 * i])
+      write(args, entity, state_key, args[11 + 5 * i], args[12 + 5 * i])
       out[i + 1] = 1
     end
   end
@@ -322,6 +327,8 @@ class FoldTarget:
     dead_letter_topic: str | None = None
     ttl_ms: int | None = None
     changes_max_len: int = 100_000
+    deleted_retention_ms: int = 86_400_000
+    """How long a deleted entity's fold state stays (``fold.deleted_retention``)."""
     folder: KeyFolder | None = None
     """How a key's events fold into its state; None: ``latest``, ordered by Redis."""
 
@@ -534,8 +541,10 @@ class _Writer:
         self.markers = markers(self.client, target.map_name)
 
     def _fixed(self, node: Any) -> list[bytes]:
-        """The writing functions' first arguments on ``node``: the last is its marker."""
-        return [*self.fixed, self.markers["" if node is None else node.name].encode()]
+        """The writing functions' first arguments on ``node``: its marker, then how long a
+        deleted entity's state stays."""
+        marker = self.markers["" if node is None else node.name].encode()
+        return [*self.fixed, marker, str(self.target.deleted_retention_ms).encode()]
 
     def _chunks(self, items: list[tuple[str, _T]]) -> Iterator[tuple[Any, list[tuple[str, _T]]]]:
         return chunks_by_master(self.client, self.target.map_name, items)

@@ -11,7 +11,7 @@ import orjson
 import pyarrow as pa
 import pytest
 from redis.crc import key_slot
-from slice_helpers import read_topic
+from slice_helpers import read_topic, wait_for
 
 from materializer.config import RedisConfig
 from materializer.layout import changes_key, entity_key
@@ -43,7 +43,9 @@ def records(rows: list[tuple[str, str, dict | None]]) -> list[pa.RecordBatch]:
             {
                 c.KEY: [k for k, _, _ in rows],
                 ORDER: [o for _, o, _ in rows],
-                "__value": [None if e is None else orjson.dumps(e) for _, _, e in rows],
+                "__value": pa.array(
+                    [None if e is None else orjson.dumps(e) for _, _, e in rows], pa.binary()
+                ),
                 "__aux": pa.array([None] * len(rows), pa.string()),
                 "__dl_key": pa.array([None] * len(rows), pa.binary()),
                 "__dl_value": pa.array([None] * len(rows), pa.binary()),
@@ -189,6 +191,46 @@ def test_a_ttl_expires_the_entity_and_its_order_together(target, redis_client):
     entity_ttl = redis_client.pttl(entity_key(target.map_name, "k"))
     order_ttl = redis_client.pttl(state_key(target.map_name, "k"))
     assert 0 < entity_ttl <= 60_000 and 0 < order_ttl <= 60_000
+
+
+def test_a_deleted_entitys_state_stays_for_its_retention_and_goes_with_the_next_write(
+    target, redis_client
+):
+    held = replace(target, deleted_retention_ms=60_000)
+    apply(held, 0, [("a", "1", {"v": 1}), ("b", "1", {"v": 1})])
+    apply(held, 1, [("a", "2", None)])
+    # Within the retention, a replay of the batch that made it cannot bring it back.
+    apply(held, 0, [("a", "1", {"v": 1})])
+    assert entity(redis_client, held, "a") is None
+    assert 0 < redis_client.pttl(state_key(held.map_name, "a")) <= 60_000
+    assert redis_client.pttl(state_key(held.map_name, "b")) == -1
+    # Written again, the entity keeps its state for good.
+    apply(held, 2, [("a", "3", {"v": 3})])
+    assert redis_client.pttl(state_key(held.map_name, "a")) == -1
+    assert entity(redis_client, held, "a") == {"v": 3}
+
+
+def test_keys_that_come_and_go_leave_the_state_bounded(target, redis_client):
+    churn = replace(target, deleted_retention_ms=200)
+    alive: dict[str, dict] = {}
+    for cycle in range(6):
+        born = [(f"c{cycle}-{i}", f"{cycle}1", {"v": i}) for i in range(40)]
+        apply(churn, 2 * cycle, born)
+        # Each cycle deletes its keys but the first five.
+        gone = [(k, f"{cycle}2", None) for k, _, _ in born[5:]]
+        apply(churn, 2 * cycle + 1, gone)
+        alive.update({k: e for k, _, e in born[:5]})
+    states = state_keys_pattern(churn.map_name)
+
+    def bounded() -> bool:
+        return len(list(redis_client.scan_iter(match=states, count=1000))) == len(alive)
+
+    wait_for("the deleted keys' states to go", bounded, timeout=30)
+    held = {k: entity(redis_client, churn, k) for k in alive}
+    assert held == alive
+    assert all(
+        entity(redis_client, churn, f"c{c}-{i}") is None for c in range(6) for i in range(5, 40)
+    )
 
 
 def test_a_server_without_the_maps_marker_takes_no_write(target, redis_client, kafka_bootstrap):

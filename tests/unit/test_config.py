@@ -158,6 +158,18 @@ def test_ttl_defaults_and_vacuum_retention_may_be_zero_or_off():
     assert parse_config({"maps": {"users": MAP}}).maps["users"].ttl is None
 
 
+def test_deleted_retention_defaults_to_a_day_and_must_be_positive():
+    fold = parse_config({"maps": {"users": MAP}}).maps["users"].fold
+    assert fold.deleted_retention == timedelta(days=1)
+    doc = {**MAP, "fold": {"deleted_retention": "10 minutes"}}
+    assert parse_config({"maps": {"users": doc}}).maps["users"].fold.deleted_retention == (
+        timedelta(minutes=10)
+    )
+    with pytest.raises(ConfigError) as info:
+        parse_config({"maps": {"users": {**MAP, "fold": {"deleted_retention": "0 s"}}}})
+    assert info.value.problems == ["maps.users.fold.deleted_retention: must be more than 0"]
+
+
 def test_ttl_problems_are_named_by_their_key_paths():
     def problems(ttl):
         with pytest.raises(ConfigError) as info:
