@@ -76,8 +76,10 @@ def run_demo(options: DemoOptions, console: Console | None = None) -> int:
     """
     console = console or Console(highlight=False)
     stop = threading.Event()
+    # A closed terminal (SIGHUP) stops the demo as Ctrl-C does, children included.
     previous = {
-        sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+        sig: signal.signal(sig, lambda *_: stop.set())
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
     }
     try:
         return _run(options, Steps(console, stop))

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -14,8 +17,29 @@ GRACE_SECONDS = 120.0
 a run under load may need most of it to finish the batches it has in flight."""
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    """What a child runs before its program: ask Linux for SIGTERM when ``parent`` dies, and
+    leave at once if it already has."""
+
+    def arrange() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return arrange
+
+
 class ManagedProcess:
-    """A process in its own session, so stopping it stops everything it started."""
+    """A process in its own session, so stopping it stops everything it started.
+
+    On Linux it also gets SIGTERM when its parent dies, however it dies
+    (SIGKILL included): a killed demo or test run leaves no broker or
+    ``redis-server`` behind.
+    """
 
     def __init__(self, args: list[str], log_path: Path, env: dict[str, str] | None = None) -> None:
         self.args = args
@@ -28,6 +52,7 @@ class ManagedProcess:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             env=env,
+            preexec_fn=_die_with(os.getpid()) if sys.platform == "linux" else None,
         )
 
     def alive(self) -> bool:

@@ -9,6 +9,7 @@ import itertools
 import os
 import queue
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -297,3 +298,51 @@ def test_an_existing_redis_gets_the_demo_maps_cleared_and_nothing_else(redis_url
         for key in ["usersx:a", "other:users:b", "user_ordersx:c"]:
             client.delete(key)
         client.close()
+
+
+def _gone(pids: set[int], timeout: float) -> list[int]:
+    """The processes among ``pids`` still running after ``timeout`` seconds: a child told to
+    stop as its parent died may take a graceful stop's time."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = sorted(pid for pid in pids if running(pid))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.5)
+
+
+@pytest.mark.timeout(STARTUP_TIMEOUT + STOP_TIMEOUT + 120)
+@pytest.mark.parametrize("sig", [signal.SIGHUP, signal.SIGKILL], ids=["sighup", "sigkill"])
+def test_a_demo_whose_terminal_closes_or_that_is_killed_leaves_nothing_running(sig):
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and k not in ENV_OVERRIDES}
+    env["PYTHONUNBUFFERED"] = "1"
+    args = [sys.executable, "-m", "materializer", "demo", "--port", str(port), "--rate", "50"]
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+    )
+    out = Output(proc)
+    family = Descendants(proc.pid)
+    workdir: Path | None = None
+    try:
+        workdir = Path(out.wait_for(r"^work dir (\S+) \(removed at exit\)", 30).group(1))
+        out.wait_for(r"^query service listening on 127\.0\.0\.1:(\d+)$", STARTUP_TIMEOUT)
+        # Broker, redis-server, the pipeline and its JVM, the query service.
+        deadline = time.monotonic() + 120
+        while len(family.seen) < 5 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert len(family.seen) >= 5, family.seen
+        proc.send_signal(sig)
+        code = proc.wait(STOP_TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        seen = family.stop()
+        left = _gone(seen, STOP_TIMEOUT)
+        for pid in left:  # never leave them to the next test, but fail below
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        if workdir is not None:  # a killed demo cannot remove its own
+            shutil.rmtree(workdir, ignore_errors=True)
+    assert left == [], out.rest(5)
+    assert code == (0 if sig == signal.SIGHUP else -signal.SIGKILL)
