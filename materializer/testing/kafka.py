@@ -166,6 +166,17 @@ class KafkaNode:
         if self.proc is not None:
             self.proc.kill()
 
+    def restart(self) -> None:
+        """Stop the node and start it again on the same ports and storage."""
+        if self.workdir is None:
+            raise SetupError("the node was never launched")
+        self.stop()
+        log4j = self.workdir / "log4j2.properties"
+        props = self.workdir / "server.properties"
+        self.proc = ManagedProcess(
+            _java(self._heap, "kafka.Kafka", str(props), log=log4j), self.workdir / "stdout.log"
+        )
+
     def stop(self) -> None:
         """Stop the node's process (its storage is its cluster's to remove)."""
         if self.proc is not None:
@@ -285,6 +296,11 @@ class KafkaBroker(KafkaCluster):
     @property
     def _proc(self) -> ManagedProcess | None:
         return self._node.proc
+
+    def restart(self, timeout: float = 90.0) -> None:
+        """Stop the broker and start it again on the same port and data, then wait for it."""
+        self._node.restart()
+        self._wait_ready(timeout)
 
 
 def create_topic(
