@@ -32,6 +32,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 CHUNK = 2000
+WATERMARK_WAIT_S = 120.0
+"""How long a batch's watermark waits for a Redis that does not answer (``RedisSink.write``)."""
 _clients: dict[RedisConfig, Client] = {}
 
 
@@ -91,14 +93,35 @@ class RedisSink(Sink):
         self._end_offsets = end_offsets
 
     def write(self, batch: Batch) -> None:
-        """Commit the batch's watermark."""
+        """Commit the batch's watermark, waiting out a Redis that does not answer.
+
+        By now the fold has sent the batch's changelog, so the batch must
+        commit: failing it here would replay it onto a copy restored from
+        that changelog, and an aggregate would count it twice. A server that
+        restarted answers again within seconds (empty: the next batch then
+        finds its marker gone and the copy is restored with this batch in
+        it); only one that stays away longer than ``WATERMARK_WAIT_S`` fails
+        the batch.
+        """
+        from redis.exceptions import ClusterDownError, TryAgainError
+        from redis.exceptions import ConnectionError as RedisConnectionError
+        from redis.exceptions import TimeoutError as RedisTimeoutError
+
         watermark = Watermark(
             batch_id=batch.batch_id,
             offsets=self._end_offsets(batch.batch_id),
             updated_at_ms=int(time.time() * 1000),
             app_id=batch.app_id,
         )
-        self.commit(watermark, [])
+        deadline = time.monotonic() + WATERMARK_WAIT_S
+        while True:
+            try:
+                self.commit(watermark, [])
+                return
+            except (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
 
     def commit(self, watermark: Watermark, changes: list[tuple[str, bool]]) -> None:
         """The change entries, then the watermark, each once per (app id, batch id).

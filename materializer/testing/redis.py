@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -26,6 +27,7 @@ class RedisServer:
         self._options = list(options)
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         self._proc: ManagedProcess | None = None
+        self._args: list[str] = []
 
     def start(self) -> RedisServer:
         """Start the server and wait until it answers PING."""
@@ -37,7 +39,7 @@ class RedisServer:
         if self._workdir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="materializer-redis-")
             self._workdir = Path(self._tmp.name)
-        args = [
+        args = self._args = [
             exe,
             "--port",
             str(self.port),
@@ -51,24 +53,47 @@ class RedisServer:
             str(self._workdir),
             *self._options,
         ]
+        try:
+            self._launch(args)
+        except Exception:
+            self.stop()
+            raise
+        return self
+
+    def _launch(self, args: list[str]) -> None:
+        """Start the process and wait until it answers PING (a failed one is left stopped)."""
+        assert self._workdir is not None
         self._proc = ManagedProcess(args, self._workdir / "redis.log")
         client = redis.Redis.from_url(self.url, socket_timeout=1)
         try:
             wait_until("redis-server", lambda: bool(client.ping()), 20, self._proc.alive)
         except Exception:
-            self.stop()
+            self._proc.stop()
+            self._proc = None
             raise
         finally:
             client.close()
-        return self
 
-    def restart_empty(self) -> None:
+    def restart_empty(self, attempts: int = 20) -> None:
         """Stop the server and start an empty one on the same port, as a restart without
-        persistence does."""
+        persistence does.
+
+        While the port is closed, a client reconnecting to it may be given that
+        very port as its own and connect to itself (a TCP self-connect), which
+        holds the port for a moment: the start is tried again.
+        """
         if self._proc is not None:
             self._proc.stop()
             self._proc = None
-        self.start()
+        args = self._args
+        for attempt in range(attempts):
+            try:
+                self._launch(args)
+                return
+            except RuntimeError:
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.5)
 
     def alive(self) -> bool:
         """Whether the server process is running."""
