@@ -17,14 +17,13 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from delta_merge import changes
-from harness import emit
+from harness import emit, machine
 
 from materializer.config import SparkConfig
 from materializer.sinks.base import Batch
@@ -74,9 +73,7 @@ def main() -> None:
     )
     emit(
         name="setup",
-        python=sys.version.split()[0],
-        cpus=os.cpu_count(),
-        loadavg_1m=round(os.getloadavg()[0], 2),
+        **machine(),
         entities=args.entities,
         changes_per_batch=args.changes,
         batches_per_table=args.batches,

@@ -483,12 +483,19 @@ def services() -> Iterator[tuple[str, str]]:
         yield bootstrap, redis_url
 
 
+def machine() -> dict[str, Any]:
+    """What every setup line says of the machine: figures compare only within a run."""
+    return {
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+    }
+
+
 def setup_line(master: str, events: int, keys: int) -> None:
     emit(
         name="setup",
-        python=sys.version.split()[0],
-        cpus=os.cpu_count(),
-        loadavg_1m=round(os.getloadavg()[0], 2),
+        **machine(),
         master=master,
         shuffle_partitions=4,
         events=events,

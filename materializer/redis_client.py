@@ -30,6 +30,15 @@ from materializer.config import RedisConfig
 from materializer.layout import CLUSTER_SLOTS, marker_key, slot_tag
 
 Client: TypeAlias = "redis.Redis | RedisCluster"
+
+TRANSIENT_ERRORS: tuple[type[redis.RedisError], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+)
+"""Redis answering nothing for a while: a server restarting, a cluster down or moving slots.
+Worth waiting out or retrying; anything else is an answer."""
 AsyncClient: TypeAlias = "aioredis.Redis | AsyncRedisCluster"
 
 

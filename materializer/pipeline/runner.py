@@ -34,7 +34,7 @@ from materializer.pipeline.control import ControlChannel
 from materializer.pipeline.job import MapQueries, start_map
 from materializer.pipeline.metrics import BatchMetrics, serve_metrics
 from materializer.pipeline.progress import BatchLog
-from materializer.redis_client import is_whole
+from materializer.redis_client import TRANSIENT_ERRORS, is_whole
 from materializer.sinks.redis import client_for
 from materializer.sinks.redis_fold import CopyLost
 from materializer.spark.session import build_spark_session
@@ -46,16 +46,8 @@ log = logging.getLogger(__name__)
 
 LOOP_SECONDS = 0.5
 
-RECOVERABLE = tuple(
-    f"{cls.__module__}.{cls.__name__}"
-    for cls in (
-        CopyLost,
-        redis.exceptions.ConnectionError,
-        redis.exceptions.TimeoutError,
-        redis.exceptions.ClusterDownError,
-        redis.exceptions.TryAgainError,
-    )
-)
+_RECOVERABLE_TYPES: tuple[type[Exception], ...] = (CopyLost, *TRANSIENT_ERRORS)
+RECOVERABLE = tuple(f"{cls.__module__}.{cls.__name__}" for cls in _RECOVERABLE_TYPES)
 """Failures of a map's query that a restart mends once Redis answers again with a whole
 copy (``Supervisor.restore``): a server that restarted, empty or not, or a cluster that
 was down for a while. Anything else fails the map."""

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from materializer.config import RedisConfig
 from materializer.layout import Watermark, change_entry, changes_key, entity_key, meta_key
-from materializer.redis_client import Client, connect
+from materializer.redis_client import TRANSIENT_ERRORS, Client, connect
 from materializer.sinks.base import Batch, Sink
 
 if TYPE_CHECKING:
@@ -103,10 +103,6 @@ class RedisSink(Sink):
         it); only one that stays away longer than ``WATERMARK_WAIT_S`` fails
         the batch.
         """
-        from redis.exceptions import ClusterDownError, TryAgainError
-        from redis.exceptions import ConnectionError as RedisConnectionError
-        from redis.exceptions import TimeoutError as RedisTimeoutError
-
         watermark = Watermark(
             batch_id=batch.batch_id,
             offsets=self._end_offsets(batch.batch_id),
@@ -118,7 +114,7 @@ class RedisSink(Sink):
             try:
                 self.commit(watermark, [])
                 return
-            except (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError):
+            except TRANSIENT_ERRORS:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)

@@ -13,8 +13,6 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
-from redis.exceptions import ClusterDownError, TryAgainError
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from materializer.config import RedisConfig
@@ -26,7 +24,14 @@ from materializer.layout import (
     physical_name,
     status_key,
 )
-from materializer.redis_client import AsyncClient, connect_async, markers, queue_gets, where
+from materializer.redis_client import (
+    TRANSIENT_ERRORS,
+    AsyncClient,
+    connect_async,
+    markers,
+    queue_gets,
+    where,
+)
 from query_service.errors import StoreUnavailable
 from query_service.stores.base import BatchLookup, Change, ChangeRead, Lookup, MapStore
 from query_service.stores.coalesce import Coalescer
@@ -63,7 +68,7 @@ async def unavailable_on_connection_errors(where: str) -> AsyncIterator[None]:
     restarting) as ``StoreUnavailable`` (UNAVAILABLE to clients)."""
     try:
         yield
-    except (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError) as exc:
+    except TRANSIENT_ERRORS as exc:
         log.warning("redis at %s unavailable: %s", where, exc)
         raise StoreUnavailable(f"redis at {where} is unavailable ({type(exc).__name__})") from exc
 
