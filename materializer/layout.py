@@ -8,12 +8,16 @@ Written down in docs/redis-layout.md and pinned by tests/unit/test_layout.py.
   ``updated_at_ms`` (UTC epoch milliseconds), ``app_id`` (the writing query);
 - ``<map>:__changes__`` stream (capped), one entry per key a batch wrote:
   ``key``, ``op`` (``upsert`` | ``delete``), ``batch_id``, and on a batch's
-  last entry ``app_id``;
+  last entry ``app_id``; and one per key ``ttl.redis`` expired: ``op``
+  ``expire``, ``batch_id`` ``-1`` (no batch made it);
 - ``<map>:__status__`` hash, what the running materializer reports of the map;
 - ``<map>:__control__`` hash, what operators ask of it (pause, resume, restart);
 - ``<map>:__generation__`` string, which generation of the map readers use;
 - ``<map>\\0m:`` string (on a Redis Cluster one per master, ``<map>\\0m:{<tag>}``),
-  the *marker*: this server holds the map's copy whole (``marker_key``).
+  the *marker*: this server holds the map's copy whole (``marker_key``);
+- ``<map>\\0e:`` sorted set and ``<map>\\0x:`` set (tagged per master like the
+  marker), a map with ``ttl.redis`` only: keys by when they expire, and keys
+  expired whose changelog tombstone is not yet sent (``expiry_index_key``).
 
 A map's data (entities, ``__meta__``, ``__changes__``) lives under its
 *physical* name: the map's own name for generation 0, ``<map>~<n>`` for the
@@ -82,6 +86,10 @@ def change_entry(key: str, deleted: bool, batch_id: int) -> dict[str, str]:
     return {"key": key, "op": "delete" if deleted else "upsert", "batch_id": str(batch_id)}
 
 
+EXPIRE_OP = "expire"
+"""The ``op`` of a change entry for a key ``ttl.redis`` expired; its ``batch_id`` is ``-1``."""
+
+
 MARKER_MARK = "\x00m:"
 """Joins a map's physical name and its marker's tag: no entity or state key holds it there."""
 
@@ -97,6 +105,31 @@ def marker_key(map_name: str, tag: str | None = None) -> str:
     missing marker under a running map as "being restored", never "not found".
     """
     base = f"{map_name}{MARKER_MARK}"
+    return base if tag is None else f"{base}{{{tag}}}"
+
+
+EXPIRY_MARK = "\x00e:"
+EXPIRED_MARK = "\x00x:"
+
+
+def expiry_index_key(map_name: str, tag: str | None = None) -> str:
+    """Where a server keeps the map's expiring keys by when they expire (sorted set of
+    entity keys without the map's prefix, scored in epoch milliseconds), tagged as the
+    marker is.
+
+    Redis tells nobody when it expires a key, and a key once gone cannot be
+    found by scanning: the index is how the materializer learns of an expiry,
+    to send it to the change stream and the changelog. A score is a hint only:
+    the key's own ``PTTL`` decides, so a score written early is harmless.
+    """
+    base = f"{map_name}{EXPIRY_MARK}"
+    return base if tag is None else f"{base}{{{tag}}}"
+
+
+def expired_key(map_name: str, tag: str | None = None) -> str:
+    """The keys a server found expired whose changelog tombstones are not yet delivered
+    (set), tagged as the marker is: a crash between the two sends them at the next sweep."""
+    base = f"{map_name}{EXPIRED_MARK}"
     return base if tag is None else f"{base}{{{tag}}}"
 
 

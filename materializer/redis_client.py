@@ -105,14 +105,22 @@ def markers(client: Client | AsyncClient, map_name: str) -> dict[str, str]:
     that slot names a new marker, which the materializer finds missing and
     repairs by restoring the keys that master lacks (none), then marking it.
     """
+    return per_master(client, map_name, marker_key)
+
+
+def per_master(
+    client: Client | AsyncClient, map_name: str, name: Callable[[str, str | None], str]
+) -> dict[str, str]:
+    """A key of the map's on each master, by node name (``""``: the one server): ``name``
+    of the map and, on a cluster, the tag of the first slot the master owns (as markers)."""
     if not isinstance(client, RedisCluster | AsyncRedisCluster):
-        return {"": marker_key(map_name)}
+        return {"": name(map_name, None)}
     first: dict[str, int] = {}
     for slot, nodes in client.nodes_manager.slots_cache.items():
-        name = nodes[0].name
-        if slot < first.get(name, CLUSTER_SLOTS):
-            first[name] = slot
-    return {name: marker_key(map_name, slot_tag(slot)) for name, slot in first.items()}
+        owner = nodes[0].name
+        if slot < first.get(owner, CLUSTER_SLOTS):
+            first[owner] = slot
+    return {owner: name(map_name, slot_tag(slot)) for owner, slot in first.items()}
 
 
 def marker_of(client: Client | AsyncClient, map_name: str, entity: str) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 
 from materializer.config import KafkaConfig
 from materializer.errors import MaterializerError
+from materializer.sinks.changelog import EXPIRED_HEADER
 
 POLL_SECONDS = 1.0
 STALL_SECONDS = 60.0
@@ -42,6 +43,8 @@ class Tail:
     records: int = 0
     changes: dict[str, bytes | None] = field(default_factory=dict)
     timestamps: dict[str, int] = field(default_factory=dict)
+    expired: set[str] = field(default_factory=set)
+    """Keys whose last record is the tombstone of an expiry (``ttl.redis``), not a delete."""
 
     @property
     def upserts(self) -> int:
@@ -155,6 +158,10 @@ def _consume(consumer: Any, tail: Tail, open_partitions: set[int], kafka_error: 
             if key is not None:
                 name = key.decode()
                 changes[name] = message.value()
+                if message.value() is None and (EXPIRED_HEADER, b"1") in (message.headers() or ()):
+                    tail.expired.add(name)
+                else:
+                    tail.expired.discard(name)
                 stamp = message.timestamp()[1]
                 if stamp >= 0:
                     timestamps[name] = stamp

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -57,13 +58,14 @@ import orjson
 
 from materializer.config import FoldConfig, RedisConfig
 from materializer.errors import MaterializerError
-from materializer.layout import changes_key, entity_key
+from materializer.layout import EXPIRE_OP, changes_key, entity_key, expiry_index_key
 from materializer.pipeline import columns as c
 from materializer.pipeline.dead_letter import dead_letter_columns
 from materializer.pipeline.fold import Event, FoldMode, KeyFolder, fold_mode
-from materializer.redis_client import markers, where
+from materializer.redis_client import markers, per_master, where
 from materializer.sinks.base import Batch, Sink
 from materializer.sinks.changelog import APP_HEADER, BATCH_HEADER
+from materializer.sinks.expiry import ExpirySweeper, index_expiring, sweep_expired
 from materializer.sinks.redis import client_for
 
 if TYPE_CHECKING:
@@ -77,15 +79,16 @@ if TYPE_CHECKING:
     from materializer.pipeline.formats.batch_typing import EntityTyper
 
 LIBRARY = "materializer"
-LATEST = "materializer_latest_v2"
-READ = "materializer_read_v2"
-PUT = "materializer_put_v2"
-FILL = "materializer_fill_v2"
+LATEST = "materializer_latest_v3"
+READ = "materializer_read_v3"
+PUT = "materializer_put_v3"
+FILL = "materializer_fill_v3"
+EXPIRE = "materializer_expire_v3"
 
 LOST = "MATERIALIZER_LOST"
 """The error the writing functions answer on a server without the map's marker."""
 
-FIXED_ARGS = 7
+FIXED_ARGS = 8
 
 SOURCE = f"""#!lua name={LIBRARY}
 -- Materializer's fold functions. Loaded with FUNCTION LOAD REPLACE at every start.
@@ -94,7 +97,8 @@ SOURCE = f"""#!lua name={LIBRARY}
 -- every key a call touches comes in ARGV, and lives on that master (the flag below).
 -- The writing functions' ARGV start with the change stream ('' for none), PX
 -- milliseconds or '', batch id, stream MAXLEN, the entity keys' prefix length, the
--- map's marker on this server and how long a deleted entity's state stays (PX ms).
+-- map's marker on this server, how long a deleted entity's state stays (PX ms) and the
+-- map's expiry index on this server ('' without a TTL).
 
 -- Whether a sorts after b byte by byte: Lua's own '<' on strings follows the server's
 -- locale (strcoll), the fold's orders follow bytes, as Spark compares strings.
@@ -116,6 +120,12 @@ local function whole(args)
   return redis.call('EXISTS', args[6]) == 1
 end
 
+-- The server's clock in epoch milliseconds: the clock its key expiries follow.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
 local function lost()
   return redis.error_reply('{LOST} this server has no marker of the map: its copy is lost')
 end
@@ -123,19 +133,23 @@ end
 -- Sets the entity (value '' deletes it) and its state, and appends its change entry.
 -- A deleted entity's state stays for the map's deleted_retention (or its TTL if shorter):
 -- long enough that a replay cannot bring the entity back, short enough that churn does
--- not grow the map; the entity's next write takes the expiry off.
+-- not grow the map; the entity's next write takes the expiry off. An expiring entity is
+-- (re)scored in the expiry index, a deleted one leaves it.
 local function write(args, entity, state_key, state, value)
   local stream, ttl, batch, maxlen = args[1], args[2], args[3], args[4]
+  local key = string.sub(entity, tonumber(args[5]) + 1)
   local op = 'upsert'
   local px = ttl
   if value == '' then
     redis.call('DEL', entity)
     op = 'delete'
     if ttl == '' or tonumber(args[7]) < tonumber(ttl) then px = args[7] end
+    if args[8] ~= '' then redis.call('ZREM', args[8], key) end
   elseif ttl == '' then
     redis.call('SET', entity, value)
   else
     redis.call('SET', entity, value, 'PX', ttl)
+    if args[8] ~= '' then redis.call('ZADD', args[8], now_ms() + tonumber(ttl), key) end
   end
   if px == '' then
     redis.call('SET', state_key, state)
@@ -143,20 +157,19 @@ local function write(args, entity, state_key, state, value)
     redis.call('SET', state_key, state, 'PX', px)
   end
   if stream ~= '' then
-    redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*',
-      'key', string.sub(entity, tonumber(args[5]) + 1), 'op', op, 'batch_id', batch)
+    redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'key', key, 'op', op, 'batch_id', batch)
   end
 end
 
--- ARGV after the six: per record its entity key, state key, order and value ('' deletes).
+-- ARGV after the eight: per record its entity key, state key, order and value ('' deletes).
 -- Applies a record whose order is greater than the stored one. Returns per record 1
 -- when applied, else the entity's current value (false: none).
 local function latest(keys, args)
   if not whole(args) then return lost() end
   local out = {{}}
-  for i = 0, (#args - 7) / 4 - 1 do
-    local entity, state_key = args[8 + 4 * i], args[9 + 4 * i]
-    local order, value = args[10 + 4 * i], args[11 + 4 * i]
+  for i = 0, (#args - 8) / 4 - 1 do
+    local entity, state_key = args[9 + 4 * i], args[10 + 4 * i]
+    local order, value = args[11 + 4 * i], args[12 + 4 * i]
     local current = redis.call('GET', state_key)
     if (not current) or after(order, current) then
       write(args, entity, state_key, order, value)
@@ -175,19 +188,19 @@ local function read(keys, args)
   return out
 end
 
--- ARGV after the six: per key its entity key, state key, the state its fold read ('' for
+-- ARGV after the eight: per key its entity key, state key, the state its fold read ('' for
 -- none), the new state and value ('' removes the entity). Writes a key only if its state
 -- is still the one its fold read. Returns per key 1 when written, 0 when its state had
 -- changed.
 local function put(keys, args)
   if not whole(args) then return lost() end
   local out = {{}}
-  for i = 0, (#args - 7) / 5 - 1 do
-    local entity, state_key = args[8 + 5 * i], args[9 + 5 * i]
-    if (redis.call('GET', state_key) or '') ~= args[10 + 5 * i] then
+  for i = 0, (#args - 8) / 5 - 1 do
+    local entity, state_key = args[9 + 5 * i], args[10 + 5 * i]
+    if (redis.call('GET', state_key) or '') ~= args[11 + 5 * i] then
       out[i + 1] = 0
     else
-      write(args, entity, state_key, args[11 + 5 * i], args[12 + 5 * i])
+      write(args, entity, state_key, args[12 + 5 * i], args[13 + 5 * i])
       out[i + 1] = 1
     end
   end
@@ -214,6 +227,35 @@ local function fill(keys, args)
   return written
 end
 
+-- ARGV: the change stream ('' for none), its MAXLEN, the entity keys' prefix, the map's
+-- marker, expiry index and expired set on this server, and how many keys at most.
+-- Moves keys whose expiry is due and whose entity Redis has expired from the index to
+-- the expired set, with an 'expire' change entry each; a key written since (a later
+-- PTTL) is scored again. Returns the keys it found expired.
+local function expire(keys, args)
+  if redis.call('EXISTS', args[4]) == 0 then return lost() end
+  local now = now_ms()
+  local out = {{}}
+  local due = redis.call('ZRANGE', args[5], '-inf', now, 'BYSCORE', 'LIMIT', 0, args[7])
+  for _, key in ipairs(due) do
+    local left = redis.call('PTTL', args[3] .. key)
+    if left > 0 then
+      redis.call('ZADD', args[5], now + left, key)
+    else
+      redis.call('ZREM', args[5], key)
+      if left == -2 then
+        redis.call('SADD', args[6], key)
+        if args[1] ~= '' then
+          redis.call('XADD', args[1], 'MAXLEN', '~', args[2], '*',
+            'key', key, 'op', '{EXPIRE_OP}', 'batch_id', '-1')
+        end
+        out[#out + 1] = key
+      end
+    end
+  end
+  return out
+end
+
 redis.register_function{{function_name='{LATEST}', callback=latest,
   flags={{'allow-cross-slot-keys'}}}}
 redis.register_function{{function_name='{READ}', callback=read,
@@ -221,6 +263,8 @@ redis.register_function{{function_name='{READ}', callback=read,
 redis.register_function{{function_name='{PUT}', callback=put,
   flags={{'allow-cross-slot-keys'}}}}
 redis.register_function{{function_name='{FILL}', callback=fill,
+  flags={{'allow-cross-slot-keys'}}}}
+redis.register_function{{function_name='{EXPIRE}', callback=expire,
   flags={{'allow-cross-slot-keys'}}}}
 """  # noqa: S608 - Lua, not SQL
 
@@ -350,7 +394,7 @@ def _new_producer(target: FoldTarget) -> Producer:
     return Producer(dict(target.producer))
 
 
-class _Deliveries:
+class Deliveries:
     """Produces records and fails loudly if any is not delivered by the flush."""
 
     def __init__(self, producer: Producer) -> None:
@@ -362,6 +406,7 @@ class _Deliveries:
             self.errors.append(str(err))
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Any) -> None:
+        """Produce one record, waiting for room when the producer's queue is full."""
         while True:
             try:
                 self.producer.produce(
@@ -372,6 +417,7 @@ class _Deliveries:
                 self.producer.poll(0.05)
 
     def flush(self) -> None:
+        """Wait for every record sent; raise if any was not delivered."""
         remaining = self.producer.flush(120)
         if self.errors or remaining:
             raise RuntimeError(
@@ -392,7 +438,7 @@ def apply_batches(
     """
     import pyarrow as pa
 
-    deliveries = _Deliveries(producer)
+    deliveries = Deliveries(producer)
     chunks = list(batches)
     table = pa.Table.from_batches(chunks) if chunks else _arrow_schema().empty_table()
     letters = 0
@@ -453,7 +499,7 @@ def _events(table: pa.Table) -> list[tuple[str, list[Event]]]:
     return out
 
 
-def _send_dead_letters(deliveries: _Deliveries, topic: str, table: pa.Table) -> int:
+def _send_dead_letters(deliveries: Deliveries, topic: str, table: pa.Table) -> int:
     """The failed records, each with its own headers and the error's; how many."""
     import pyarrow.compute as pc
 
@@ -515,7 +561,35 @@ def fill(
             args.append(b"" if px is None else str(px).encode())
         options = {} if node is None else {"target_nodes": node}
         written += int(client.execute_command("FCALL", FILL, 1, args[0], *args, **options))  # type: ignore[no-untyped-call]
+    expiring = [(key, px) for key, (_, px) in entities if px is not None]
+    if expiring:
+        keys, left = zip(*expiring, strict=True)
+        index_expiring(client, map_name, list(keys), list(left))
     return written
+
+
+def call_function(
+    client: Any, target: FoldTarget, function: str, route: bytes, args: list[bytes], node: Any
+) -> list[Any]:
+    """``FCALL`` ``function`` (``FCALL_RO`` for ``READ``) with ``route``, a key of the call
+    on ``node`` (None: the one server), as its one key; loads the library again if the
+    server lost it. A server without the map's marker raises ``CopyLost``."""
+    from redis.exceptions import ResponseError
+
+    command = ("FCALL_RO" if function == READ else "FCALL", function, 1, route)
+    options = {} if node is None else {"target_nodes": node}
+    for attempt in range(2):
+        try:
+            return list(client.execute_command(*command, *args, **options))
+        except ResponseError as exc:
+            if str(exc).startswith(LOST):
+                raise CopyLost(target.map_name, where(client), node) from None
+            # A server restarted empty has lost the library with the data: load it
+            # again (the marker, lost too, then stops the write).
+            if "Function not found" not in str(exc) or attempt:
+                raise
+            load_library(target.redis)
+    raise AssertionError("unreachable")
 
 
 class _Writer:
@@ -539,35 +613,26 @@ class _Writer:
             str(prefix).encode(),
         ]
         self.markers = markers(self.client, target.map_name)
+        self.indexes = (
+            {}
+            if target.ttl_ms is None
+            else per_master(self.client, target.map_name, expiry_index_key)
+        )
 
     def _fixed(self, node: Any) -> list[bytes]:
-        """The writing functions' first arguments on ``node``: its marker, then how long a
-        deleted entity's state stays."""
-        marker = self.markers["" if node is None else node.name].encode()
-        return [*self.fixed, marker, str(self.target.deleted_retention_ms).encode()]
+        """The writing functions' first arguments on ``node``: its marker, how long a
+        deleted entity's state stays, its expiry index."""
+        name = "" if node is None else node.name
+        marker = self.markers[name].encode()
+        index = self.indexes.get(name, "").encode()
+        return [*self.fixed, marker, str(self.target.deleted_retention_ms).encode(), index]
 
     def _chunks(self, items: list[tuple[str, _T]]) -> Iterator[tuple[Any, list[tuple[str, _T]]]]:
         return chunks_by_master(self.client, self.target.map_name, items)
 
     def call(self, function: str, route: bytes, args: list[bytes], node: Any) -> list[Any]:
-        """``FCALL`` ``function`` (``FCALL_RO`` for ``READ``) with ``route``, an entity key of
-        the call, as its one key; loads the library again if the server lost it."""
-        from redis.exceptions import ResponseError
-
-        command = ("FCALL_RO" if function == READ else "FCALL", function, 1, route)
-        options = {} if node is None else {"target_nodes": node}
-        for attempt in range(2):
-            try:
-                return list(self.client.execute_command(*command, *args, **options))  # type: ignore[no-untyped-call]
-            except ResponseError as exc:
-                if str(exc).startswith(LOST):
-                    raise CopyLost(self.target.map_name, where(self.client), node) from None
-                # A server restarted empty has lost the library with the data: load it
-                # again (the marker, lost too, then stops the write).
-                if "Function not found" not in str(exc) or attempt:
-                    raise
-                load_library(self.target.redis)
-        raise AssertionError("unreachable")
+        """``call_function`` on this batch's client."""
+        return call_function(self.client, self.target, function, route, args, node)
 
     def latest(
         self, winners: list[tuple[str, tuple[str, bytes | None]]]
@@ -684,12 +749,24 @@ class RedisFold:
         self.spread_keys = spread_keys
         self._producer: Producer | None = None
         self._columns: list[Column] | None = None
+        self._lock = threading.Lock()
+        """Held by a batch and by an expiry sweep: their changelog records never interleave
+        (``materializer.sinks.expiry``)."""
+
+    def sweep(self) -> int:
+        """Send the keys Redis expired to the change stream and the changelog (see
+        ``materializer.sinks.expiry``); how many."""
+        with self._lock:
+            if self._producer is None:
+                self._producer = _new_producer(self.target)
+            return sweep_expired(self.target, self._producer)
 
     def close(self) -> None:
         """Release the driver's producer once the query has stopped."""
-        if self._producer is not None:
-            self._producer.flush(30)
-            self._producer = None
+        with self._lock:
+            if self._producer is not None:
+                self._producer.flush(30)
+                self._producer = None
 
     def events(self, records: DataFrame) -> DataFrame:
         """Every record with ``__entity`` (the fold mode's, null for a delete or a record
@@ -744,6 +821,10 @@ class RedisFold:
 
     def apply(self, events: DataFrame, batch_id: int, app_id: str, rows: int | None) -> Applied:
         """Apply one batch of ``events``: on the driver when it has at most ``DRIVER_ROWS``."""
+        with self._lock:
+            return self._apply(events, batch_id, app_id, rows)
+
+    def _apply(self, events: DataFrame, batch_id: int, app_id: str, rows: int | None) -> Applied:
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
@@ -784,6 +865,9 @@ class RedisFoldSink(Sink):
         self.fold = fold
         self._end_offsets = end_offsets
         self._last: Applied | None = None
+        self._sweeper = (
+            None if fold.target.ttl_ms is None else ExpirySweeper(fold.target.map_name, fold.sweep)
+        )
 
     def write(self, batch: Batch) -> None:
         """Apply the batch's records (``Batch.records``)."""
@@ -797,7 +881,9 @@ class RedisFoldSink(Sink):
         return None if self._last is None else self._last.keys
 
     def close(self) -> None:
-        """Release the fold's producer."""
+        """Stop the expiry sweeps and release the fold's producer."""
+        if self._sweeper is not None:
+            self._sweeper.stop()
         self.fold.close()
 
 

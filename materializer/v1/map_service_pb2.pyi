@@ -207,9 +207,11 @@ class Change(_message.Message):
         OPERATION_UNSPECIFIED: _ClassVar[Change.Operation]
         UPSERT: _ClassVar[Change.Operation]
         DELETE: _ClassVar[Change.Operation]
+        EXPIRE: _ClassVar[Change.Operation]
     OPERATION_UNSPECIFIED: Change.Operation
     UPSERT: Change.Operation
     DELETE: Change.Operation
+    EXPIRE: Change.Operation
     CHANGE_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]

@@ -151,13 +151,19 @@ class MapServicer(pb_grpc.MapServiceServicer):
                 pb.Change(
                     change_id=c.change_id,
                     key=c.key,
-                    op=pb.Change.DELETE if c.deleted else pb.Change.UPSERT,
+                    op=_operation(c),
                     batch_id=c.batch_id,
                     entity=entities.get(c.key) or b"",
                 )
                 for c in changes
             ]
         )
+
+
+def _operation(change: Change) -> pb.Change.Operation:
+    if change.expired:
+        return pb.Change.EXPIRE
+    return pb.Change.DELETE if change.deleted else pb.Change.UPSERT
 
 
 def _check_key(key: str, field: str = "key") -> None:

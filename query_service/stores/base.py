@@ -32,8 +32,11 @@ class Change(NamedTuple):
     """The stream entry id, ``<milliseconds>-<sequence>``; ids increase."""
     key: str
     deleted: bool
-    """``op`` is ``delete``; otherwise ``upsert``."""
+    """``op`` is ``delete`` or ``expire``; otherwise ``upsert``."""
     batch_id: int
+    """-1 for an expiry."""
+    expired: bool = False
+    """``op`` is ``expire``: the map's ``ttl.redis`` ran out (``deleted`` too)."""
 
 
 class ChangeRead(NamedTuple):

@@ -17,6 +17,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from materializer.config import RedisConfig
 from materializer.layout import (
+    EXPIRE_OP,
     Watermark,
     changes_key,
     entity_key,
@@ -309,9 +310,11 @@ def _entry_id(entries: list[tuple[bytes, Any]]) -> str | None:
 
 def _change(entry_id: bytes, fields: dict[bytes, bytes]) -> Change:
     """One ``<map>:__changes__`` entry (``materializer.layout.change_entry``)."""
+    op = fields[b"op"]
     return Change(
         change_id=entry_id.decode(),
         key=fields[b"key"].decode(),
-        deleted=fields[b"op"] == b"delete",
+        deleted=op != b"upsert",
         batch_id=int(fields[b"batch_id"]),
+        expired=op == EXPIRE_OP.encode(),
     )

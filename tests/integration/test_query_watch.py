@@ -13,11 +13,15 @@ import orjson
 import pytest
 import redis
 from query_redis_helpers import DEADLINE, eventually, fresh_map, make_config, serving, write_batch
-from slice_helpers import FIELDS, config, slice_config
+from slice_helpers import FIELDS, config, slice_config, wait_for
+from test_redis_fold import apply
 
-from materializer.config import AppConfig
-from materializer.layout import changes_key
+from materializer.config import AppConfig, RedisConfig
+from materializer.layout import changes_key, entity_key
 from materializer.pipeline.job import start_map
+from materializer.redis_client import mark_whole
+from materializer.sinks.expiry import sweep_expired
+from materializer.sinks.redis_fold import FoldTarget, _new_producer, load_library, producer_settings
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from materializer.v1 import map_service_pb2 as pb
@@ -330,3 +334,24 @@ def test_watch_follows_what_the_pipeline_writes(
     assert {k for k, (op, _) in last.items() if op == DELETE} == {"u3", "u5"}
     assert {k: orjson.loads(e) for k, (op, e) in last.items() if op == UPSERT} == reference
     assert ids == sorted(ids, key=lambda i: tuple(int(p) for p in i.split("-")))
+
+
+def test_an_expiry_is_a_change_of_its_own(
+    redis_url: str, redis_client: redis.Redis, map_name: str, kafka_bootstrap: str, new_topic
+) -> None:
+    target = FoldTarget(
+        redis=RedisConfig(url=redis_url),
+        map_name=map_name,
+        changelog_topic=new_topic(1),
+        producer=producer_settings(kafka_bootstrap, {}, 1_048_576),
+        ttl_ms=300,
+    )
+    load_library(target.redis)
+    mark_whole(redis_client, map_name)
+    apply(target, 0, [("a", "1", {"id": "a"})])
+    wait_for("a to expire", lambda: not redis_client.exists(entity_key(map_name, "a")))
+    assert sweep_expired(target, _new_producer(target)) == 1
+
+    changes = watch(make_config(redis_url, map_name), map_name, 2, after_change_id="0")
+
+    assert summary(changes) == [("a", UPSERT, 0), ("a", pb.Change.EXPIRE, -1)]

@@ -14,14 +14,23 @@ from redis.crc import key_slot
 from slice_helpers import read_topic, wait_for
 
 from materializer.config import RedisConfig
-from materializer.layout import changes_key, entity_key
+from materializer.layout import (
+    EXPIRE_OP,
+    changes_key,
+    entity_key,
+    expired_key,
+    expiry_index_key,
+    marker_key,
+)
 from materializer.pipeline import columns as c
 from materializer.pipeline.fold import order_column
 from materializer.pipeline.fold_aggregate import AggregateFolder, Spec
 from materializer.redis_client import mark_whole
-from materializer.sinks.changelog import APP_HEADER, BATCH_HEADER
+from materializer.sinks.changelog import APP_HEADER, BATCH_HEADER, EXPIRED_HEADER
+from materializer.sinks.expiry import sweep_expired
 from materializer.sinks.redis import client_for
 from materializer.sinks.redis_fold import (
+    EXPIRE,
     ORDER,
     CopyLost,
     FoldTarget,
@@ -191,6 +200,88 @@ def test_a_ttl_expires_the_entity_and_its_order_together(target, redis_client):
     entity_ttl = redis_client.pttl(entity_key(target.map_name, "k"))
     order_ttl = redis_client.pttl(state_key(target.map_name, "k"))
     assert 0 < entity_ttl <= 60_000 and 0 < order_ttl <= 60_000
+
+
+def _changes(client, target: FoldTarget) -> list[tuple[str, str, str]]:
+    return [
+        (f[b"key"].decode(), f[b"op"].decode(), f[b"batch_id"].decode())
+        for _, f in client.xrange(changes_key(target.map_name))
+    ]
+
+
+def _tombstones(bootstrap: str, topic: str) -> list[str]:
+    return [
+        m.key().decode()
+        for m in read_topic(bootstrap, topic)
+        if m.value() is None and (EXPIRED_HEADER, b"1") in (m.headers() or [])
+    ]
+
+
+def test_an_expiry_reaches_the_change_stream_and_the_changelog_once(
+    target, redis_client, kafka_bootstrap
+):
+    short = replace(target, ttl_ms=300)
+    apply(replace(target, ttl_ms=600_000), 0, [("long", "1", {"v": 1})])
+    apply(short, 1, [("a", "1", {"v": 1}), ("b", "1", {"v": 1}), ("c", "1", None)])
+    producer = _new_producer(short)
+    wait_for(
+        "the keys to expire",
+        lambda: not redis_client.exists(*(entity_key(short.map_name, k) for k in "ab")),
+    )
+    assert sweep_expired(short, producer) == 2  # not "long", nor "c" (deleted)
+    assert sweep_expired(short, producer) == 0  # each expiry once
+    expired = [(k, b) for k, op, b in _changes(redis_client, short) if op == EXPIRE_OP]
+    assert sorted(expired) == [("a", "-1"), ("b", "-1")]
+    assert sorted(_tombstones(kafka_bootstrap, short.changelog_topic)) == ["a", "b"]
+    assert redis_client.zrange(expiry_index_key(short.map_name), 0, -1) == [b"long"]
+
+
+def test_a_key_written_again_before_the_sweep_does_not_expire(target, redis_client):
+    short = replace(target, ttl_ms=400)
+    apply(short, 0, [("a", "1", {"v": 1})])
+    index = expiry_index_key(short.map_name)
+    first = redis_client.zscore(index, "a")
+    long = replace(target, ttl_ms=60_000)
+    apply(long, 1, [("a", "2", {"v": 2})])  # rescored
+    assert redis_client.zscore(index, "a") > first
+    # An early score (as rehydrate's clock may write) is scored again, not expired.
+    redis_client.zadd(index, {"a": 0})
+    assert sweep_expired(long, _new_producer(long)) == 0
+    assert redis_client.zscore(index, "a") > first
+    assert entity(redis_client, long, "a") == {"v": 2}
+
+
+def test_expiries_found_but_not_sent_go_with_the_next_sweep(target, redis_client, kafka_bootstrap):
+    short = replace(target, ttl_ms=200)
+    apply(short, 0, [("a", "1", {"v": 1})])
+    wait_for("the key to expire", lambda: not redis_client.exists(entity_key(short.map_name, "a")))
+    # A sweep that stopped after Redis moved the key and before Kafka had its tombstone.
+    found = redis_client.execute_command(
+        "FCALL",
+        EXPIRE,
+        1,
+        expiry_index_key(short.map_name),
+        changes_key(short.map_name),
+        "1000",
+        entity_key(short.map_name, ""),
+        marker_key(short.map_name),
+        expiry_index_key(short.map_name),
+        expired_key(short.map_name),
+        "10",
+    )
+    assert found == [b"a"]
+    assert _tombstones(kafka_bootstrap, short.changelog_topic) == []
+    assert sweep_expired(short, _new_producer(short)) == 1
+    assert _tombstones(kafka_bootstrap, short.changelog_topic) == ["a"]
+    assert redis_client.scard(expired_key(short.map_name)) == 0
+
+
+def test_a_sweep_refuses_a_server_that_lost_the_map(target, redis_client):
+    short = replace(target, ttl_ms=60_000)
+    apply(short, 0, [("a", "1", {"v": 1})])
+    redis_client.delete(marker_key(short.map_name))
+    with pytest.raises(CopyLost):
+        sweep_expired(short, _new_producer(short))
 
 
 def test_a_deleted_entitys_state_stays_for_its_retention_and_goes_with_the_next_write(

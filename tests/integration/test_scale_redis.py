@@ -29,15 +29,28 @@ from slice_helpers import (
     read_topic,
     redis_map,
     slice_config,
+    wait_for,
     watermark,
 )
+from test_redis_fold import records
 from test_slice import user_events
 
-from materializer.config import AppConfig
+from materializer.config import AppConfig, RedisConfig
 from materializer.enrichment.job import start_enrichment
-from materializer.layout import changes_key
+from materializer.layout import EXPIRE_OP, changes_key, entity_key, expiry_index_key
 from materializer.ops.rehydrate import Comparison, Differences, rehydrate, verify
 from materializer.pipeline.job import start_map
+from materializer.redis_client import mark_whole, per_master
+from materializer.sinks.changelog import EXPIRED_HEADER
+from materializer.sinks.expiry import sweep_expired
+from materializer.sinks.redis import client_for
+from materializer.sinks.redis_fold import (
+    FoldTarget,
+    _new_producer,
+    apply_batches,
+    load_library,
+    producer_settings,
+)
 from materializer.testing import RedisCluster, produce
 from materializer.testing.reference import fold_latest
 from materializer.v1 import enrich_service_pb2 as enrich_pb
@@ -200,3 +213,44 @@ def test_a_cluster_holds_the_map_a_single_redis_holds_and_serves_it_alike(
         }
     finally:
         cluster_client.close()
+
+
+def test_expiries_on_a_cluster_reach_the_change_stream_and_the_changelog(
+    redis_cluster, kafka_bootstrap, new_topic
+):
+    redis = RedisConfig(url=redis_cluster.url, cluster=True)
+    client = client_for(redis)
+    name = f"exp{uuid.uuid4().hex[:6]}"
+    target = FoldTarget(
+        redis=redis,
+        map_name=name,
+        changelog_topic=new_topic(2),
+        producer=producer_settings(kafka_bootstrap, {}, 1_048_576),
+        ttl_ms=500,
+    )
+    load_library(redis)
+    mark_whole(client, name)
+    keys = [f"k{i}" for i in range(30)]
+    rows = [(k, "1", {"id": k}) for k in keys]
+    apply_batches(target, 0, "app", records(rows), _new_producer(target))
+    # The keys spread over the masters, each scored in its own master's index.
+    indexes = per_master(client, name, expiry_index_key)
+    assert len(indexes) == 3
+    assert sum(client.zcard(index) for index in indexes.values()) == len(keys)
+    assert all(client.zcard(index) for index in indexes.values())
+
+    wait_for(
+        "the keys to expire", lambda: not any(client.exists(entity_key(name, k)) for k in keys)
+    )
+    assert sweep_expired(target, _new_producer(target)) == len(keys)
+
+    entries = client.xrange(changes_key(name))
+    assert sorted(
+        f[b"key"].decode() for _, f in entries if f[b"op"] == EXPIRE_OP.encode()
+    ) == sorted(keys)
+    tombstones = [
+        m.key().decode()
+        for m in read_topic(kafka_bootstrap, target.changelog_topic)
+        if m.value() is None and (EXPIRED_HEADER, b"1") in (m.headers() or [])
+    ]
+    assert sorted(tombstones) == sorted(keys)

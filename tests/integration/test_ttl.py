@@ -24,11 +24,13 @@ from slice_helpers import (
     watermark,
 )
 
-from materializer.layout import entity_key, meta_key
+from materializer.layout import EXPIRE_OP, changes_key, entity_key, expiry_index_key, meta_key
 from materializer.ops.rehydrate import rehydrate, verify
+from materializer.ops.replay import replay_digests
 from materializer.paths import table_path
 from materializer.pipeline.job import changelog_topic, start_map
 from materializer.pipeline.topics import ensure_changelog_topic
+from materializer.sinks.changelog import EXPIRED_HEADER
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from materializer.v1 import map_service_pb2 as pb
@@ -59,7 +61,28 @@ def _snapshot(client: Any, name: str, keys: list[str]) -> dict[str, tuple[bytes 
     return {k: (replies[2 * i], replies[2 * i + 1]) for i, k in enumerate(keys)}
 
 
-def test_redis_keys_expire_unless_written_again_and_the_watermark_stays(
+def _expired(client: Any, name: str) -> list[str]:
+    return [
+        f[b"key"].decode()
+        for _, f in client.xrange(changes_key(name))
+        if f[b"op"] == EXPIRE_OP.encode() and f[b"batch_id"] == b"-1"
+    ]
+
+
+def _tombstones(bootstrap: str, topic: str) -> list[str]:
+    return [
+        m.key().decode()
+        for m in read_topic(bootstrap, topic)
+        if m.value() is None and (EXPIRED_HEADER, b"1") in (m.headers() or [])
+    ]
+
+
+def _records(bootstrap: str, topic: str, key: str) -> list[bytes | None]:
+    """The changelog's values for ``key``, in order (a key lives in one partition)."""
+    return [m.value() for m in read_topic(bootstrap, topic) if m.key() == key.encode()]
+
+
+def test_redis_keys_expire_unless_written_again_and_the_expiries_reach_changes_and_delta(
     spark, kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
 ):
     topic = new_topic(2)
@@ -95,22 +118,51 @@ def test_redis_keys_expire_unless_written_again_and_the_watermark_stays(
         rewritten, untouched = seen["u0"][1], seen["u1"][1]
         assert 0 < rewritten <= REDIS_TTL_MS
         assert rewritten > untouched  # untouched: less time left, or gone already (-2)
+
+        # Each expiry is a change: once in the change stream, a tombstone in the changelog,
+        # and the table drops the row (it has no ttl.delta of its own).
+        wait_for(
+            "every key's expiry in the change stream",
+            lambda: sorted(_expired(redis_client, name)) == sorted(keys),
+            timeout=60,
+        )
+        assert not any(redis_client.exists(entity_key(name, k)) for k in keys)
+        changelog = changelog_topic(cfg, name)
+        wait_for(
+            "every key's tombstone in the changelog",
+            lambda: sorted(_tombstones(kafka_bootstrap, changelog)) == sorted(keys),
+        )
         queries.process_all_available()
+        assert delta_map_rs(Path(table_path(cfg, name))) == {}
+        assert verify(cfg, name, redis_client).identical
+        # A replay from Kafka folds the expired keys again; verify leaves them out of it.
+        report = verify(
+            cfg,
+            name,
+            redis_client,
+            replay=lambda until: replay_digests(spark, cfg, name, until, redis_client),
+        )
+        assert report.replayed is not None and report.replayed.identical
+
+        # Written again after its expiry, a key is back, after its tombstone in the changelog.
+        produce(kafka_bootstrap, topic, upserts(["u3"], 3))
+        wait_for("u3 in Redis again", lambda: written({"u3": "u3-wave3"}))
+        wait_for(
+            "u3 in the changelog again",
+            lambda: len(_records(kafka_bootstrap, changelog, "u3")) >= 3,
+        )
+        history = _records(kafka_bootstrap, changelog, "u3")
+        assert [None if v is None else orjson.loads(v)["name"] for v in history[:3]] == [
+            "u3-wave1",
+            None,
+            "u3-wave3",
+        ]
     finally:
         queries.stop()
 
-    wait_for(
-        "the keys to expire",
-        lambda: not any(redis_client.exists(entity_key(name, k)) for k in keys),
-        timeout=60,
-    )
     mark = watermark(redis_client, name)
     assert mark is not None and mark.offsets
     assert redis_client.pttl(meta_key(name)) == -1
-    # Only Redis expires: the table (no ttl.delta, so no _updated_at) keeps every key.
-    table = delta_map_rs(Path(table_path(cfg, name)))
-    assert set(table) == set(keys)
-    assert all("_updated_at" not in row for row in table.values())
 
 
 def _table_rows(path: str) -> list[dict[str, Any]]:
@@ -218,6 +270,9 @@ def test_delta_cleanup_deletes_rows_not_updated_and_vacuums(
             left = redis_client.pttl(entity_key(name, row["_key"]))
             assert 0 < left <= 20 * MINUTE_MS - (started_ms - _ms(row["_updated_at"]))
     assert verify(cfg, name, redis_client).identical
+    # Rehydrated keys expire like folded ones: each is in the expiry index.
+    index = expiry_index_key(name)
+    assert {m.decode() for m in redis_client.zrange(index, 0, -1)} == {"k1", "k4"}
 
 
 async def _query(cfg: Any, name: str) -> dict[str, bytes]:

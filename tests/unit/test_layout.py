@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from materializer.layout import (
+    EXPIRE_OP,
     RESERVED_KEYS,
     Control,
     MapReport,
@@ -11,6 +12,8 @@ from materializer.layout import (
     changes_key,
     control_key,
     entity_key,
+    expired_key,
+    expiry_index_key,
     generation_key,
     marker_key,
     meta_key,
@@ -37,6 +40,16 @@ def test_markers_are_the_contract():
     for slot in (0, 1, 5461, 10923, 16383):
         assert key_slot(marker_key("users", slot_tag(slot)).encode()) == slot
     assert not marker_key("users").startswith("users:")
+
+
+def test_expiry_keys_are_the_contract():
+    from redis.crc import key_slot
+
+    assert expiry_index_key("users") == "users\x00e:"
+    assert expired_key("users") == "users\x00x:"
+    assert expiry_index_key("users", slot_tag(0)) == "users\x00e:{3560}"
+    assert key_slot(expired_key("users", slot_tag(5461)).encode()) == 5461
+    assert EXPIRE_OP == "expire"
 
 
 def test_watermark_hash_fields_are_the_contract():
