@@ -103,6 +103,7 @@ RUNS = (
     "test_operations.py",  # one run walked through pause, rehydrate, rebuild and restart
     "test_demo.py",
     "test_run.py",
+    "test_source_loss.py",  # a run whose maps lost source records, and their way out
 )
 """Test files that start ``materializer run`` (a JVM of its own, many queries): the longest.
 

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import orjson
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from materializer.commands.common import (
@@ -110,7 +111,8 @@ def _render(views: list[MapView]) -> None:
     out.print(parts)
     for v in views:
         if v.report is not None and v.report.error:
-            out.print(f"[red]{v.name}: {v.report.error}[/red]", highlight=False, soft_wrap=True)
+            error = escape(v.report.error)  # Spark's errors hold brackets of their own
+            out.print(f"[red]{v.name}: {error}[/red]", highlight=False, soft_wrap=True)
 
 
 def status(

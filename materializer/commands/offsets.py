@@ -33,10 +33,11 @@ def reset_offsets(
         bool, typer.Option("--dry-run", help="Show the new offsets, change nothing.")
     ] = False,
 ) -> None:
-    """Move a paused or stopped map's read position; its state and stores stay as they are.
+    """Move a paused, stopped or failed map's read position; its state and stores stay.
 
-    Events skipped are never folded; events replayed are folded again (an
-    aggregate map counts them twice: rebuild it to start from nothing).
+    Events skipped are never folded; events replayed change nothing (the
+    fold's state knows them): rebuild the map to start from nothing. A map
+    whose next records Kafka no longer holds goes on from where records are.
     """
     cfg = load(config)
     control = map_control(cfg, map_name)
@@ -55,6 +56,11 @@ def reset_offsets(
                     str(reset.after.get(topic, {}).get(partition, "-")),
                 )
         out.print(table)
+        if reset.dropped is not None:
+            out.print(
+                f"batch {reset.dropped} was planned over records that are gone: the reset drops it",
+                highlight=False,
+            )
         if dry_run:
             out.print("dry run: nothing changed")
             return

@@ -76,6 +76,29 @@ class CheckpointFiles:
         """Per topic and partition, the next offset after ``batch_id``."""
         return parse_offsets_log(self._read("offsets", str(batch_id)))
 
+    def initial_offsets(self) -> dict[str, dict[int, int]] | None:
+        """Where the query's first batch starts, as the Kafka source resolved it at its first
+        start (``sources/0/0``); None when it has not written them."""
+        path = self._path("sources", "0", "0")
+        if self._fs.get_file_info(path).type != pafs.FileType.File:
+            return None
+        # A leading zero byte (kept for old Spark readers), the log version, then the offsets.
+        lines = [ln for ln in self._read("sources", "0", "0").lstrip("\0").splitlines() if ln]
+        if len(lines) < 2:
+            return None
+        offsets: dict[str, dict[int, int]] = {}
+        for topic, partitions in orjson.loads(lines[1]).items():
+            offsets[topic] = {int(p): int(o) for p, o in partitions.items() if int(o) >= 0}
+        return offsets
+
+    def position(self) -> dict[str, dict[int, int]] | None:
+        """Where the query reads next: the last committed batch's end offsets (a batch cut
+        short after it runs again from there), or its initial offsets; None before any."""
+        committed = self.last_committed()
+        if committed is not None:
+            return self.end_offsets(committed)
+        return self.initial_offsets()
+
     def batch_timestamp_ms(self, batch_id: int) -> int:
         """When Spark planned the batch (UTC epoch milliseconds)."""
         lines = [ln for ln in self._read("offsets", str(batch_id)).splitlines() if ln.strip()]
@@ -95,6 +118,17 @@ class CheckpointFiles:
                 "start the map once so it finishes, stop it, then retry"
             )
         return committed
+
+    def drop_planned(self, batch_id: int) -> None:
+        """Remove the offsets of ``batch_id``, a batch planned after the last committed one
+        that can never run (its records are gone): the next start plans a batch afresh from
+        the last committed one's end offsets."""
+        if batch_id == self.last_committed():
+            raise CheckpointError(f"{self.location}: batch {batch_id} is committed")
+        for name in (str(batch_id), f".{batch_id}.crc"):
+            path = self._path("offsets", name)
+            if self._fs.get_file_info(path).type == pafs.FileType.File:
+                self._fs.delete_file(path)
 
     def rewrite_end_offsets(self, batch_id: int, offsets: dict[str, dict[int, int]]) -> None:
         """Replace the end offsets of committed batch ``batch_id``: the next batch starts there.

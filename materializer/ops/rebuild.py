@@ -83,6 +83,21 @@ def _covers(mark: dict[str, dict[int, int]], ends: dict[str, dict[int, int]]) ->
     )
 
 
+def within(
+    offsets: dict[str, dict[int, int]], ends: dict[str, dict[int, int]]
+) -> dict[str, dict[int, int]]:
+    """``offsets`` no further than the topics' log ends, for partitions that still exist.
+
+    The live copy of a map whose topic was deleted and created again read
+    further than the new topic goes: the new copy cannot reach those offsets,
+    and has caught up once it holds what the topics hold.
+    """
+    return {
+        topic: {p: min(o, ends[topic][p]) for p, o in parts.items() if p in ends.get(topic, {})}
+        for topic, parts in offsets.items()
+    }
+
+
 def replay_config(config: AppConfig, map_name: str) -> AppConfig:
     """The config with the map reading from the earliest offsets (a new copy starts there)."""
     map_config = config.map(map_name)
@@ -183,7 +198,8 @@ def rebuild(
                 # readers lose nothing by moving. Waiting for the source to run dry
                 # instead would never end while producers keep producing.
                 live = control.watermark(old)
-                target = live.offsets if live else {}
+                ends = partition_offsets(admin, topics, "latest")
+                target = within(live.offsets if live else {}, ends)
                 catch_up(control, new, target, report, queries, "switching")
                 queries.stop_after_batch()
                 client.set(generation_key(map_name), str(new))

@@ -4,9 +4,14 @@ The fold's position lives in its Spark checkpoint, not in a consumer group: the
 last committed batch's end offsets are where the next batch starts. A reset
 rewrites those offsets (``CheckpointFiles.rewrite_end_offsets``) and leaves the
 fold's state, Redis and the Delta table as they are: events skipped are never
-folded, events replayed are folded again (a ``latest`` or ``merge`` map
-converges to the same entities; an ``aggregate`` map counts them twice). To
+folded, events replayed change nothing (the fold's state knows them). To
 start over from nothing, ``rebuild`` the map instead.
+
+A map whose next records Kafka no longer holds (``materializer.ops.source_loss``)
+goes on after a reset to where records are: a batch Spark planned over the
+missing records can never run, so the reset drops it. A map whose topic now
+ends before its position was created anew: its state orders events by the
+old topic's offsets, so the reset is refused and ``rebuild`` named instead.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from datetime import datetime
 
 from materializer.config import AppConfig
 from materializer.errors import MaterializerError
+from materializer.layout import physical_name
 from materializer.ops.checkpoint_files import CheckpointError, CheckpointFiles
 from materializer.ops.control import MapControl
 from materializer.ops.kafka_offsets import (
@@ -25,11 +31,16 @@ from materializer.ops.kafka_offsets import (
     group_name,
     partition_offsets,
 )
+from materializer.ops.source_loss import find_loss
 from materializer.paths import checkpoint_path
 
 
 class BadPosition(MaterializerError):
     """``--to`` is neither earliest, latest, epoch milliseconds nor an ISO-8601 time."""
+
+
+class ResetRefused(MaterializerError):
+    """A reset would leave the map wrong: a topic was created anew under it (rebuild it)."""
 
 
 def parse_position(text: str) -> Position:
@@ -58,14 +69,28 @@ class OffsetReset:
     batch_id: int
     before: dict[str, dict[int, int]]
     after: dict[str, dict[int, int]]
+    dropped: int | None = None
+    """A batch planned after ``batch_id`` over records Kafka no longer holds: the reset
+    drops it, as it can never run."""
 
 
 def plan_reset(config: AppConfig, control: MapControl, to: Position) -> OffsetReset:
     """Where the fold would start after the reset; nothing is changed yet."""
     name = control.map_name
     control.ensure_still()
-    files = CheckpointFiles(checkpoint_path(config, control.physical(), "fold"))
-    batch = files.settled_batch() if files.exists() else None
+    generation = control.generation()
+    files = CheckpointFiles(checkpoint_path(config, physical_name(name, generation), "fold"))
+    loss = find_loss(config, name, generation)
+    if loss is not None and loss.topic_recreated:
+        raise ResetRefused(f"not reset: {loss}")
+    batch, dropped = None, None
+    if files.exists():
+        try:
+            batch = files.settled_batch()
+        except CheckpointError:
+            if loss is None:
+                raise
+            batch, dropped = files.last_committed(), files.last_planned()
     if batch is None:
         raise CheckpointError(
             f"map {name!r} has not folded a batch yet: its first run starts at "
@@ -73,7 +98,7 @@ def plan_reset(config: AppConfig, control: MapControl, to: Position) -> OffsetRe
         )
     topics = config.map(name).source.topics
     after = partition_offsets(admin_client(config.kafka), topics, to)
-    return OffsetReset(name, batch, files.end_offsets(batch), after)
+    return OffsetReset(name, batch, files.end_offsets(batch), after, dropped)
 
 
 def apply_reset(config: AppConfig, control: MapControl, reset: OffsetReset) -> None:
@@ -84,6 +109,12 @@ def apply_reset(config: AppConfig, control: MapControl, reset: OffsetReset) -> N
     """
     control.ensure_still()
     files = CheckpointFiles(checkpoint_path(config, control.physical(), "fold"))
+    if (
+        reset.dropped is not None
+        and files.last_planned() == reset.dropped
+        and files.last_committed() == reset.batch_id
+    ):
+        files.drop_planned(reset.dropped)
     if files.settled_batch() != reset.batch_id:
         raise CheckpointError(
             f"map {reset.map_name!r} folded batches since the reset was planned; plan it again"

@@ -30,6 +30,7 @@ from materializer.enrichment.job import start_enrichment
 from materializer.errors import MaterializerError
 from materializer.layout import Control, MapReport, generation_key, physical_name
 from materializer.ops.restore import ensure_whole
+from materializer.ops.source_loss import SourceDataLoss, check_source, explain_failure
 from materializer.pipeline.control import ControlChannel
 from materializer.pipeline.job import MapQueries, start_map
 from materializer.pipeline.metrics import BatchMetrics, serve_metrics
@@ -115,6 +116,7 @@ class Supervisor:
                 )
             else:
                 m.generation = self._generation(m.name)
+                check_source(self._config, m.name, m.generation)
                 m.queries = start_map(
                     self._spark,
                     self._config,
@@ -123,6 +125,9 @@ class Supervisor:
                     generation=m.generation,
                     metrics=self._metrics,
                 )
+        except SourceDataLoss as exc:  # records it needs are gone: it alone fails
+            self.fail(m, str(exc))
+            return
         except MaterializerError:
             raise  # the configuration: no restart can mend it, so the run reports it and ends
         except Exception as exc:  # Spark's own errors while building the queries
@@ -209,7 +214,7 @@ class Supervisor:
         if m.state == "running" and m.queries is not None:
             broken = [q for q in m.queries.queries if not q.isActive]
             if broken:
-                error = str(broken[0].exception())
+                error = explain_failure(self._config, m.name, m.generation, broken[0])
                 if any(name in error for name in RECOVERABLE):
                     self.restore(m, "Redis failed its query")
                     return
