@@ -599,6 +599,9 @@ class MetricsConfig(_Model):
     host: str = "0.0.0.0"  # noqa: S104 - scraped from the pod network
     port: Annotated[int, Field(ge=0, le=65535)] = 9465
     """``/metrics`` on this port; 0 turns it off."""
+    state_interval: PositiveDuration = timedelta(minutes=1)
+    """How often each map's fold state is counted (a ``SCAN`` of the keyspace) for status and
+    metrics."""
 
 
 class AppConfig(_Model):

@@ -219,6 +219,10 @@ class MapReport:
     reported_at_ms: int = 0
     input_rows_per_second: float = 0.0
     processed_rows_per_second: float = 0.0
+    state_keys: int = -1
+    """The fold's state keys when last measured (about once a minute); -1: not yet."""
+    state_bytes: int = -1
+    """Their Redis memory, estimated from a sample; -1: not yet."""
 
     def to_hash(self) -> dict[str, str]:
         """The fields of ``<map>:__status__``."""
@@ -228,6 +232,8 @@ class MapReport:
             "reported_at_ms": str(self.reported_at_ms),
             "input_rows_per_second": repr(self.input_rows_per_second),
             "processed_rows_per_second": repr(self.processed_rows_per_second),
+            "state_keys": str(self.state_keys),
+            "state_bytes": str(self.state_bytes),
         }
 
     @classmethod
@@ -242,6 +248,8 @@ class MapReport:
             reported_at_ms=int(fields.get("reported_at_ms", "0")),
             input_rows_per_second=float(fields.get("input_rows_per_second", "0")),
             processed_rows_per_second=float(fields.get("processed_rows_per_second", "0")),
+            state_keys=int(fields.get("state_keys", "-1")),
+            state_bytes=int(fields.get("state_bytes", "-1")),
         )
 
 

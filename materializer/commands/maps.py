@@ -78,9 +78,18 @@ def _age(ms: int | None) -> str:
     return f"{ms / 1000:.1f} s ago" if ms < 120_000 else f"{ms / 60_000:.0f} min ago"
 
 
+def _state_size(view: MapView) -> str:
+    """The fold state's keys and memory, as last measured."""
+    report = view.report
+    if report is None or report.state_keys < 0:
+        return "-"
+    return f"{report.state_keys} keys, {report.state_bytes / 1_048_576:.1f} MiB"
+
+
 def _render(views: list[MapView]) -> None:
     maps = Table(title="maps", title_justify="left")
-    for column in ("map", "state", "gen", "last batch", "written", "in/s", "out/s", "lag"):
+    columns = ("map", "state", "gen", "last batch", "written", "in/s", "out/s", "lag", "state")
+    for column in columns:
         maps.add_column(column, justify="right" if column not in ("map", "state") else "left")
     for v in views:
         style = _STATE_STYLE.get(v.state, "")
@@ -93,6 +102,7 @@ def _render(views: list[MapView]) -> None:
             f"{v.report.input_rows_per_second:.0f}" if v.report else "-",
             f"{v.report.processed_rows_per_second:.0f}" if v.report else "-",
             "unknown" if v.total_lag < 0 else str(v.total_lag),
+            _state_size(v),
         )
     out.print(maps)
     parts = Table(title="partitions", title_justify="left")

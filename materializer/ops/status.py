@@ -93,6 +93,8 @@ class MapView:
                 self.report.processed_rows_per_second if self.report else 0.0
             ),
             "total_lag": self.total_lag,
+            "state_keys": self.report.state_keys if self.report else -1,
+            "state_bytes": self.report.state_bytes if self.report else -1,
             "partitions": [dataclasses.asdict(p) for p in self.partitions],
         }
 

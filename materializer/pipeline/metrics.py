@@ -170,12 +170,30 @@ class BatchMetrics(StreamingQueryListener):
             ["map"],
             registry=r,
         )
+        self._state_keys = Gauge(
+            "materializer_state_keys",
+            "Keys of the map's fold state in Redis (live entities and recently deleted ones),"
+            " measured about once a minute.",
+            ["map"],
+            registry=r,
+        )
+        self._state_bytes = Gauge(
+            "materializer_state_bytes",
+            "Redis memory of the map's fold state, estimated from a sample of its keys.",
+            ["map"],
+            registry=r,
+        )
         self._last_batch = Gauge(
             "materializer_last_batch_timestamp_seconds",
             "When the query's last batch finished, in seconds since the epoch.",
             ["map", "query"],
             registry=r,
         )
+
+    def state_size(self, map_name: str, keys: int, size_bytes: int) -> None:
+        """A map's fold state as last measured (``pipeline.state_size``)."""
+        self._state_keys.labels(map_name).set(keys)
+        self._state_bytes.labels(map_name).set(size_bytes)
 
     def rows_out(self, query_name: str, batch_id: int, count: int) -> None:
         """The projector's count of a batch's rows out (the same the batch log line shows)."""

@@ -35,6 +35,7 @@ from materializer.pipeline.control import ControlChannel
 from materializer.pipeline.job import MapQueries, start_map
 from materializer.pipeline.metrics import BatchMetrics, serve_metrics
 from materializer.pipeline.progress import BatchLog
+from materializer.pipeline.state_size import StateSize, StateSizes
 from materializer.redis_client import TRANSIENT_ERRORS, is_whole
 from materializer.sinks.redis import client_for
 from materializer.sinks.redis_fold import CopyLost
@@ -65,6 +66,8 @@ class _Map:
     restart_id: str = ""
     generation: int = 0
     """The generation its queries last started on."""
+    state_size: StateSize | None = None
+    """Its fold state as last measured (``StateSizes``)."""
 
     def report(self) -> MapReport:
         """The map's state and its fold's latest rates."""
@@ -75,11 +78,14 @@ class _Map:
                 float(progress.get("inputRowsPerSecond") or 0.0),
                 float(progress.get("processedRowsPerSecond") or 0.0),
             )
+        size = self.state_size
         return MapReport(
             state=self.state,
             error=self.error,
             input_rows_per_second=rates[0],
             processed_rows_per_second=rates[1],
+            state_keys=-1 if size is None else size.keys,
+            state_bytes=-1 if size is None else size.bytes,
         )
 
 
@@ -253,7 +259,19 @@ def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> 
     channel = ControlChannel(config.redis, names)
     supervisor = Supervisor(spark, config, batch_log, channel.generation, metrics, channel.report)
     maps = {name: _Map(name) for name in names}
+
+    def measured(name: str, size: StateSize) -> None:
+        maps[name].state_size = size
+        metrics.state_size(name, size.keys, size.bytes)
+
+    sizes = StateSizes(
+        config.redis,
+        lambda: {m.name: physical_name(m.name, m.generation) for m in maps.values()},
+        measured,
+        config.metrics.state_interval.total_seconds(),
+    )
     try:
+        sizes.start()
         requests = channel.requests()
         for m in maps.values():
             m.restart_id = requests[m.name].restart_id
@@ -271,6 +289,7 @@ def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> 
             channel.report({m.name: m.report() for m in maps.values()})
             stop.wait(LOOP_SECONDS)
     finally:
+        sizes.stop()
         supervisor.stop_all([m for m in maps.values() if m.state == "running"])
         channel.report({m.name: m.report() for m in maps.values()})
         channel.close()

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from materializer.v1 import common_pb2 as materializer_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#materializer/v1/admin_service.proto\x12\x0fmaterializer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cmaterializer/v1/common.proto\"\x11\n\x0fListMapsRequest\"k\n\x07MapInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06topics\x18\x02 \x03(\t\x12\x0e\n\x06\x66ormat\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\x11\n\tfold_mode\x18\x05 \x01(\t\x12\x12\n\ntable_path\x18\x06 \x01(\t\":\n\x10ListMapsResponse\x12&\n\x04maps\x18\x01 \x03(\x0b\x32\x18.materializer.v1.MapInfo\"\x1f\n\x10GetStatusRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\"r\n\x0cPartitionLag\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1b\n\x13materialized_offset\x18\x03 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x04 \x01(\x03\x12\x0b\n\x03lag\x18\x05 \x01(\x03\"\xf9\x03\n\tMapStatus\x12\x0b\n\x03map\x18\x01 \x01(\t\x12/\n\x05state\x18\x02 \x01(\x0e\x32 .materializer.v1.MapStatus.State\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x15\n\rlast_batch_id\x18\x04 \x01(\x03\x12\x31\n\rlast_batch_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\twatermark\x18\x06 \x01(\x0b\x32\x1a.materializer.v1.Watermark\x12\x31\n\npartitions\x18\x07 \x03(\x0b\x32\x1d.materializer.v1.PartitionLag\x12\x11\n\ttotal_lag\x18\x08 \x01(\x03\x12\x1d\n\x15input_rows_per_second\x18\t \x01(\x01\x12\x1e\n\x16output_rows_per_second\x18\n \x01(\x01\x12/\n\x0breported_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\"p\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bNOT_STARTED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\n\n\x06PAUSED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x12\x0b\n\x07STOPPED\x10\x05\x12\r\n\tRESTORING\x10\x06\"=\n\x11GetStatusResponse\x12(\n\x04maps\x18\x01 \x03(\x0b\x32\x1a.materializer.v1.MapStatus\"\x1d\n\x0e\x43ontrolRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\"Y\n\x0f\x43ontrolResponse\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x39\n\x0frequested_state\x18\x02 \x01(\x0e\x32 .materializer.v1.MapStatus.State\"\'\n\x15ValidateConfigRequest\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\"9\n\x16ValidateConfigResponse\x12\r\n\x05valid\x18\x01 \x01(\x08\x12\x10\n\x08problems\x18\x02 \x03(\t2\xfd\x03\n\x0c\x41\x64minService\x12O\n\x08ListMaps\x12 .materializer.v1.ListMapsRequest\x1a!.materializer.v1.ListMapsResponse\x12R\n\tGetStatus\x12!.materializer.v1.GetStatusRequest\x1a\".materializer.v1.GetStatusResponse\x12J\n\x05Pause\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12K\n\x06Resume\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12L\n\x07Restart\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12\x61\n\x0eValidateConfig\x12&.materializer.v1.ValidateConfigRequest\x1a\'.materializer.v1.ValidateConfigResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#materializer/v1/admin_service.proto\x12\x0fmaterializer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cmaterializer/v1/common.proto\"\x11\n\x0fListMapsRequest\"k\n\x07MapInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06topics\x18\x02 \x03(\t\x12\x0e\n\x06\x66ormat\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\x11\n\tfold_mode\x18\x05 \x01(\t\x12\x12\n\ntable_path\x18\x06 \x01(\t\":\n\x10ListMapsResponse\x12&\n\x04maps\x18\x01 \x03(\x0b\x32\x18.materializer.v1.MapInfo\"\x1f\n\x10GetStatusRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\"r\n\x0cPartitionLag\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1b\n\x13materialized_offset\x18\x03 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x04 \x01(\x03\x12\x0b\n\x03lag\x18\x05 \x01(\x03\"\xa2\x04\n\tMapStatus\x12\x0b\n\x03map\x18\x01 \x01(\t\x12/\n\x05state\x18\x02 \x01(\x0e\x32 .materializer.v1.MapStatus.State\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x15\n\rlast_batch_id\x18\x04 \x01(\x03\x12\x31\n\rlast_batch_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\twatermark\x18\x06 \x01(\x0b\x32\x1a.materializer.v1.Watermark\x12\x31\n\npartitions\x18\x07 \x03(\x0b\x32\x1d.materializer.v1.PartitionLag\x12\x11\n\ttotal_lag\x18\x08 \x01(\x03\x12\x1d\n\x15input_rows_per_second\x18\t \x01(\x01\x12\x1e\n\x16output_rows_per_second\x18\n \x01(\x01\x12/\n\x0breported_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nstate_keys\x18\x0c \x01(\x03\x12\x13\n\x0bstate_bytes\x18\r \x01(\x03\"p\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bNOT_STARTED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\n\n\x06PAUSED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x12\x0b\n\x07STOPPED\x10\x05\x12\r\n\tRESTORING\x10\x06\"=\n\x11GetStatusResponse\x12(\n\x04maps\x18\x01 \x03(\x0b\x32\x1a.materializer.v1.MapStatus\"\x1d\n\x0e\x43ontrolRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\"Y\n\x0f\x43ontrolResponse\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x39\n\x0frequested_state\x18\x02 \x01(\x0e\x32 .materializer.v1.MapStatus.State\"\'\n\x15ValidateConfigRequest\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\"9\n\x16ValidateConfigResponse\x12\r\n\x05valid\x18\x01 \x01(\x08\x12\x10\n\x08problems\x18\x02 \x03(\t2\xfd\x03\n\x0c\x41\x64minService\x12O\n\x08ListMaps\x12 .materializer.v1.ListMapsRequest\x1a!.materializer.v1.ListMapsResponse\x12R\n\tGetStatus\x12!.materializer.v1.GetStatusRequest\x1a\".materializer.v1.GetStatusResponse\x12J\n\x05Pause\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12K\n\x06Resume\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12L\n\x07Restart\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12\x61\n\x0eValidateConfig\x12&.materializer.v1.ValidateConfigRequest\x1a\'.materializer.v1.ValidateConfigResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,19 +44,19 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PARTITIONLAG']._serialized_start=340
   _globals['_PARTITIONLAG']._serialized_end=454
   _globals['_MAPSTATUS']._serialized_start=457
-  _globals['_MAPSTATUS']._serialized_end=962
-  _globals['_MAPSTATUS_STATE']._serialized_start=850
-  _globals['_MAPSTATUS_STATE']._serialized_end=962
-  _globals['_GETSTATUSRESPONSE']._serialized_start=964
-  _globals['_GETSTATUSRESPONSE']._serialized_end=1025
-  _globals['_CONTROLREQUEST']._serialized_start=1027
-  _globals['_CONTROLREQUEST']._serialized_end=1056
-  _globals['_CONTROLRESPONSE']._serialized_start=1058
-  _globals['_CONTROLRESPONSE']._serialized_end=1147
-  _globals['_VALIDATECONFIGREQUEST']._serialized_start=1149
-  _globals['_VALIDATECONFIGREQUEST']._serialized_end=1188
-  _globals['_VALIDATECONFIGRESPONSE']._serialized_start=1190
-  _globals['_VALIDATECONFIGRESPONSE']._serialized_end=1247
-  _globals['_ADMINSERVICE']._serialized_start=1250
-  _globals['_ADMINSERVICE']._serialized_end=1759
+  _globals['_MAPSTATUS']._serialized_end=1003
+  _globals['_MAPSTATUS_STATE']._serialized_start=891
+  _globals['_MAPSTATUS_STATE']._serialized_end=1003
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1005
+  _globals['_GETSTATUSRESPONSE']._serialized_end=1066
+  _globals['_CONTROLREQUEST']._serialized_start=1068
+  _globals['_CONTROLREQUEST']._serialized_end=1097
+  _globals['_CONTROLRESPONSE']._serialized_start=1099
+  _globals['_CONTROLRESPONSE']._serialized_end=1188
+  _globals['_VALIDATECONFIGREQUEST']._serialized_start=1190
+  _globals['_VALIDATECONFIGREQUEST']._serialized_end=1229
+  _globals['_VALIDATECONFIGRESPONSE']._serialized_start=1231
+  _globals['_VALIDATECONFIGRESPONSE']._serialized_end=1288
+  _globals['_ADMINSERVICE']._serialized_start=1291
+  _globals['_ADMINSERVICE']._serialized_end=1800
 # @@protoc_insertion_point(module_scope)

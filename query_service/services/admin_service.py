@@ -81,11 +81,15 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         ends: dict[str, dict[int, int]] | None,
         now_ms: int,
     ) -> pb.MapStatus:
-        status = pb.MapStatus(map=name, state=map_state(snap.report, now_ms))
+        status = pb.MapStatus(
+            map=name, state=map_state(snap.report, now_ms), state_keys=-1, state_bytes=-1
+        )
         if snap.report is not None:
             status.error = snap.report.error
             status.input_rows_per_second = snap.report.input_rows_per_second
             status.output_rows_per_second = snap.report.processed_rows_per_second
+            status.state_keys = snap.report.state_keys
+            status.state_bytes = snap.report.state_bytes
             if snap.report.reported_at_ms:
                 status.reported_at.FromMilliseconds(snap.report.reported_at_ms)
         mark = snap.watermark

@@ -118,6 +118,7 @@ def test_operate_a_running_map_and_rebuild_it_under_reads(
     topic = new_topic(2)
     name = f"ops{uuid.uuid4().hex[:6]}"
     doc = slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name=name)
+    doc.setdefault("metrics", {})["state_interval"] = "1 second"
     config_file = tmp_path / "maps.yaml"
     config_file.write_text(yaml.safe_dump(doc))
     cfg = parse_config(doc)
@@ -149,6 +150,13 @@ def test_operate_a_running_map_and_rebuild_it_under_reads(
         # The run serves its metrics: the fold read every record there was.
         rows_in = f'materializer_rows_in_total{{map="{name}",query="fold"}} 300.0'
         wait_for("the fold's rows on /metrics", lambda: rows_in in _scrape(metrics_port))
+        # The fold's state: one key per entity, counted by the run for status and metrics.
+        wait_for("the state measured", lambda: _status(config_file, name)["state_keys"] == KEYS)
+        assert _status(config_file, name)["state_bytes"] > 0
+        state_keys = f'materializer_state_keys{{map="{name}"}} {float(KEYS)}'
+        wait_for("the state on /metrics", lambda: state_keys in _scrape(metrics_port))
+        statuses = call(cfg, "GetStatus", admin_pb.GetStatusRequest(map=name)).maps
+        assert statuses[0].state_keys == KEYS and statuses[0].state_bytes > 0
 
         # Paused through AdminService, seen and resumed from the command line.
         call(cfg, "Pause", admin_pb.ControlRequest(map=name))

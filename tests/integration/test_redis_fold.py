@@ -25,6 +25,7 @@ from materializer.layout import (
 from materializer.pipeline import columns as c
 from materializer.pipeline.fold import order_column
 from materializer.pipeline.fold_aggregate import AggregateFolder, Spec
+from materializer.pipeline.state_size import StateSize, measure
 from materializer.redis_client import mark_whole
 from materializer.sinks.changelog import APP_HEADER, BATCH_HEADER, EXPIRED_HEADER
 from materializer.sinks.expiry import sweep_expired
@@ -299,6 +300,16 @@ def test_a_deleted_entitys_state_stays_for_its_retention_and_goes_with_the_next_
     apply(held, 2, [("a", "3", {"v": 3})])
     assert redis_client.pttl(state_key(held.map_name, "a")) == -1
     assert entity(redis_client, held, "a") == {"v": 3}
+
+
+def test_the_state_is_measured_in_keys_and_bytes(target, redis_client):
+    apply(target, 0, [(f"k{i}", "1", {"v": i}) for i in range(10)])
+    apply(target, 1, [(f"k{i}", "2", None) for i in range(3)])
+    size = measure(redis_client, target.map_name)
+    # Deleted entities keep their state for fold.deleted_retention: 7 live, 3 deleted.
+    assert size.keys == 10
+    assert size.bytes >= 10 * redis_client.memory_usage(state_key(target.map_name, "k9")) // 2
+    assert measure(redis_client, "nothing-here") == StateSize(0, 0)
 
 
 def test_keys_that_come_and_go_leave_the_state_bounded(target, redis_client):

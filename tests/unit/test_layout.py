@@ -87,16 +87,21 @@ def test_status_and_control_hashes_are_the_contract():
         "__control__",
         "__generation__",
     } == RESERVED_KEYS
-    report = MapReport("failed", "boom", 1700, 12.5, 3.0)
+    report = MapReport("failed", "boom", 1700, 12.5, 3.0, 42, 4096)
     assert report.to_hash() == {
         "state": "failed",
         "error": "boom",
         "reported_at_ms": "1700",
         "input_rows_per_second": "12.5",
         "processed_rows_per_second": "3.0",
+        "state_keys": "42",
+        "state_bytes": "4096",
     }
     raw = {k.encode(): v.encode() for k, v in report.to_hash().items()}
     assert MapReport.from_hash(raw) == report
+    # A report from before the state was measured, or from an older materializer.
+    older = {b"state": b"running", b"reported_at_ms": b"1"}
+    assert MapReport.from_hash(older) == MapReport("running", "", 1, state_keys=-1, state_bytes=-1)
     assert MapReport.from_hash({}) is None
     assert Control("paused", "r1").to_hash() == {"desired": "paused", "restart_id": "r1"}
     assert Control.from_hash({}) == Control("running", "")
