@@ -523,7 +523,7 @@ def start_query_service(work: Path, config: Path, port: int) -> ManagedProcess:
     """``query-service serve`` of this environment, in its own session, ready to serve."""
     exe = Path(sys.executable).parent / "query-service"
     args = [str(exe), "serve", "-c", str(config), "--host", "127.0.0.1", "--port", str(port)]
-    args += ["--metrics-port", "0", "--log-level", "WARNING"]
+    args += ["--metrics-port", "0", "--http-port", "0", "--log-level", "WARNING"]
     proc = ManagedProcess(args, work / "query-service.log")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:

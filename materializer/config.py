@@ -578,10 +578,12 @@ class TlsConfig(_Model):
 
 
 class QueryConfig(_Model):
-    """The gRPC query service."""
+    """The query service: gRPC, and its HTTP/JSON front."""
 
     host: str = "0.0.0.0"  # noqa: S104 - a service in a pod listens on all interfaces
     port: Annotated[int, Field(ge=0, le=65535)] = 50051
+    http_port: Annotated[int, Field(ge=0, le=65535)] = 8080
+    """The HTTP/JSON front on the same host; 0 turns it off."""
     max_batch_keys: Annotated[int, Field(ge=1)] = 10_000
     """Keys per BatchGet; beyond it RESOURCE_EXHAUSTED."""
     near_cache: dict[str, NearCacheConfig] = Field(default_factory=dict)

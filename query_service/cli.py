@@ -59,6 +59,12 @@ def serve(
         int | None,
         typer.Option(min=0, max=65535, help="Prometheus port [default: query.metrics_port]"),
     ] = None,
+    http_port: Annotated[
+        int | None,
+        typer.Option(
+            min=0, max=65535, help="HTTP/JSON port, 0 turns it off [default: query.http_port]"
+        ),
+    ] = None,
     log_level: Annotated[LogLevel, typer.Option(case_sensitive=False)] = LogLevel.INFO,
     log_format: Annotated[LogFormat, typer.Option(case_sensitive=False)] = LogFormat.JSON,
 ) -> None:
@@ -81,7 +87,9 @@ def serve(
         f"[{listen_host}]:{listen_port}" if ":" in listen_host else f"{listen_host}:{listen_port}"
     )
     try:
-        asyncio.run(serve_forever(app_config, address))
+        web_port = http_port if http_port is not None else query.http_port
+        http = (listen_host, web_port) if web_port else None
+        asyncio.run(serve_forever(app_config, address, http=http))
     except MaterializerError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None

@@ -55,6 +55,15 @@ class RedisHealth:
         self._serving: bool | None = None
         self._map_serving: dict[str, bool] = {}
 
+    @property
+    def serving(self) -> bool:
+        """Whether the last check reached Redis."""
+        return bool(self._serving)
+
+    def map_serving(self, name: str) -> bool:
+        """Whether the map serves: Redis answers and its copy is not being restored."""
+        return self._map_serving.get(name, False)
+
     async def check(self) -> bool:
         """One ping (and each map's reported state); the health statuses follow."""
         states: list[bytes | None] = []

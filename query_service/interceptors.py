@@ -66,7 +66,7 @@ class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(handler_call_details)
         if handler is None:  # unknown method: grpc answers UNIMPLEMENTED itself
             return None
-        call = _Call(method, self._authorizer, self._request_maps)
+        call = MethodCall(method, self._authorizer, self._request_maps)
         for kind, factory in _FACTORIES.items():
             behavior = getattr(handler, kind)
             if behavior is not None:
@@ -116,8 +116,13 @@ _FACTORIES: dict[str, Callable[..., grpc.RpcMethodHandler]] = {
 }
 
 
-class _Call:
-    """Per method: authorization before the handler, metrics and status mapping after it."""
+class MethodCall:
+    """Per method: authorization before the handler, metrics and status mapping after it.
+
+    The HTTP front (``query_service.http``) wraps the same servicer methods
+    with it, through a context of its own, so both transports authorize,
+    count and map errors in this one place.
+    """
 
     def __init__(
         self, method: str, authorizer: Authorizer | None, request_maps: RequestMaps

@@ -10,10 +10,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import grpc
+from aiohttp import web
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
@@ -88,6 +90,28 @@ def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
     )
 
 
+@dataclass
+class Servers:
+    """What one query service process serves: the gRPC server and, if on, the HTTP front."""
+
+    grpc: grpc.aio.Server
+    port: int
+    http: web.AppRunner | None = None
+    http_port: int | None = None
+
+    async def start(self) -> None:
+        """Start the gRPC server (the HTTP front listens from its creation)."""
+        await self.grpc.start()
+
+    async def stop(self, grace: float) -> None:
+        """Stop taking calls, let running ones finish for ``grace`` seconds, then end."""
+        if self.http is not None:
+            await self.http.shutdown()
+        await self.grpc.stop(grace)
+        if self.http is not None:
+            await self.http.cleanup()
+
+
 async def create_server(
     config: AppConfig,
     address: str = "127.0.0.1:0",
@@ -95,13 +119,29 @@ async def create_server(
     near_caches: NearCaches | None = None,
     background: list[Closeable] | None = None,
 ) -> tuple[grpc.aio.Server, int]:
-    """A server bound to ``address`` but not started, and the port it got.
+    """A gRPC server bound to ``address`` but not started, and the port it got
+    (``create_servers`` without the HTTP front)."""
+    servers = await create_servers(config, address, store, near_caches, background)
+    return servers.grpc, servers.port
+
+
+async def create_servers(
+    config: AppConfig,
+    address: str = "127.0.0.1:0",
+    store: RedisMapStore | None = None,
+    near_caches: NearCaches | None = None,
+    background: list[Closeable] | None = None,
+    http: tuple[str, int] | None = None,
+) -> Servers:
+    """A gRPC server bound to ``address`` but not started, the port it got, and with
+    ``http`` (host, port) the HTTP/JSON front over the same servicers, listening.
 
     Registers ``MapService``, ``EnrichService`` and ``AdminService`` over the
     maps of ``config``, ``grpc.health.v1`` and server reflection, behind the
     one interceptor (bearer tokens when ``query.auth`` is set, metrics, status
-    mapping). Health follows Redis: NOT_SERVING while it cannot be reached.
-    The port is TLS when ``query.tls`` is set.
+    mapping); the HTTP front calls the same servicer methods through the same
+    wrapper. Health follows Redis: NOT_SERVING while it cannot be reached.
+    Both ports are TLS when ``query.tls`` is set.
 
     Without ``store``, a ``RedisMapStore`` on ``config.redis`` is created
     and lives as long as the process; pass your own to close it when the
@@ -118,19 +158,17 @@ async def create_server(
     if near_caches is None:
         near_caches = NearCaches(store, config.query.near_cache)
         await near_caches.start()
-    interceptor = ErrorInterceptor(authorizer, request_maps(config))
+    maps_of = request_maps(config)
+    interceptor = ErrorInterceptor(authorizer, maps_of)
     server = grpc.aio.server(interceptors=[interceptor], options=SERVER_OPTIONS)
     topics = {name: m.source.topics for name, m in config.maps.items()}
     gate = FreshnessGate(store, topics)
-    map_pb_grpc.add_MapServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        MapServicer(config, store, gate, TableReads(config, store.generation), near_caches), server
-    )
-    enrich_pb_grpc.add_EnrichServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        EnrichServicer(config, store, gate), server
-    )
-    admin_pb_grpc.add_AdminServiceServicer_to_server(  # type: ignore[no-untyped-call]
-        AdminServicer(config, ControlStore(store.client), LogEnds(config.kafka)), server
-    )
+    maps = MapServicer(config, store, gate, TableReads(config, store.generation), near_caches)
+    enrich = EnrichServicer(config, store, gate)
+    admin = AdminServicer(config, ControlStore(store.client), LogEnds(config.kafka))
+    map_pb_grpc.add_MapServiceServicer_to_server(maps, server)  # type: ignore[no-untyped-call]
+    enrich_pb_grpc.add_EnrichServiceServicer_to_server(enrich, server)  # type: ignore[no-untyped-call]
+    admin_pb_grpc.add_AdminServiceServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
 
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
@@ -148,10 +186,25 @@ async def create_server(
         port = server.add_insecure_port(address)
     if port == 0:
         raise SetupError(f"cannot listen on {address}: the address is taken or not local")
-    return server, port
+    servers = Servers(server, port)
+    if http is not None:
+        from query_service.http.routes import HttpFront
+        from query_service.http.server import create_app, openapi, start_http
+
+        front = HttpFront(maps, enrich, admin, redis_health, authorizer, maps_of, openapi())
+        servers.http, servers.http_port = await start_http(
+            create_app(front), http[0], http[1], config.query.tls
+        )
+    return servers
 
 
-async def serve(config: AppConfig, address: str, *, grace: float = GRACE_SECONDS) -> None:
+async def serve(
+    config: AppConfig,
+    address: str,
+    *,
+    http: tuple[str, int] | None = None,
+    grace: float = GRACE_SECONDS,
+) -> None:
     """Serve until SIGTERM or SIGINT (or cancellation), then stop gracefully.
 
     On a signal the server reports NOT_SERVING (so load balancers and
@@ -164,15 +217,16 @@ async def serve(config: AppConfig, address: str, *, grace: float = GRACE_SECONDS
     background: list[Closeable] = []
     try:
         await near_caches.start()
-        server, port = await create_server(config, address, store, near_caches, background)
+        servers = await create_servers(config, address, store, near_caches, background, http)
         if config.query.metrics_port is not None:
             serve_metrics(config.query.metrics_port)
-        await server.start()
+        await servers.start()
         host = address.rpartition(":")[0]
         log.info(
-            "query service listening on %s:%d (maps: %s, tls: %s, auth: %s, metrics: %s)",
+            "query service listening on %s:%d, HTTP %s (maps: %s, tls: %s, auth: %s, metrics: %s)",
             host,
-            port,
+            servers.port,
+            "off" if servers.http_port is None else servers.http_port,
             ", ".join(sorted(config.maps)) or "none",
             "on" if config.query.tls else "off",
             "on" if config.query.auth else "off",
@@ -192,7 +246,7 @@ async def serve(config: AppConfig, address: str, *, grace: float = GRACE_SECONDS
             for part in background:
                 await part.close()  # health turns NOT_SERVING: balancers move away first
             background.clear()
-            await server.stop(grace)
+            await servers.stop(grace)
     finally:
         for part in background:
             await part.close()

@@ -180,6 +180,9 @@ class DemoStack:
                     HOST,
                     "--port",
                     str(port),
+                    # The HTTP/JSON front on 8080 when it is free, as a user would find it.
+                    "--http-port",
+                    str(choose_port(8080)),
                     "--log-format",
                     "text",
                 ],

@@ -9,7 +9,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
+import aiohttp
 import grpc
+import orjson
 import redis
 from prometheus_client import REGISTRY
 
@@ -17,7 +19,7 @@ from materializer.config import AppConfig, RedisConfig, parse_config
 from materializer.layout import Watermark
 from materializer.sinks.redis import RedisSink, write_partition
 from query_service.near_cache import NearCaches
-from query_service.server import create_server
+from query_service.server import create_server, create_servers
 from query_service.stores.redis import RedisMapStore
 
 T = TypeVar("T")
@@ -127,3 +129,48 @@ def lookups(map_name: str, result: str) -> float:
         "materializer_query_near_cache_lookups_total", {"map": map_name, "result": result}
     )
     return value or 0.0
+
+
+class Front:
+    """A served query service: an HTTP session on its front and a gRPC channel beside it."""
+
+    def __init__(self, http: aiohttp.ClientSession, base: str, channel: grpc.aio.Channel) -> None:
+        self.http, self.base, self.channel = http, base, channel
+
+    async def json(
+        self, method: str, path: str, *, status: int = 200, **kwargs: Any
+    ) -> dict[str, Any]:
+        async with self.http.request(method, self.base + path, **kwargs) as r:
+            body = await r.read()
+            assert r.status == status, (r.status, body)
+            assert r.content_type == "application/json"
+            return orjson.loads(body)  # type: ignore[no-any-return]
+
+
+@asynccontextmanager
+async def front(config: AppConfig) -> AsyncIterator[Front]:
+    """A started query service with its HTTP front on, an HTTP session and a gRPC channel."""
+    store = RedisMapStore.from_config(config.redis)
+    near_caches = NearCaches(store, config.query.near_cache)
+    servers = await create_servers(
+        config, store=store, near_caches=near_caches, http=("127.0.0.1", 0)
+    )
+    await servers.start()
+    try:
+        async with (
+            aiohttp.ClientSession() as http,
+            grpc.aio.insecure_channel(f"127.0.0.1:{servers.port}") as channel,
+        ):
+            yield Front(http, f"http://127.0.0.1:{servers.http_port}", channel)
+    finally:
+        await servers.stop(None)
+        await near_caches.close()
+        await store.close()
+
+
+def serve_http(config: AppConfig, body: Callable[[Front], Awaitable[T]]) -> T:
+    async def main() -> T:
+        async with front(config) as f:
+            return await body(f)
+
+    return asyncio.run(main())

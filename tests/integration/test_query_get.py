@@ -300,7 +300,7 @@ def test_cli_serve_answers_then_stops_gracefully_on_sigterm(
     config_file.write_text(
         yaml.safe_dump({"redis": {"url": redis_url}, "maps": {map_name: map_doc(map_name)}})
     )
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, http_port = free_port(), free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("MATERIALIZER_")}
     proc = subprocess.Popen(
         [
@@ -314,6 +314,8 @@ def test_cli_serve_answers_then_stops_gracefully_on_sigterm(
             str(port),
             "--metrics-port",
             str(metrics_port),
+            "--http-port",
+            str(http_port),
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -334,6 +336,14 @@ def test_cli_serve_answers_then_stops_gracefully_on_sigterm(
             metrics = r.read().decode()
         assert 'materializer_query_requests_total{code="OK",method="Get"} 1.0' in metrics
         assert 'materializer_query_request_seconds_count{method="Get"} 1.0' in metrics
+        # The HTTP/JSON front of the same process, over the same store and counters.
+        url = f"http://127.0.0.1:{http_port}/v1/maps/{map_name}/entities/u1"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert orjson.loads(r.read())["entity"] == orjson.loads(ENTITY)
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+            assert (
+                'materializer_query_requests_total{code="OK",method="Get"} 2.0' in r.read().decode()
+            )
 
         proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=30)

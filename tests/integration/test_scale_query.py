@@ -238,7 +238,7 @@ def start_replica(tmp_path: Path, redis_url: str, maps: Maps) -> Iterator[StartR
         yaml.safe_dump(
             {
                 "redis": {"url": redis_url},
-                "query": {"host": "127.0.0.1", "metrics_port": None},
+                "query": {"host": "127.0.0.1", "metrics_port": None, "http_port": 0},
                 "maps": {m: map_doc(m) for m in (maps.users, maps.companies)},
             }
         )

@@ -190,15 +190,22 @@ def test_with_tls_the_probes_check_the_port_instead(production: Rendered):
 
 
 def test_the_query_port_follows_values(render: Render):
-    rendered = render({"queryService": {"port": 6000, "metricsPort": 6001}})
+    rendered = render({"queryService": {"port": 6000, "metricsPort": 6001, "httpPort": 6002}})
     query = container(rendered.one("Deployment", "-query"))
     assert query["readinessProbe"]["grpc"] == {"port": 6000}
     assert {p["name"]: p["port"] for p in rendered.one("Service", "-query")["spec"]["ports"]} == {
         "grpc": 6000,
         "metrics": 6001,
+        "http": 6002,
     }
+    assert {"name": "http", "containerPort": 6002, "protocol": "TCP"} in query["ports"]
     assert rendered.config()["query"]["port"] == 6000
     assert rendered.config()["query"]["metrics_port"] == 6001
+    assert rendered.config()["query"]["http_port"] == 6002
+    # Off: neither port nor service port, and the process is told so.
+    off = render({"queryService": {"httpPort": 0}})
+    assert "http" not in {p["name"] for p in off.one("Service", "-query")["spec"]["ports"]}
+    assert off.config()["query"]["http_port"] == 0
 
 
 def test_replicas_hpa_and_pdb_follow_values(default: Rendered, production: Rendered):
@@ -242,7 +249,7 @@ def test_replicas_without_autoscaling_or_budget(render: Render):
 def test_query_service_is_cluster_ip_with_grpc_and_metrics(either: Rendered):
     service = either.one("Service", "-query")
     assert service["spec"]["type"] == "ClusterIP"
-    assert {p["name"] for p in service["spec"]["ports"]} == {"grpc", "metrics"}
+    assert {p["name"] for p in service["spec"]["ports"]} == {"grpc", "metrics", "http"}
 
 
 def test_auth_and_tls_come_from_existing_secrets(production: Rendered):

@@ -142,6 +142,7 @@ account they use, and how they reach the driver (through its headless Service).
 {{- $query := deepCopy ($v.query | default dict) -}}
 {{- $_ := set $query "port" $qs.port -}}
 {{- $_ := set $query "metrics_port" $qs.metricsPort -}}
+{{- $_ := set $query "http_port" $qs.httpPort -}}
 {{- if $qs.auth.enabled }}
 {{- $_ := set $query "auth" (dict "tokens_file" (printf "%s/%s" (include "materializer.authDir" .) $qs.auth.tokensKey)) -}}
 {{- end }}

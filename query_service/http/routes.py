@@ -1,0 +1,572 @@
+"""The HTTP/JSON front's endpoints: each one a servicer method, called as gRPC calls it.
+
+A handler turns the HTTP request into the method's protobuf request, calls
+the method through ``MethodCall`` (the same authorization, metrics and error
+mapping as the gRPC server) with an ``HttpContext``, and writes the answer as
+JSON. ``ENDPOINTS`` is the one table of what exists: the router, the OpenAPI
+document and the tests all read it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import orjson
+import pydantic
+from aiohttp import web
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from materializer.v1 import admin_service_pb2 as admin_pb
+from materializer.v1 import common_pb2 as common
+from materializer.v1 import enrich_service_pb2 as enrich_pb
+from materializer.v1 import map_service_pb2 as map_pb
+from query_service.auth import Authorizer
+from query_service.health import RedisHealth
+from query_service.http import shapes
+from query_service.http.calls import HttpAbort, HttpContext, error_body, error_response
+from query_service.interceptors import MethodCall, RequestMaps
+from query_service.services.admin_service import AdminServicer
+from query_service.services.enrich_service import EnrichServicer
+from query_service.services.map_service import MapServicer
+
+log = logging.getLogger(__name__)
+
+JSON = "application/json"
+NDJSON = "application/x-ndjson"
+SSE = "text/event-stream"
+KEEPALIVE_S = 15.0
+"""A comment line on an idle change stream: proxies keep it open, a gone client is noticed."""
+ENRICH_BATCH = 500
+"""Events per request of the enrichment an NDJSON body becomes, unless ``batch`` says."""
+MAX_LINE_BYTES = 16 * 1024 * 1024
+"""The longest NDJSON event line taken; the gRPC message limit."""
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Param:
+    """A path, query or header parameter, for the OpenAPI document."""
+
+    name: str
+    where: str
+    description: str
+    schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """One route: what it answers, from which servicer method, described for OpenAPI."""
+
+    method: str
+    path: str
+    name: str
+    """The handler's name in ``HttpFront``, and the OpenAPI operation id."""
+    summary: str
+    rpc: str | None = None
+    """The gRPC method it calls (its verb for bearer-token grants)."""
+    params: tuple[Param, ...] = ()
+    body: type[pydantic.BaseModel] | str | None = None
+    """A model of the JSON body, or the media type of a body taken as is."""
+    answer: type[pydantic.BaseModel] | type[Message] | str = shapes.Health
+    """A model, a protobuf message (admin answers) or a streamed media type."""
+    status: int = 200
+
+
+MAP = Param("map", "path", "the map's name", required=True)
+KEY = Param("key", "path", "the entity's key", required=True)
+TIMEOUT = Param(
+    "timeout_ms",
+    "query",
+    "how long to wait for min_offsets (or a query) before 504",
+    {"type": "integer", "minimum": 1},
+)
+MIN_OFFSETS = Param(
+    "min_offsets",
+    "query",
+    "read-your-writes: topic:partition:offset,... the answer must reflect",
+)
+
+_MAPS = "/materializer.v1.MapService/"
+_ADMIN = "/materializer.v1.AdminService/"
+
+ENDPOINTS: tuple[Endpoint, ...] = (
+    Endpoint("GET", "/v1/maps", "list_maps", "The declared maps", _ADMIN + "ListMaps",
+             answer=admin_pb.ListMapsResponse),
+    Endpoint(
+        "GET", "/v1/maps/{map}/entities/{key}", "get_entity",
+        "One entity and the map's watermark, or as the Delta table held it (as_of_*)",
+        _MAPS + "Get",
+        (MAP, KEY, MIN_OFFSETS, TIMEOUT,
+         Param("as_of_version", "query", "a Delta table version", {"type": "integer"}),
+         Param("as_of_timestamp", "query", "RFC 3339: the version current then")),
+        answer=shapes.Entity,
+    ),
+    Endpoint("POST", "/v1/maps/{map}/entities:batchGet", "batch_get",
+             "Entities of many keys in one call", _MAPS + "BatchGet", (MAP,),
+             shapes.BatchGetBody, shapes.BatchGetAnswer),
+    Endpoint(
+        "GET", "/v1/maps/{map}/query", "query", "A page of the map's rows matching a filter",
+        _MAPS + "Query",
+        (MAP, Param("where", "query", "a SQL filter on the entity's fields, as gRPC Query"),
+         Param("fields", "query", "fields to return, comma-separated; all by default"),
+         Param("limit", "query", "rows in all pages at most", {"type": "integer"}),
+         Param("page_size", "query", "rows in this page at most", {"type": "integer"}),
+         Param("page_token", "query", "next_page_token of the page before")),
+        answer=shapes.QueryPage,
+    ),
+    Endpoint(
+        "GET", "/v1/maps/{map}/changes", "changes",
+        "The map's changes as Server-Sent Events, from now or after a change id",
+        _MAPS + "Watch",
+        (MAP, Param("after", "query", "a change id; 0 for every retained change"),
+         Param("include_entities", "query", "send upserted entities", {"type": "boolean"}),
+         Param("keys", "query", "only these keys, comma-separated"),
+         Param("Last-Event-ID", "header", "resume after this change (over 'after')")),
+        answer=SSE,
+    ),
+    Endpoint(
+        "POST", "/v1/enrich", "enrich",
+        "Newline-delimited JSON events in, enriched events out (one line each), streamed",
+        "/materializer.v1.EnrichService/Enrich",
+        (Param("profile", "query", "an enrichment profile of the configuration"),
+         Param("spec", "query", "a JoinSpec in protobuf JSON, instead of a profile"),
+         MIN_OFFSETS,
+         Param("batch", "query", "events per lookup round", {"type": "integer", "minimum": 1})),
+        NDJSON, NDJSON,
+    ),
+    Endpoint("GET", "/v1/maps/{map}/status", "status", "The map's state, lag and rates",
+             _ADMIN + "GetStatus", (MAP,), answer=admin_pb.MapStatus),
+    Endpoint("PUT", "/v1/maps/{map}/pause", "pause", "Stop folding after the batch in flight",
+             _ADMIN + "Pause", (MAP,), answer=admin_pb.ControlResponse, status=202),
+    Endpoint("PUT", "/v1/maps/{map}/resume", "resume", "Fold again from where it paused",
+             _ADMIN + "Resume", (MAP,), answer=admin_pb.ControlResponse, status=202),
+    Endpoint("POST", "/v1/maps/{map}/restart", "restart", "Stop and start the map's queries",
+             _ADMIN + "Restart", (MAP,), answer=admin_pb.ControlResponse, status=202),
+    Endpoint("PUT", "/v1/config/validate", "validate", "Check a configuration (YAML or JSON)",
+             _ADMIN + "ValidateConfig", (), "application/yaml",
+             admin_pb.ValidateConfigResponse),
+    Endpoint("GET", "/healthz", "healthz", "The process is up"),
+    Endpoint("GET", "/readyz", "readyz",
+             "Redis answers (and the map, with ?map=, is not being restored): 200, else 503",
+             params=(Param("map", "query", "one map's readiness"),)),
+    Endpoint("GET", "/openapi.json", "openapi", "This document", answer=JSON),
+)  # fmt: skip
+
+
+def _invalid(message: str) -> HttpAbort:
+    return HttpAbort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def _int(request: web.Request, name: str, minimum: int | None = None) -> int | None:
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise _invalid(f"{name}: not an integer: {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise _invalid(f"{name}: must be at least {minimum}")
+    return value
+
+
+def _bool(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name, "false").lower()
+    if raw not in ("true", "false", "1", "0", ""):
+        raise _invalid(f"{name}: true or false, not {raw!r}")
+    return raw in ("true", "1")
+
+
+def _list(request: web.Request, name: str) -> list[str]:
+    return [v for raw in request.query.getall(name, []) for v in raw.split(",") if v]
+
+
+def _timeout(request: web.Request) -> float | None:
+    ms = _int(request, "timeout_ms", 1)
+    return None if ms is None else ms / 1000
+
+
+def offsets_param(raw: str | None) -> list[common.PartitionOffset]:
+    """``topic:partition:offset,...`` (Kafka topic names hold no ``:``)."""
+    out = []
+    for item in (raw or "").split(","):
+        if not item:
+            continue
+        topic, _, rest = item.partition(":")
+        partition, _, offset = rest.partition(":")
+        try:
+            out.append(
+                common.PartitionOffset(topic=topic, partition=int(partition), offset=int(offset))
+            )
+        except ValueError:
+            raise _invalid(f"min_offsets: {item!r} is not topic:partition:offset") from None
+    return out
+
+
+def _offsets(offsets: shapes.Offsets) -> list[common.PartitionOffset]:
+    try:
+        return [
+            common.PartitionOffset(topic=t, partition=int(p), offset=o)
+            for t, parts in offsets.items()
+            for p, o in parts.items()
+        ]
+    except ValueError:
+        raise _invalid("min_offsets: partitions are numbers") from None
+
+
+def _json(body: Any, status: int = 200) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status, content_type=JSON)
+
+
+def _message(message: Any, status: int = 200) -> web.Response:
+    """A gRPC answer in protobuf's JSON mapping, field names as in the .proto."""
+    doc = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return _json(doc, status)
+
+
+def _entry(key: str, found: bool, raw: bytes) -> dict[str, Any]:
+    return {"key": key, "found": found, "entity": shapes.entity_json(raw) if found else None}
+
+
+class HttpFront:
+    """The endpoints' handlers over the servicers the gRPC server also serves."""
+
+    def __init__(
+        self,
+        maps: MapServicer,
+        enrich: EnrichServicer,
+        admin: AdminServicer,
+        health: RedisHealth,
+        authorizer: Authorizer | None,
+        request_maps: RequestMaps,
+        openapi: Callable[[], bytes],
+    ) -> None:
+        self._health = health
+        self._openapi = openapi
+
+        def call(method: str, behavior: Any, streaming: bool = False) -> Any:
+            return MethodCall(method, authorizer, request_maps).wrap(
+                behavior, streaming_requests=streaming
+            )
+
+        self._get = call(_MAPS + "Get", maps.Get)
+        self._get_as_of = call(_MAPS + "GetAsOf", maps.GetAsOf)
+        self._batch_get = call(_MAPS + "BatchGet", maps.BatchGet)
+        self._query = call(_MAPS + "Query", maps.Query)
+        self._watch = call(_MAPS + "Watch", maps.Watch)
+        self._enrich = call("/materializer.v1.EnrichService/Enrich", enrich.Enrich, True)
+        self._list_maps = call(_ADMIN + "ListMaps", admin.ListMaps)
+        self._status = call(_ADMIN + "GetStatus", admin.GetStatus)
+        self._pause = call(_ADMIN + "Pause", admin.Pause)
+        self._resume = call(_ADMIN + "Resume", admin.Resume)
+        self._restart = call(_ADMIN + "Restart", admin.Restart)
+        self._validate = call(_ADMIN + "ValidateConfig", admin.ValidateConfig)
+
+    def handler(self, endpoint: Endpoint) -> Handler:
+        """The handler of ``endpoint``."""
+        handler: Handler = getattr(self, endpoint.name)
+        return handler
+
+    async def list_maps(self, request: web.Request) -> web.Response:
+        """``ListMaps``."""
+        answer = await self._list_maps(admin_pb.ListMapsRequest(), HttpContext(request))
+        return _message(answer)
+
+    async def get_entity(self, request: web.Request) -> web.Response:
+        """``Get``, or ``GetAsOf`` with ``as_of_version`` / ``as_of_timestamp``."""
+        name, key = request.match_info["map"], request.match_info["key"]
+        version = _int(request, "as_of_version")
+        stamp = request.query.get("as_of_timestamp")
+        context = HttpContext(request, _timeout(request))
+        if version is not None or stamp is not None:
+            as_of = map_pb.GetAsOfRequest(map=name, key=key)
+            if version is not None and stamp is not None:
+                raise _invalid("as_of_version and as_of_timestamp: give one")
+            if version is not None:
+                as_of.version = version
+            else:
+                try:
+                    as_of.timestamp.FromJsonString(stamp or "")
+                except ValueError:
+                    raise _invalid(f"as_of_timestamp: not RFC 3339: {stamp!r}") from None
+            then = await self._get_as_of(as_of, context)
+            body: dict[str, Any] = {
+                **_entry(key, then.found, then.entity),
+                "table_version": then.table_version,
+            }
+            if then.HasField("committed_at"):
+                body["committed_at"] = then.committed_at.ToJsonString()
+            return _json(body)
+        wanted = common.Freshness(min_offsets=offsets_param(request.query.get("min_offsets")))
+        answer = await self._get(map_pb.GetRequest(map=name, key=key, freshness=wanted), context)
+        body = _entry(key, answer.found, answer.entity)
+        body["watermark"] = (
+            shapes.watermark(answer.watermark) if answer.HasField("watermark") else None
+        )
+        return _json(body)
+
+    async def batch_get(self, request: web.Request) -> web.Response:
+        """``BatchGet`` of a JSON body's keys."""
+        asked = await _body(request, shapes.BatchGetBody)
+        call = map_pb.BatchGetRequest(
+            map=request.match_info["map"],
+            keys=asked.keys,
+            freshness=common.Freshness(min_offsets=_offsets(asked.min_offsets)),
+        )
+        timeout = None if asked.timeout_ms is None else asked.timeout_ms / 1000
+        answer = await self._batch_get(call, HttpContext(request, timeout))
+        body: dict[str, Any] = {
+            "entries": [_entry(e.key, e.found, e.entity) for e in answer.entries],
+            "watermark": shapes.watermark(answer.watermark)
+            if answer.HasField("watermark")
+            else None,
+        }
+        return _json(body)
+
+    async def query(self, request: web.Request) -> web.Response:
+        """The first page of ``Query``; its ``next_page_token`` asks for the next."""
+        call = map_pb.QueryRequest(
+            map=request.match_info["map"],
+            fields=_list(request, "fields"),
+            limit=_int(request, "limit", 0) or 0,
+            page_size=_int(request, "page_size", 0) or 0,
+            page_token=request.query.get("page_token", ""),
+        )
+        if "where" in request.query:
+            call.where = request.query["where"]
+        pages = self._query(call, HttpContext(request, _timeout(request)))
+        try:
+            page = await anext(pages, None)
+        finally:
+            await pages.aclose()
+        rows = [] if page is None else page.rows
+        body = {
+            "rows": [{"key": r.key, "entity": shapes.entity_json(r.entity)} for r in rows],
+            "next_page_token": (page.page_token or None) if page is not None else None,
+            "table_version": page.table_version if page is not None else -1,
+        }
+        return _json(body)
+
+    async def changes(self, request: web.Request) -> web.StreamResponse:
+        """``Watch`` as Server-Sent Events: ``id`` the change id, ``data`` a ``ChangeEvent``."""
+        after = request.headers.get("Last-Event-ID") or request.query.get("after", "")
+        call = map_pb.WatchRequest(
+            map=request.match_info["map"],
+            after_change_id=after,
+            include_entities=_bool(request, "include_entities"),
+            keys=_list(request, "keys"),
+        )
+        response = web.StreamResponse(headers={"Content-Type": SSE, "Cache-Control": "no-cache"})
+
+        async def opened() -> None:
+            await response.prepare(request)
+
+        context = HttpContext(request, on_initial_metadata=opened)
+        stream = self._watch(call, context)
+        try:
+            async for answer in _with_keepalives(stream, response):
+                if answer is None:
+                    await response.write(b": keepalive\n\n")
+                    continue
+                await response.write(b"".join(_sse(change) for change in answer.changes))
+        except HttpAbort as exc:
+            if not response.prepared:
+                raise
+            # Positioned, then ended (the stream trimmed past this watcher): said in the stream.
+            await response.write(
+                b"event: error\ndata: " + error_body(exc.code.name, exc.message) + b"\n\n"
+            )
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass  # the client went away
+        finally:
+            await stream.aclose()
+        return response
+
+    async def enrich(self, request: web.Request) -> web.StreamResponse:
+        """``Enrich`` of an NDJSON body, answered line by line as the lookups go."""
+        first = enrich_pb.EnrichRequest(
+            freshness=common.Freshness(min_offsets=offsets_param(request.query.get("min_offsets")))
+        )
+        if "spec" in request.query:
+            try:
+                json_format.Parse(request.query["spec"], first.spec)
+            except json_format.ParseError as exc:
+                raise _invalid(f"spec: {exc}") from None
+        elif "profile" in request.query:
+            first.profile = request.query["profile"]
+        batch = _int(request, "batch", 1) or ENRICH_BATCH
+        starts: list[int] = []
+
+        async def requests() -> AsyncIterator[enrich_pb.EnrichRequest]:
+            pending = first
+            events: list[bytes] = []
+            seen = 0
+            while True:
+                try:
+                    line = await request.content.readline()
+                except ValueError:
+                    raise HttpAbort(
+                        grpc.StatusCode.RESOURCE_EXHAUSTED,
+                        f"line {seen + len(events) + 1}: longer than {MAX_LINE_BYTES} bytes",
+                    ) from None
+                if line.strip():
+                    events.append(line.strip())
+                if events and (len(events) >= batch or not line):
+                    pending.events.extend(events)
+                    pending.request_id = str(len(starts))
+                    starts.append(seen)
+                    seen += len(events)
+                    events = []
+                    yield pending
+                    pending = enrich_pb.EnrichRequest()
+                if not line:
+                    return
+
+        response = web.StreamResponse(headers={"Content-Type": NDJSON})
+        answers = self._enrich(requests(), HttpContext(request))
+        try:
+            async for answer in answers:
+                if not response.prepared:
+                    await response.prepare(request)
+                start = starts[int(answer.request_id)]
+                await response.write(b"".join(_enriched(start, e) for e in answer.events))
+        except HttpAbort as exc:
+            if not response.prepared:
+                raise
+            await response.write(error_body(exc.code.name, exc.message) + b"\n")
+        finally:
+            await answers.aclose()
+        if not response.prepared:
+            await response.prepare(request)  # an empty body: nothing to enrich
+        await response.write_eof()
+        return response
+
+    async def status(self, request: web.Request) -> web.Response:
+        """``GetStatus`` of one map."""
+        call = admin_pb.GetStatusRequest(map=request.match_info["map"])
+        answer = await self._status(call, HttpContext(request))
+        return _message(answer.maps[0])
+
+    async def pause(self, request: web.Request) -> web.Response:
+        """``Pause``: accepted; the map pauses after its batch in flight."""
+        call = admin_pb.ControlRequest(map=request.match_info["map"])
+        return _message(await self._pause(call, HttpContext(request)), 202)
+
+    async def resume(self, request: web.Request) -> web.Response:
+        """``Resume``."""
+        call = admin_pb.ControlRequest(map=request.match_info["map"])
+        return _message(await self._resume(call, HttpContext(request)), 202)
+
+    async def restart(self, request: web.Request) -> web.Response:
+        """``Restart``."""
+        call = admin_pb.ControlRequest(map=request.match_info["map"])
+        return _message(await self._restart(call, HttpContext(request)), 202)
+
+    async def validate(self, request: web.Request) -> web.Response:
+        """``ValidateConfig`` of the body, a configuration document."""
+        text = await request.text()
+        answer = await self._validate(
+            admin_pb.ValidateConfigRequest(config=text), HttpContext(request)
+        )
+        return _message(answer)
+
+    async def healthz(self, _: web.Request) -> web.Response:
+        """Liveness: the process answers."""
+        return _json({"status": "SERVING"})
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        """Readiness: Redis answers, and with ``map`` that map is not being restored."""
+        name = request.query.get("map")
+        ok = self._health.serving if name is None else self._health.map_serving(name)
+        if ok:
+            return _json({"status": "SERVING"})
+        return error_response(
+            grpc.StatusCode.UNAVAILABLE,
+            "not serving: Redis does not answer"
+            if not self._health.serving
+            else f"map {name!r} is not serving",
+        )
+
+    async def openapi(self, _: web.Request) -> web.Response:
+        """The OpenAPI document of ``ENDPOINTS``."""
+        return web.Response(body=self._openapi(), content_type=JSON)
+
+
+async def _body(request: web.Request, model: type[shapes._Shape]) -> Any:
+    """The JSON body validated by ``model``; an error names the field."""
+    raw = await request.read()
+    try:
+        return model.model_validate_json(raw)
+    except pydantic.ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(p) for p in problem["loc"]) or "body"
+        raise _invalid(f"{where}: {problem['msg']}") from None
+
+
+async def _with_keepalives(
+    stream: AsyncIterator[Any], response: web.StreamResponse
+) -> AsyncIterator[Any]:
+    """The stream's items, and None after each ``KEEPALIVE_S`` without one (once it is open)."""
+    waiting: asyncio.Task[Any] | None = None
+    try:
+        while True:
+            if waiting is None:
+                waiting = asyncio.ensure_future(anext(stream))
+            done, _ = await asyncio.wait({waiting}, timeout=KEEPALIVE_S)
+            if not done:
+                if response.prepared:
+                    yield None
+                continue
+            task, waiting = waiting, None
+            try:
+                yield task.result()
+            except StopAsyncIteration:
+                return
+    finally:
+        if waiting is not None:
+            waiting.cancel()
+            with contextlib.suppress(BaseException):
+                await waiting
+
+
+_OPS = {
+    map_pb.Change.UPSERT: "upsert",
+    map_pb.Change.DELETE: "delete",
+    map_pb.Change.EXPIRE: "expire",
+}
+
+
+def _sse(change: map_pb.Change) -> bytes:
+    data: dict[str, Any] = {
+        "change_id": change.change_id,
+        "key": change.key,
+        "op": _OPS.get(change.op, "upsert"),
+        "batch_id": change.batch_id,
+    }
+    if change.entity:
+        data["entity"] = shapes.entity_json(change.entity)
+    return b"id: %s\nevent: change\ndata: %s\n\n" % (change.change_id.encode(), orjson.dumps(data))
+
+
+def _enriched(start: int, event: enrich_pb.EnrichedEvent) -> bytes:
+    line: dict[str, Any] = {"index": start + event.index}
+    enriched = event.event and not event.dropped and not event.error
+    line["event"] = shapes.entity_json(event.event) if enriched else None
+    if event.dropped:
+        line["dropped"] = True
+    if event.error:
+        line["error"] = event.error
+    if event.missed:
+        line["missed"] = list(event.missed)
+    return orjson.dumps(line) + b"\n"

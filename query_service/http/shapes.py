@@ -1,0 +1,203 @@
+"""The JSON the HTTP front takes and gives: the models its OpenAPI document is built from.
+
+Entities are JSON objects here, not the bytes gRPC carries: an answer embeds
+each entity's JSON as Redis holds it (``orjson.Fragment``, never parsed and
+dumped again). The models validate request bodies (``extra="forbid"``, so a
+misspelt field is an error naming it) and describe answers; the answers
+themselves are written by ``routes`` straight from the gRPC responses, and a
+test checks them against these models. Admin answers are the gRPC messages
+in protobuf's JSON mapping, described by ``message_schema`` from the
+descriptors themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import orjson
+from google.protobuf.descriptor import Descriptor, FieldDescriptor
+from pydantic import BaseModel, ConfigDict, Field
+
+from materializer.v1 import common_pb2
+
+Offsets = dict[str, dict[str, int]]
+"""``{"topic": {"partition": next_offset}}``, as the Redis watermark holds them."""
+
+
+class _Shape(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Watermark(_Shape):
+    """How far the map was when it answered: its last batch and, per source partition, the
+    next offset after what it folded."""
+
+    batch_id: int
+    offsets: Offsets
+    updated_at: str | None = Field(None, description="RFC 3339, UTC; when the batch was written")
+
+
+class Entity(_Shape):
+    """One entity of a map."""
+
+    key: str
+    found: bool
+    entity: dict[str, Any] | None = Field(None, description="the entity's JSON; null if not found")
+    watermark: Watermark | None = None
+
+
+class EntityAsOf(_Shape):
+    """One entity as the map's Delta table held it at a version or time."""
+
+    key: str
+    found: bool
+    entity: dict[str, Any] | None = None
+    table_version: int
+    committed_at: str | None = Field(None, description="RFC 3339; when that version committed")
+
+
+class BatchGetBody(_Shape):
+    """Keys to look up in one call, and the positions the answer must reflect."""
+
+    keys: list[str]
+    min_offsets: Offsets = Field(default_factory=dict, description="read-your-writes")
+    timeout_ms: int | None = Field(None, gt=0, description="how long to wait for min_offsets")
+
+
+class BatchEntry(_Shape):
+    """One key of a batch lookup."""
+
+    key: str
+    found: bool
+    entity: dict[str, Any] | None = None
+
+
+class BatchGetAnswer(_Shape):
+    """One entry per key asked, in the order asked, and a watermark below them all."""
+
+    entries: list[BatchEntry]
+    watermark: Watermark | None = None
+
+
+class Row(_Shape):
+    """One row of a query."""
+
+    key: str
+    entity: dict[str, Any]
+
+
+class QueryPage(_Shape):
+    """A page of a query's rows; ``next_page_token`` asks for the next."""
+
+    rows: list[Row]
+    next_page_token: str | None = None
+    table_version: int
+
+
+class ChangeEvent(_Shape):
+    """The data of one Server-Sent Event of ``changes`` (its ``id`` is ``change_id``)."""
+
+    change_id: str
+    key: str
+    op: Literal["upsert", "delete", "expire"]
+    batch_id: int = Field(description="-1 for an expiry")
+    entity: dict[str, Any] | None = Field(None, description="with include_entities, for upserts")
+
+
+class EnrichedEvent(_Shape):
+    """One line of an enrichment's answer, for the event at ``index`` (0-based)."""
+
+    index: int
+    event: dict[str, Any] | None = Field(None, description="the enriched event; null if dropped")
+    dropped: bool = False
+    error: str | None = None
+    missed: list[str] = Field(default_factory=list, description="lookups that found no entity")
+
+
+class ErrorDetail(_Shape):
+    """What went wrong: the status, and a message that names the field or key at fault."""
+
+    code: str = Field(description="the gRPC status name: NOT_FOUND, INVALID_ARGUMENT, ...")
+    message: str
+
+
+class Error(_Shape):
+    """Every error answer."""
+
+    error: ErrorDetail
+
+
+class Health(_Shape):
+    """Liveness or readiness."""
+
+    status: Literal["SERVING", "NOT_SERVING"]
+
+
+def watermark(mark: common_pb2.Watermark) -> dict[str, Any]:
+    """A gRPC watermark as ``Watermark``'s JSON."""
+    offsets: Offsets = {}
+    for p in mark.offsets:
+        offsets.setdefault(p.topic, {})[str(p.partition)] = p.offset
+    out: dict[str, Any] = {"batch_id": mark.batch_id, "offsets": offsets}
+    if mark.HasField("updated_at"):
+        out["updated_at"] = mark.updated_at.ToJsonString()
+    return out
+
+
+def entity_json(raw: bytes) -> orjson.Fragment:
+    """An entity's JSON as Redis holds it, embedded as is."""
+    return orjson.Fragment(raw)
+
+
+_SCALARS: dict[int, dict[str, Any]] = {
+    FieldDescriptor.TYPE_DOUBLE: {"type": "number"},
+    FieldDescriptor.TYPE_FLOAT: {"type": "number"},
+    FieldDescriptor.TYPE_INT64: {"type": "string", "format": "int64"},
+    FieldDescriptor.TYPE_UINT64: {"type": "string", "format": "uint64"},
+    FieldDescriptor.TYPE_SINT64: {"type": "string", "format": "int64"},
+    FieldDescriptor.TYPE_FIXED64: {"type": "string", "format": "uint64"},
+    FieldDescriptor.TYPE_SFIXED64: {"type": "string", "format": "int64"},
+    FieldDescriptor.TYPE_INT32: {"type": "integer", "format": "int32"},
+    FieldDescriptor.TYPE_UINT32: {"type": "integer", "format": "uint32"},
+    FieldDescriptor.TYPE_SINT32: {"type": "integer", "format": "int32"},
+    FieldDescriptor.TYPE_FIXED32: {"type": "integer", "format": "uint32"},
+    FieldDescriptor.TYPE_SFIXED32: {"type": "integer", "format": "int32"},
+    FieldDescriptor.TYPE_BOOL: {"type": "boolean"},
+    FieldDescriptor.TYPE_STRING: {"type": "string"},
+    FieldDescriptor.TYPE_BYTES: {"type": "string", "format": "byte"},
+}
+
+
+def message_schema(descriptor: Descriptor, schemas: dict[str, Any]) -> dict[str, Any]:
+    """A ``$ref`` to the JSON Schema of a protobuf message in protobuf's JSON mapping (field
+    names as in the .proto), adding it and the messages it uses to ``schemas``."""
+    name = descriptor.full_name.rsplit(".", 1)[-1]
+    ref = {"$ref": f"#/components/schemas/{name}"}
+    if name in schemas:
+        return ref
+    if descriptor.full_name == "google.protobuf.Timestamp":
+        schemas[name] = {"type": "string", "format": "date-time"}
+        return ref
+    schemas[name] = {}  # a placeholder: recursive messages refer to themselves
+    properties: dict[str, Any] = {}
+    for field in descriptor.fields:
+        if field.message_type is not None and field.message_type.GetOptions().map_entry:
+            value = field.message_type.fields_by_name["value"]
+            properties[field.name] = {
+                "type": "object",
+                "additionalProperties": _field_schema(value, schemas),
+            }
+            continue
+        schema = _field_schema(field, schemas)
+        repeated = field.is_repeated
+        properties[field.name] = {"type": "array", "items": schema} if repeated else schema
+    schemas[name] = {"type": "object", "properties": properties}
+    return ref
+
+
+def _field_schema(field: FieldDescriptor, schemas: dict[str, Any]) -> dict[str, Any]:
+    if field.message_type is not None:
+        return message_schema(field.message_type, schemas)
+    if field.enum_type is not None:
+        return {"type": "string", "enum": [v.name for v in field.enum_type.values]}
+    return dict(_SCALARS[field.type])
