@@ -15,7 +15,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Any, NoReturn
 
 import grpc
@@ -34,50 +34,70 @@ RequestMaps = Callable[[str, Any], Iterable[str]]
 """The maps a request of a method names (for per-map grants)."""
 
 
-class ErrorInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Map ``QueryServiceError`` to its ``code`` and any other exception to ``INTERNAL``.
+class _Captured:
+    """Stands in for the server while a generated ``add_*Servicer_to_server`` registers."""
 
-    With an ``authorizer``, every call but health and reflection needs a
-    bearer token whose grant covers the method's verb and the request's maps.
-    Works for all four RPC kinds and keeps each handler's shape (coroutine or
-    async generator), because grpc.aio picks how to drive a handler by
-    inspecting it. Aborts a handler made itself, and cancellations, pass
-    through untouched.
-    """
+    def __init__(self) -> None:
+        self.handlers: dict[str, dict[str, grpc.RpcMethodHandler]] = {}
 
-    def __init__(
-        self, authorizer: Authorizer | None = None, request_maps: RequestMaps | None = None
+    def add_generic_rpc_handlers(self, _: object) -> None:
+        """The same handlers as ``add_registered_method_handlers`` gets."""
+
+    def add_registered_method_handlers(
+        self, service: str, handlers: dict[str, grpc.RpcMethodHandler]
     ) -> None:
-        self._authorizer = authorizer
-        self._request_maps = request_maps or (lambda method, request: ())
-        self._wrapped: dict[str, grpc.RpcMethodHandler] = {}
-        """Per method, built on its first call: the handlers never change."""
+        self.handlers[service] = handlers
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        """Wrap the behaviour of the handler the rest of the chain resolves."""
-        method: str = handler_call_details.method
-        wrapped = self._wrapped.get(method)
-        if wrapped is not None:
-            return wrapped
-        handler = await continuation(handler_call_details)
-        if handler is None:  # unknown method: grpc answers UNIMPLEMENTED itself
-            return None
-        call = MethodCall(method, self._authorizer, self._request_maps)
-        for kind, factory in _FACTORIES.items():
-            behavior = getattr(handler, kind)
-            if behavior is not None:
-                wrapped = factory(
-                    call.wrap(behavior, streaming_requests=kind.startswith("stream_")),
-                    request_deserializer=_lenient(handler.request_deserializer),
-                    response_serializer=handler.response_serializer,
-                )
-                self._wrapped[method] = wrapped
-                return wrapped
-        return handler
+
+def add_wrapped(
+    server: grpc.aio.Server,
+    add_to_server: Callable[[Any, Any], None],
+    servicer: Any,
+    authorizer: Authorizer | None = None,
+    request_maps: RequestMaps | None = None,
+) -> None:
+    """Register ``servicer`` (with its generated ``add_*Servicer_to_server``) on ``server``,
+    each method wrapped once by ``MethodCall``.
+
+    ``QueryServiceError`` becomes its ``code``, any other exception
+    ``INTERNAL``; with an ``authorizer``, every call needs a bearer token
+    whose grant covers the method's verb and the request's maps. Works for
+    all four RPC kinds and keeps each handler's shape (coroutine or async
+    generator), because grpc.aio picks how to drive a handler by inspecting
+    it. Aborts a handler made itself, and cancellations, pass through.
+    Wrapped at registration rather than by a server interceptor: grpc.aio
+    runs an interceptor's coroutine on every call, which cost a lookup about a
+    tenth of its CPU (``bench/query.py``). Health needs no token
+    (``OPEN_PREFIXES``).
+    """
+    captured = _Captured()
+    add_to_server(servicer, captured)
+    maps_of = request_maps or (lambda method, request: ())
+    for service, handlers in captured.handlers.items():
+        wrapped = {
+            name: _wrapped(f"/{service}/{name}", handler, authorizer, maps_of)
+            for name, handler in handlers.items()
+        }
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, wrapped),))
+        server.add_registered_method_handlers(service, wrapped)
+
+
+def _wrapped(
+    method: str,
+    handler: grpc.RpcMethodHandler,
+    authorizer: Authorizer | None,
+    request_maps: RequestMaps,
+) -> grpc.RpcMethodHandler:
+    call = MethodCall(method, authorizer, request_maps)
+    for kind, factory in _FACTORIES.items():
+        behavior = getattr(handler, kind)
+        if behavior is not None:
+            return factory(
+                call.wrap(behavior, streaming_requests=kind.startswith("stream_")),
+                request_deserializer=_lenient(handler.request_deserializer),
+                response_serializer=handler.response_serializer,
+            )
+    return handler
 
 
 class _Undecodable:
@@ -131,6 +151,8 @@ class MethodCall:
         self.short = method.rsplit("/", 1)[-1]
         self._authorizer = None if method.startswith(OPEN_PREFIXES) else authorizer
         self._request_maps = request_maps
+        self._counters: dict[grpc.StatusCode, Any] = {}
+        self._latency = LATENCY.labels(self.short)
 
     def _authorize(self, context: grpc.aio.ServicerContext) -> Grant | None:
         if self._authorizer is None:
@@ -211,8 +233,13 @@ class MethodCall:
         raise AssertionError("unreachable: context.abort raises")
 
     def _measure(self, started: float, code: grpc.StatusCode) -> None:
-        REQUESTS.labels(self.short, code.name).inc()
-        LATENCY.labels(self.short).observe(time.perf_counter() - started)
+        # The labelled children are looked up once: ``labels()`` takes a lock and builds
+        # a key on every call, a measurable share of a lookup's CPU.
+        counter = self._counters.get(code)
+        if counter is None:
+            counter = self._counters[code] = REQUESTS.labels(self.short, code.name)
+        counter.inc()
+        self._latency.observe(time.perf_counter() - started)
 
 
 def _code_of(exc: BaseException, context: grpc.aio.ServicerContext) -> grpc.StatusCode:

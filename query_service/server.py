@@ -28,7 +28,7 @@ from materializer.v1 import map_service_pb2_grpc as map_pb_grpc
 from query_service.auth import Authorizer, request_maps
 from query_service.freshness import FreshnessGate
 from query_service.health import RedisHealth
-from query_service.interceptors import ErrorInterceptor
+from query_service.interceptors import add_wrapped
 from query_service.metrics import serve_metrics
 from query_service.near_cache import NearCaches
 from query_service.services.admin_service import AdminServicer
@@ -138,7 +138,7 @@ async def create_servers(
 
     Registers ``MapService``, ``EnrichService`` and ``AdminService`` over the
     maps of ``config``, ``grpc.health.v1`` and server reflection, behind the
-    one interceptor (bearer tokens when ``query.auth`` is set, metrics, status
+    one wrapper (bearer tokens when ``query.auth`` is set, metrics, status
     mapping); the HTTP front calls the same servicer methods through the same
     wrapper. Health follows Redis: NOT_SERVING while it cannot be reached.
     Both ports are TLS when ``query.tls`` is set.
@@ -159,19 +159,21 @@ async def create_servers(
         near_caches = NearCaches(store, config.query.near_cache)
         await near_caches.start()
     maps_of = request_maps(config)
-    interceptor = ErrorInterceptor(authorizer, maps_of)
-    server = grpc.aio.server(interceptors=[interceptor], options=SERVER_OPTIONS)
+    server = grpc.aio.server(options=SERVER_OPTIONS)
     topics = {name: m.source.topics for name, m in config.maps.items()}
     gate = FreshnessGate(store, topics)
     maps = MapServicer(config, store, gate, TableReads(config, store.generation), near_caches)
     enrich = EnrichServicer(config, store, gate)
     admin = AdminServicer(config, ControlStore(store.client), LogEnds(config.kafka))
-    map_pb_grpc.add_MapServiceServicer_to_server(maps, server)  # type: ignore[no-untyped-call]
-    enrich_pb_grpc.add_EnrichServiceServicer_to_server(enrich, server)  # type: ignore[no-untyped-call]
-    admin_pb_grpc.add_AdminServiceServicer_to_server(admin, server)  # type: ignore[no-untyped-call]
+    for add, servicer in (
+        (map_pb_grpc.add_MapServiceServicer_to_server, maps),
+        (enrich_pb_grpc.add_EnrichServiceServicer_to_server, enrich),
+        (admin_pb_grpc.add_AdminServiceServicer_to_server, admin),
+    ):
+        add_wrapped(server, add, servicer, authorizer, maps_of)
 
     health_servicer = health.aio.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    add_wrapped(server, health_pb2_grpc.add_HealthServicer_to_server, health_servicer)
     redis_health = RedisHealth(health_servicer, store.client, SERVICES, maps=list(config.maps))
     await redis_health.start()
     if background is not None:

@@ -50,6 +50,8 @@ class MapServicer(pb_grpc.MapServiceServicer):
         self._gate = gate
         self._tables = tables
         self._reads = near_caches if near_caches is not None else NearCaches(store, {})
+        self._protos: dict[str, tuple[Watermark, common.Watermark]] = {}
+        """Per map, the last watermark answered and its wire form: lookups share one."""
 
     async def Get(
         self, request: pb.GetRequest, context: grpc.aio.ServicerContext
@@ -60,10 +62,20 @@ class MapServicer(pb_grpc.MapServiceServicer):
         wanted = request.freshness.min_offsets
         await self._gate.wait(request.map, wanted, context.time_remaining())
         lookup = await self._reads.get(request.map, request.key, wanted)
-        response = pb.GetResponse(found=lookup.entity is not None, entity=lookup.entity or b"")
-        if lookup.watermark is not None:
-            response.watermark.CopyFrom(watermark_to_proto(lookup.watermark))
-        return response
+        found = lookup.entity is not None
+        if lookup.watermark is None:
+            return pb.GetResponse(found=found, entity=lookup.entity or b"")
+        mark = self._proto(request.map, lookup.watermark)
+        return pb.GetResponse(found=found, entity=lookup.entity or b"", watermark=mark)
+
+    def _proto(self, map_name: str, watermark: Watermark) -> common.Watermark:
+        """``watermark_to_proto``, once per watermark the store reads."""
+        kept = self._protos.get(map_name)
+        if kept is not None and kept[0] is watermark:
+            return kept[1]
+        message = watermark_to_proto(watermark)
+        self._protos[map_name] = (watermark, message)
+        return message
 
     async def BatchGet(
         self, request: pb.BatchGetRequest, context: grpc.aio.ServicerContext
@@ -81,7 +93,7 @@ class MapServicer(pb_grpc.MapServiceServicer):
             ]
         )
         if batch.watermark is not None:
-            response.watermark.CopyFrom(watermark_to_proto(batch.watermark))
+            response.watermark.CopyFrom(self._proto(request.map, batch.watermark))
         return response
 
     async def Watch(

@@ -42,6 +42,10 @@ log = logging.getLogger(__name__)
 
 REPLY_SECONDS = 5.0
 """How long a blocking read may outlast its block when the URL sets no socket timeout."""
+WATERMARK_SECONDS = 0.05
+"""How long lookups reuse a map's watermark before one of them reads it again: an older
+watermark is still a lower bound of what they read after it, and one ``HGETALL`` per map
+per interval, not per lookup, is what a lookup's CPU gains."""
 CHECK_SECONDS = 1.0
 """How often lookups that found their keys look for markers not seen yet."""
 MAX_WAITING_CONNECTIONS = 10_000
@@ -97,6 +101,8 @@ class RedisMapStore(MapStore):
         self._reply_seconds = float(kwargs.get("socket_timeout") or REPLY_SECONDS)
         self._coalescer = Coalescer(self.get_many)
         self._generations = Generations(client)
+        self._marks: dict[str, tuple[float, Watermark | None]] = {}
+        """Per physical map: when its newest watermark read started, and what it read."""
         self._whole: set[str] = set()
         """Physical maps whose markers were all seen: a later miss without them is a loss."""
         self._checked: dict[str, float] = {}
@@ -135,11 +141,24 @@ class RedisMapStore(MapStore):
         return cast("bytes | None", value)  # bytes: the client does not decode replies
 
     async def watermark(self, map_name: str) -> Watermark | None:
-        """``HGETALL <map>:__meta__``."""
+        """``HGETALL <map>:__meta__``, read now (lookups after it reuse it)."""
         physical = await self._physical(map_name)
+        started = time.monotonic()
         async with self._unavailable_on_connection_errors():
             raw = await self._client.hgetall(meta_key(physical))
-        return Watermark.from_hash(cast("dict[bytes, bytes]", raw))
+        mark = Watermark.from_hash(cast("dict[bytes, bytes]", raw))
+        self._keep_mark(physical, started, mark)
+        return mark
+
+    def _keep_mark(self, physical: str, started: float, mark: Watermark | None) -> None:
+        """Keep the newest read: a read that started earlier never replaces a later one."""
+        kept = self._marks.get(physical)
+        if kept is None or kept[0] <= started:
+            self._marks[physical] = (started, mark)
+
+    def _fresh_mark(self, physical: str, now: float) -> tuple[float, Watermark | None] | None:
+        kept = self._marks.get(physical)
+        return kept if kept is not None and now - kept[0] < WATERMARK_SECONDS else None
 
     async def get_with_watermark(self, map_name: str, key: str) -> Lookup:
         """``HGETALL`` then ``MGET`` in one pipeline, shared by the lookups of the same turn.
@@ -156,23 +175,32 @@ class RedisMapStore(MapStore):
         return (await self.get_across({map_name: keys}))[map_name]
 
     async def get_across(self, keys_by_map: Mapping[str, Sequence[str]]) -> dict[str, BatchLookup]:
-        """Per map ``HGETALL <map>:__meta__`` then ``MGET`` of its keys, all in one pipeline
-        (one ``GET`` per key on a Redis Cluster, ``materializer.redis_client.queue_gets``)."""
+        """Per map ``HGETALL <map>:__meta__`` (unless read within ``WATERMARK_SECONDS``) then
+        ``MGET`` of its keys, all in one pipeline (one ``GET`` per key on a Redis Cluster,
+        ``materializer.redis_client.queue_gets``)."""
         names = list(keys_by_map)
         physical = {name: await self._physical(name) for name in names}
+        now = time.monotonic()
+        kept = {name: self._fresh_mark(physical[name], now) for name in names}
         takes = []
         async with (
             self._unavailable_on_connection_errors(),
             self._client.pipeline(transaction=False) as pipe,
         ):
             for name in names:
-                pipe.hgetall(meta_key(physical[name]))
+                if kept[name] is None:
+                    pipe.hgetall(meta_key(physical[name]))
                 keys = keys_by_map[name]
                 takes.append(queue_gets(pipe, [entity_key(physical[name], k) for k in keys]))
             replies = iter(await pipe.execute())
         out = {}
         for name, take in zip(names, takes, strict=True):
-            mark = Watermark.from_hash(next(replies))
+            fresh = kept[name]
+            if fresh is None:
+                mark = Watermark.from_hash(next(replies))
+                self._keep_mark(physical[name], now, mark)
+            else:
+                mark = fresh[1]
             entities = take(replies)
             out[name] = BatchLookup(entities=entities, watermark=mark)
             missing = any(entity is None for entity in entities)

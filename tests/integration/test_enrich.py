@@ -439,7 +439,9 @@ def test_a_batch_of_requests_costs_one_mget_per_map_and_round(
         finally:
             await store.close()
         # Round 0: users (both specs); round 1: companies and users; round 2: companies.
-        assert (after[0] - before[0], after[1] - before[1]) == (4, 4)
+        assert after[0] - before[0] == 4
+        # A watermark read within the last moments is reused: at most one per map and round.
+        assert 2 <= after[1] - before[1] <= 4
         return batch
 
     batch = asyncio.run(main())

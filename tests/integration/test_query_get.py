@@ -24,6 +24,7 @@ from query_redis_helpers import make_config, map_doc, run
 from materializer.config import AppConfig
 from materializer.layout import MapReport, Watermark, entity_key, marker_key, meta_key, status_key
 from materializer.testing import free_port
+from materializer.v1 import common_pb2
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
 from query_service.interceptors import INTERNAL_DETAILS
@@ -94,6 +95,33 @@ def test_get_returns_entity_and_watermark(
     ]
     assert wm.HasField("updated_at")
     assert wm.updated_at.ToMilliseconds() == 1_700_000_000_123
+
+
+def test_a_lookup_that_waited_for_offsets_carries_a_watermark_that_covers_them(
+    redis_url: str, redis_client: redis.Redis, map_name: str
+) -> None:
+    """Lookups share a recent watermark; one that waited for offsets answers with the
+    watermark it waited for, never an older shared one."""
+    redis_client.set(entity_key(map_name, "u1"), ENTITY)
+    topic = f"{map_name}-events"
+    write_watermark(redis_client, map_name, Watermark(1, {topic: {0: 5}}, 1))
+
+    async def body(channel: grpc.aio.Channel) -> tuple[pb.GetResponse, pb.GetResponse]:
+        stub = pb_grpc.MapServiceStub(channel)
+        first = await stub.Get(pb.GetRequest(map=map_name, key="u1"), timeout=DEADLINE)
+        write_watermark(redis_client, map_name, Watermark(2, {topic: {0: 10}}, 2))
+        wanted = common_pb2.Freshness(
+            min_offsets=[common_pb2.PartitionOffset(topic=topic, partition=0, offset=10)]
+        )
+        second = await stub.Get(
+            pb.GetRequest(map=map_name, key="u1", freshness=wanted), timeout=DEADLINE
+        )
+        return first, second
+
+    first, second = run(make_config(redis_url, map_name), body)
+    assert first.watermark.batch_id == 1
+    assert second.watermark.batch_id == 2
+    assert [(o.partition, o.offset) for o in second.watermark.offsets] == [(0, 10)]
 
 
 def test_missing_key_is_not_found_but_carries_the_watermark(
@@ -253,9 +281,7 @@ def test_a_map_redis_lost_answers_unavailable_for_a_missing_key_never_not_found(
         redis_client.delete(marker_key(map_name))
 
 
-def test_aborts_made_by_a_handler_pass_the_interceptor_untouched(
-    redis_url: str, map_name: str
-) -> None:
+def test_aborts_made_by_a_handler_pass_the_wrapper_untouched(redis_url: str, map_name: str) -> None:
     async def body(channel: grpc.aio.Channel) -> None:
         stub = health_pb2_grpc.HealthStub(channel)
         await stub.Check(health_pb2.HealthCheckRequest(service="no.such.Service"), timeout=DEADLINE)
