@@ -1,7 +1,7 @@
 """Errors the query service raises on purpose; each one owns its gRPC status code.
 
-Handlers raise these and never catch broadly: the one server interceptor
-(``query_service.interceptors``) turns them into a status with their message,
+Handlers raise these and never catch broadly: the one wrapper of every
+servicer method (``query_service.interceptors``) turns them into a status with their message,
 and anything else into ``INTERNAL`` — never ``UNKNOWN``. The message goes to
 the client as the status details, so it must help the caller and must not leak
 secrets (a Redis URL may hold a password: name the host, never the URL).

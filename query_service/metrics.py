@@ -1,8 +1,9 @@
 """The query service's Prometheus metrics, served over HTTP on ``query.metrics_port``.
 
 Requests are counted per method and status code, and timed per method, by
-the one server interceptor, so every RPC is measured the same way whatever
-its kind; codes are gRPC's names (``OK``, ``NOT_FOUND``...).
+the one wrapper around every servicer method (``interceptors.MethodCall``,
+gRPC and HTTP alike), so every call is measured the same way whatever its
+kind or transport; codes are gRPC's names (``OK``, ``NOT_FOUND``...).
 """
 
 from __future__ import annotations

@@ -54,8 +54,8 @@ class EnrichServicer(pb_grpc.EnrichServiceServicer):
     (up to ``MAX_EVENTS_IN_FLIGHT`` events), waits for their freshness, reads
     their entities in one store round trip per join round, and answers them in
     order. A bad request fails the stream after the requests before it are
-    answered. Raises ``QueryServiceError`` subclasses; the server's
-    interceptor turns them into statuses.
+    answered. Raises ``QueryServiceError`` subclasses; the wrapper of every
+    servicer method (``interceptors``) turns them into statuses.
     """
 
     def __init__(self, config: AppConfig, store: MapStore, gate: FreshnessGate) -> None:

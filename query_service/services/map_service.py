@@ -31,7 +31,7 @@ WATCH_BATCH_WITH_ENTITIES = 100
 class MapServicer(pb_grpc.MapServiceServicer):
     """Validates requests against the configured maps, then reads the store.
 
-    Raises ``QueryServiceError`` subclasses and lets the server's interceptor
+    Raises ``QueryServiceError`` subclasses and lets the wrapper of every servicer method
     turn them into statuses; it never catches broadly.
     """
 
