@@ -13,6 +13,10 @@ All in one run, on one ``redis-server`` (no Kafka, no Spark):
   *_latency    open loop at one offered rate for both servers: p50/p90/p99 measured
                from each call's scheduled start, so a server that falls behind shows
                its queue instead of slowing the generator down (no coordinated omission);
+  http_*       the same over HTTP: a bare aiohttp server answering the entity route with a
+               body of the front's answer size, then ``GET /v1/maps/{map}/entities/{key}``
+               of the query service's HTTP front, with the same raw HTTP/1.1 keep-alive
+               generators; ``http_get_over_bare`` is the ratio;
   batch_get    BatchGet of 100 random keys per call, closed loop: keys/s;
   enrich       ONE bidirectional Enrich stream, requests of 500 events each joined
                with one entity of the map (left join), several requests in flight: events/s.
@@ -53,6 +57,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+import orjson
 import redis
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -89,8 +94,9 @@ CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
 TARGET_GET_OVER_ECHO = 0.8
-TARGET_BATCH_KEYS_PER_S = 100_000
-TARGET_ENRICH_EVENTS_PER_S = 50_000
+TARGET_HTTP_GET_OVER_BARE = 0.8
+TARGET_BATCH_KEYS_PER_S = 150_000
+TARGET_ENRICH_EVENTS_PER_S = 80_000
 
 
 # --- the echo server (baseline), run as its own process ---
@@ -125,6 +131,21 @@ def serve_echo(port: int, response_bytes: int) -> None:
         await server.stop(0)
 
     asyncio.run(run())
+
+
+def serve_bare_http(port: int, body_bytes: int) -> None:
+    """A bare aiohttp server answering the entity route with a fixed JSON body of the HTTP
+    front's answer size, until SIGTERM: the HTTP baseline, as ``serve_echo`` is gRPC's."""
+    from aiohttp import web
+
+    body = b'{"pad":"' + b"x" * max(0, body_bytes - 10) + b'"}'
+
+    async def entity(_: web.Request) -> web.Response:
+        return web.Response(body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/v1/maps/{map}/entities/{key}", entity)
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
 
 
 # --- load generators, each a spawned process ---
@@ -172,6 +193,8 @@ def generator(load: Load, conn: Connection) -> None:
 
 
 async def _generate(load: Load, conn: Connection) -> dict[str, Any]:
+    if load.mode == "http":
+        return await _http_closed_loop(load, conn)
     async with grpc.aio.insecure_channel(load.target, options=CHANNEL_OPTIONS) as channel:
         await asyncio.wait_for(channel.channel_ready(), 30)
         conn.send(("ready", None))
@@ -230,6 +253,42 @@ async def _closed_loop(call: Any, load: Load, plan: Plan) -> dict[str, Any]:
             i += load.in_flight
 
     await asyncio.gather(*(caller(k) for k in range(load.in_flight)))
+    return tally.result()
+
+
+async def _http_closed_loop(load: Load, conn: Connection) -> dict[str, Any]:
+    """``in_flight`` HTTP/1.1 keep-alive connections, each sending its next request (raw
+    bytes, from ``requests``) as soon as the answer before it was read; a status other
+    than 200 is a failure."""
+    host, _, port = load.target.rpartition(":")
+    streams = [await asyncio.open_connection(host, int(port)) for _ in range(load.in_flight)]
+    conn.send(("ready", None))
+    plan: Plan = conn.recv()
+    await asyncio.sleep(max(0.0, plan.warm - time.monotonic()))
+    tally = _Tally(plan)
+    requests, n = load.requests, len(load.requests)
+
+    async def caller(i: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while time.monotonic() < plan.end:
+            writer.write(requests[i % n])
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            await reader.readexactly(length)
+            moment = time.monotonic()
+            if head.startswith(b"HTTP/1.1 200"):
+                if tally.inside(moment):
+                    tally.calls += 1
+            else:
+                if tally.inside(moment):
+                    tally.errors += 1
+                tally.first_error = tally.first_error or head.split(b"\r\n", 1)[0].decode()
+            i += load.in_flight
+        writer.close()
+
+    await asyncio.gather(*(caller(k, r, w) for k, (r, w) in enumerate(streams)))
     return tally.result()
 
 
@@ -519,11 +578,11 @@ def write_config(path: Path, redis_url: str, schema: str) -> None:
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
-def start_query_service(work: Path, config: Path, port: int) -> ManagedProcess:
+def start_query_service(work: Path, config: Path, port: int, http_port: int = 0) -> ManagedProcess:
     """``query-service serve`` of this environment, in its own session, ready to serve."""
     exe = Path(sys.executable).parent / "query-service"
     args = [str(exe), "serve", "-c", str(config), "--host", "127.0.0.1", "--port", str(port)]
-    args += ["--metrics-port", "0", "--http-port", "0", "--log-level", "WARNING"]
+    args += ["--metrics-port", "0", "--http-port", str(http_port), "--log-level", "WARNING"]
     proc = ManagedProcess(args, work / "query-service.log")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -553,6 +612,31 @@ def start_echo_server(work: Path, port: int, response_bytes: int) -> ManagedProc
         proc.stop()
         raise RuntimeError(f"echo server did not start: {exc}\n{proc.tail()}") from exc
     return proc
+
+
+def start_bare_http(work: Path, port: int, body_bytes: int) -> ManagedProcess:
+    """This script's ``--serve-bare-http`` mode, in its own session, ready to answer."""
+    import urllib.request
+
+    args = [sys.executable, str(Path(__file__).resolve()), "--serve-bare-http", str(port)]
+    args += ["--bare-http-bytes", str(body_bytes)]
+    proc = ManagedProcess(args, work / "bare-http.log")
+    url = f"http://127.0.0.1:{port}/v1/maps/m/entities/k"
+
+    def answers() -> bool:
+        with urllib.request.urlopen(url, timeout=1) as r:  # noqa: S310 - a local http URL
+            return bool(r.status == 200)
+
+    try:
+        wait_until("bare HTTP server", answers, 60, proc.alive)
+    except Exception as exc:
+        proc.stop()
+        raise RuntimeError(f"bare HTTP server did not start: {exc}\n{proc.tail()}") from exc
+    return proc
+
+
+def http_request(path: str) -> bytes:
+    return f"GET {path} HTTP/1.1\r\nHost: bench\r\n\r\n".encode()
 
 
 def join_spec() -> enrich_pb.JoinSpec:
@@ -608,6 +692,18 @@ def check_service(
             raise RuntimeError(f"Enrich did not join every event: {answers}")
     request = map_pb.GetRequest(map=MAP, key=key_of(0))
     return {"request_bytes": request.ByteSize(), "response_bytes": round(statistics.mean(sizes))}
+
+
+def http_body_bytes(port: int) -> int:
+    """The HTTP front's answer size for an entity, and that it answers the stored one."""
+    import urllib.request
+
+    url = f"http://127.0.0.1:{port}/v1/maps/{MAP}/entities/{key_of(0)}"
+    with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 - a local http URL
+        body = r.read()
+    if not orjson.loads(body)["found"]:
+        raise RuntimeError(f"HTTP GET {url} did not find the entity: {body[:200]!r}")
+    return len(body)
 
 
 def redis_pid(client: redis.Redis, own: bool) -> list[int]:
@@ -669,9 +765,14 @@ def main() -> None:
     )
     parser.add_argument("--serve-echo", type=int, metavar="PORT", help=argparse.SUPPRESS)
     parser.add_argument("--echo-response-bytes", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--serve-bare-http", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--bare-http-bytes", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_echo is not None:
         serve_echo(args.serve_echo, args.echo_response_bytes)
+        return
+    if args.serve_bare_http is not None:
+        serve_bare_http(args.serve_bare_http, args.bare_http_bytes)
         return
     run(args)
 
@@ -707,8 +808,8 @@ def run(args: argparse.Namespace) -> None:
 
         config = work / "query.yaml"
         write_config(config, redis_url, SCHEMA)
-        service_port = free_port()
-        service = start_query_service(work, config, service_port)
+        service_port, http_port = free_port(), free_port()
+        service = start_query_service(work, config, service_port, http_port)
         stack.callback(service.stop)
         target = f"127.0.0.1:{service_port}"
         sizes = check_service(target, client, args.entities, args.batch_keys)
@@ -755,6 +856,45 @@ def run(args: argparse.Namespace) -> None:
             name="get_over_echo",
             ratio=round(best["get"] / best["echo"], 3),
             target_get_over_echo=TARGET_GET_OVER_ECHO,
+        )
+
+        # (1b) the same over HTTP: the front's GET of an entity against a bare endpoint of
+        # the same framework answering a body of the same size.
+        http_pools = [
+            [http_request(f"/v1/maps/{MAP}/entities/{key_of(rng.randrange(args.entities))}")
+             for _ in range(20_000)]
+            for _ in range(procs)
+        ]  # fmt: skip
+        body_bytes = http_body_bytes(http_port)
+        bare_port = free_port()
+        bare = start_bare_http(work, bare_port, body_bytes)
+        stack.callback(bare.stop)
+        for name, port, watch in (
+            ("http_bare", bare_port, {"server": [bare.proc.pid], "redis": on_redis}),
+            ("http_get", http_port, watch_service),
+        ):
+            loads = [
+                Load(f"127.0.0.1:{port}", "", "http", pool, in_flight=args.concurrency // 2)
+                for pool in http_pools
+            ]
+            total, usage = run_phase(loads, warmup, seconds, watch)
+            line = closed_line(total, seconds)
+            best[name] = line["calls_per_s"]
+            emit(
+                name=f"{name}_max",
+                units="requests/s",
+                loop="closed",
+                connections=procs * (args.concurrency // 2),
+                body_bytes=body_bytes,
+                **line,
+                **usage,
+                loadavg_1m=loadavg(),
+            )
+        bare.stop()
+        emit(
+            name="http_get_over_bare",
+            ratio=round(best["http_get"] / best["http_bare"], 3),
+            target_http_get_over_bare=TARGET_HTTP_GET_OVER_BARE,
         )
 
         # (2) open loop at one offered rate for both, well below either's maximum.
