@@ -79,7 +79,13 @@ def commit_group_offsets(
     offsets: dict[str, dict[int, int]],
     timeout: float = KAFKA_TIMEOUT_SECONDS,
 ) -> None:
-    """Set a member-less group's committed offsets (Kafka's "next offsets"), all or an error."""
+    """Set a member-less group's committed offsets (Kafka's "next offsets"), all or an error.
+
+    For one-shot commands: ``admin`` must not be used again, nor live on, after a
+    timeout. librdkafka aborts the process when the coordinator a timed-out admin
+    request was waiting for answers later (see ``materializer.sinks.group_offsets``,
+    which commits through a consumer of the group instead).
+    """
     from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 
     partitions = [

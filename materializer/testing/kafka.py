@@ -166,6 +166,17 @@ class KafkaNode:
         if self.proc is not None:
             self.proc.kill()
 
+    def pause(self) -> None:
+        """SIGSTOP the node: its connections stay open but it answers nothing until
+        ``resume``, as a broker in a long GC pause or on a frozen machine."""
+        if self.proc is not None:
+            self.proc.pause()
+
+    def resume(self) -> None:
+        """SIGCONT the node after ``pause``: it answers what it was sent meanwhile."""
+        if self.proc is not None:
+            self.proc.resume()
+
     def restart(self) -> None:
         """Stop the node and start it again on the same ports and storage."""
         if self.workdir is None:
@@ -301,6 +312,14 @@ class KafkaBroker(KafkaCluster):
         """Stop the broker and start it again on the same port and data, then wait for it."""
         self._node.restart()
         self._wait_ready(timeout)
+
+    def pause(self) -> None:
+        """Freeze the broker (SIGSTOP) until ``resume``: clients see no refusal, only silence."""
+        self._node.pause()
+
+    def resume(self) -> None:
+        """Let the paused broker run again."""
+        self._node.resume()
 
 
 def create_topic(

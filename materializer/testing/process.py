@@ -69,6 +69,7 @@ class ManagedProcess:
         if self.alive():
             with contextlib.suppress(ProcessLookupError):
                 self.proc.send_signal(signal.SIGTERM)
+            self._signal(signal.SIGCONT)  # a paused process takes SIGTERM once it runs again
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -81,6 +82,15 @@ class ManagedProcess:
         """SIGKILL the process group at once: a crash, as tests need one."""
         self._signal(signal.SIGKILL)
         self.proc.wait()
+
+    def pause(self) -> None:
+        """SIGSTOP the process group: it keeps its sockets open and answers nothing, as a
+        machine that hangs (a long GC pause, a frozen VM) would, until ``resume``."""
+        self._signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT the process group after ``pause``."""
+        self._signal(signal.SIGCONT)
 
     def log(self) -> str:
         """The process's whole log so far (empty before it writes one)."""

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 import redis
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from materializer.config import AppConfig, parse_config
 from materializer.layout import RESERVED_KEYS, Watermark, meta_key
@@ -176,3 +176,42 @@ def read_committed(bootstrap: str, topic: str) -> list[Any]:
     finally:
         consumer.close()
     return out
+
+
+def group_offsets(bootstrap: str, group: str, topic: str) -> dict[str, dict[int, int]]:
+    """The group's committed offsets on ``topic`` (partitions without a commit left out),
+    asked again for up to 30 s while the group's coordinator loads or moves.
+
+    Read by a consumer of the group, not the admin API: librdkafka's
+    ListConsumerGroupOffsets dereferences a consumer's group state that an admin
+    client does not have when the coordinator asks to be looked up again (a
+    broker just started or resumed), and the process dies of SIGSEGV.
+    """
+    moving = {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False}
+    )
+    deadline = time.monotonic() + 30
+    try:
+        partitions = consumer.list_topics(topic, timeout=10).topics[topic].partitions
+        wanted = [TopicPartition(topic, p) for p in partitions]
+        while True:
+            try:
+                held = consumer.committed(wanted, timeout=30)
+                break
+            except KafkaException as exc:
+                if exc.args[0].code() not in moving or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+    finally:
+        consumer.close()
+    for tp in held:
+        if tp.error is not None:
+            raise KafkaException(tp.error)
+    # Partitions without a commit report OFFSET_INVALID.
+    found = {tp.partition: tp.offset for tp in held if tp.offset >= 0}
+    return {topic: found} if found else {}

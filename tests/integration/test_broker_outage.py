@@ -1,5 +1,5 @@
-"""The broker goes down and comes back (same port, same data) under a live
-``materializer run``.
+"""The broker goes away and comes back under a live ``materializer run``: restarted (same
+port, same data), or stalled by SIGSTOP and let go by SIGCONT.
 
 Nobody steps in: the run must keep going (or start its queries again by
 itself), catch up, and have folded every event exactly once into Redis and
@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import random
 import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
 import pytest
+import redis
 import yaml
-from slice_helpers import delta_map_rs, redis_map, slice_config, wait_for
+from slice_helpers import delta_map_rs, group_offsets, redis_map, slice_config, wait_for
 
 from materializer.layout import MapReport, status_key
 from materializer.testing import KafkaBroker, create_topic, produce
@@ -27,52 +31,123 @@ pytestmark = pytest.mark.integration
 AGGREGATES = {"events": {"fn": "count"}, "age_total": {"fn": "sum", "field": "age"}}
 REFERENCE = {name: (a["fn"], a.get("field")) for name, a in AGGREGATES.items()}
 
+STALL_SECONDS = 15.0
+"""Longer than the group offsets' commit timeout and a client's request timeouts, shorter
+than a producer's delivery timeout: requests time out and connections are made again."""
+
+
+class LiveRun:
+    """One map folding an aggregate of a fresh topic in a ``materializer run``, and every
+    event produced to that topic so far. The map's name is new too: the tests share one
+    Redis."""
+
+    def __init__(
+        self, broker: KafkaBroker, redis_url: str, client: redis.Redis, tmp_path: Path
+    ) -> None:
+        self.name = f"outage{uuid.uuid4().hex[:8]}"
+        self.broker = broker
+        self.bootstrap = broker.bootstrap_servers
+        self.topic = create_topic(self.bootstrap, 2)
+        self.client = client
+        self.tmp_path = tmp_path
+        doc = slice_config(
+            tmp_path,
+            self.bootstrap,
+            redis_url,
+            self.topic,
+            map_name=self.name,
+            fold={"mode": "aggregate", "aggregates": AGGREGATES},
+        )
+        config_file = tmp_path / "maps.yaml"
+        config_file.write_text(yaml.safe_dump(doc))
+        self.rng = random.Random(3)
+        self.produced: list[tuple[int, int, bytes, bytes]] = []
+        args = [sys.executable, "-m", "materializer", "run", "-c", str(config_file)]
+        self.proc = ManagedProcess(args, tmp_path / "run.log")
+
+    def send(self, n: int) -> None:
+        """Produce ``n`` events (50 keys), waiting until the broker has them all."""
+        records = []
+        for _ in range(n):
+            key = f"k{self.rng.randrange(50)}"
+            value = orjson.dumps({"id": key, "age": self.rng.randrange(90)})
+            records.append((key.encode(), value))
+        positions = produce(self.bootstrap, self.topic, records)
+        self.produced.extend(
+            (p, o, k, v) for (p, o), (k, v) in zip(positions, records, strict=True)
+        )
+
+    def stall(self, events: int) -> None:
+        """Stop the broker (SIGSTOP) for ``STALL_SECONDS`` while ``events`` are produced,
+        then let it go (SIGCONT): the producer delivers them once it answers again."""
+        with ThreadPoolExecutor(1) as pool:
+            self.broker.pause()
+            try:
+                during = pool.submit(self.send, events)
+                time.sleep(STALL_SECONDS)
+            finally:
+                self.broker.resume()
+            during.result()
+
+    def settled(self) -> bool:
+        """Whether the run's last batch is wholly done: its consumer group, written last,
+        holds the end offsets of every event produced."""
+        ends: dict[int, int] = {}
+        for partition, offset, _, _ in self.produced:
+            ends[partition] = max(ends.get(partition, 0), offset + 1)
+        group = f"materializer.{self.name}"
+        return group_offsets(self.bootstrap, group, self.topic) == {self.topic: ends}
+
+    def folded(self) -> bool:
+        """Whether Redis holds the fold of every event produced, each once."""
+        return redis_map(self.client, self.name) == fold_aggregate(self.produced, "id", REFERENCE)
+
+    def check_every_event_folded_once(self) -> None:
+        """Redis and Delta catch up with the reference fold; the run still runs the map."""
+        wait_for("every event in Redis, once", self.folded, timeout=300)
+        reference = fold_aggregate(self.produced, "id", REFERENCE)
+        table = self.tmp_path / "warehouse" / self.name
+        wait_for("every event in Delta, once", lambda: delta_map_rs(table) == reference)
+        assert self.proc.alive(), self.proc.tail()
+        report = MapReport.from_hash(self.client.hgetall(status_key(self.name)))
+        assert report is not None and report.state == "running", self.proc.tail()
+
 
 @pytest.mark.timeout(900)
 def test_a_broker_restarted_under_a_live_run_loses_and_repeats_nothing(
     redis_url, redis_client, tmp_path: Path
 ):
     with KafkaBroker(workdir=tmp_path / "kafka") as broker:
-        bootstrap = broker.bootstrap_servers
-        topic = create_topic(bootstrap, 2)
-        name = "outage"
-        doc = slice_config(
-            tmp_path,
-            bootstrap,
-            redis_url,
-            topic,
-            map_name=name,
-            fold={"mode": "aggregate", "aggregates": AGGREGATES},
-        )
-        config_file = tmp_path / "maps.yaml"
-        config_file.write_text(yaml.safe_dump(doc))
-        rng = random.Random(3)
-        produced: list[tuple[int, int, bytes, bytes]] = []
-
-        def send(n: int) -> None:
-            records = []
-            for _ in range(n):
-                key = f"k{rng.randrange(50)}"
-                records.append((key.encode(), orjson.dumps({"id": key, "age": rng.randrange(90)})))
-            positions = produce(bootstrap, topic, records)
-            produced.extend((p, o, k, v) for (p, o), (k, v) in zip(positions, records, strict=True))
-
-        def folded() -> bool:
-            return redis_map(redis_client, name) == fold_aggregate(produced, "id", REFERENCE)
-
-        args = [sys.executable, "-m", "materializer", "run", "-c", str(config_file)]
-        proc = ManagedProcess(args, tmp_path / "run.log")
+        run = LiveRun(broker, redis_url, redis_client, tmp_path)
         try:
-            send(200)
-            wait_for("the first events in Redis", folded)
+            run.send(200)
+            wait_for("the first events in Redis", run.folded)
             broker.restart()
-            send(200)
-            wait_for("every event in Redis, once", folded, timeout=300)
-            reference = fold_aggregate(produced, "id", REFERENCE)
-            table = tmp_path / "warehouse" / name
-            wait_for("every event in Delta, once", lambda: delta_map_rs(table) == reference)
-            assert proc.alive(), proc.tail()
-            report = MapReport.from_hash(redis_client.hgetall(status_key(name)))
-            assert report is not None and report.state == "running", proc.tail()
+            run.send(200)
+            run.check_every_event_folded_once()
         finally:
-            proc.stop()
+            run.proc.stop()
+
+
+@pytest.mark.timeout(900)
+def test_a_broker_stalled_under_a_live_run_loses_and_repeats_nothing(
+    redis_url, redis_client, tmp_path: Path
+):
+    with KafkaBroker(workdir=tmp_path / "kafka") as broker:
+        run = LiveRun(broker, redis_url, redis_client, tmp_path)
+        try:
+            run.send(200)
+            wait_for("the first events in Redis", run.folded)
+            # Most often the first batch is still on its way: its changelog and its consumer
+            # group's first commit (a client not connected yet) meet a broker that does not
+            # answer.
+            run.stall(100)
+            wait_for("the batches so far wholly done", run.settled)
+            # A batch on its way when the broker stops answering, from connected clients.
+            run.send(100)
+            run.stall(200)
+            run.send(200)
+            run.check_every_event_folded_once()
+        finally:
+            broker.resume()  # a test that failed while the broker was stopped
+            run.proc.stop()

@@ -9,31 +9,17 @@ from pathlib import Path
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, ConsumerGroupTopicPartitions
-from confluent_kafka.admin import AdminClient
-from slice_helpers import config, slice_config, wait_for, watermark
+from confluent_kafka import Consumer
+from slice_helpers import config, group_offsets, slice_config, wait_for, watermark
 
 from materializer.paths import checkpoint_path
 from materializer.pipeline.checkpoint import Checkpoint
 from materializer.pipeline.job import start_map
 from materializer.sinks.base import Batch
 from materializer.sinks.group_offsets import GroupOffsetsSink
-from materializer.testing import produce
+from materializer.testing import KafkaBroker, create_topic, produce
 
 pytestmark = pytest.mark.integration
-
-
-def committed(bootstrap: str, group: str) -> dict[str, dict[int, int]]:
-    """The group's committed offsets, as Kafka's tools read them."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    request = ConsumerGroupTopicPartitions(group)
-    result = admin.list_consumer_group_offsets([request])[group].result(30)
-    out: dict[str, dict[int, int]] = {}
-    for tp in result.topic_partitions:
-        assert tp.error is None, tp.error
-        if tp.offset >= 0:  # partitions without a commit report OFFSET_INVALID
-            out.setdefault(tp.topic, {})[tp.partition] = tp.offset
-    return out
 
 
 def latest_committed_batch(spark, location: str) -> int:
@@ -66,7 +52,7 @@ def test_each_batch_leaves_the_group_at_the_checkpoint_offsets(
 
             batch_id = latest_committed_batch(spark, location)
             checkpointed = Checkpoint(spark, location).end_offsets(batch_id)
-            assert committed(kafka_bootstrap, group) == checkpointed
+            assert group_offsets(kafka_bootstrap, group, topic) == checkpointed
             mark = watermark(redis_client, name)
             assert mark is not None and mark.batch_id == batch_id
             assert mark.offsets == checkpointed
@@ -91,7 +77,7 @@ def test_without_a_group_nothing_is_committed(
         queries.stop()
     mark = watermark(redis_client, name)
     assert mark is not None and mark.offsets == {topic: {0: 2}}
-    assert committed(kafka_bootstrap, f"materializer.{name}") == {}
+    assert group_offsets(kafka_bootstrap, f"materializer.{name}", topic) == {}
 
 
 def _batch(batch_id: int) -> Batch:
@@ -114,9 +100,9 @@ def test_a_failed_commit_leaves_the_batch_alone_and_the_next_one_mends_the_group
     sink = GroupOffsetsSink(group, checkpoint.__getitem__, {"bootstrap.servers": kafka_bootstrap})
 
     sink.write(_batch(0))
-    assert committed(kafka_bootstrap, group) == checkpoint[0]
+    assert group_offsets(kafka_bootstrap, group, topic) == checkpoint[0]
     sink.write(_batch(0))  # a replay commits the same offsets again
-    assert committed(kafka_bootstrap, group) == checkpoint[0]
+    assert group_offsets(kafka_bootstrap, group, topic) == checkpoint[0]
 
     # Someone consumes with the group: the broker refuses commits from outside it.
     member = Consumer(
@@ -139,4 +125,37 @@ def test_a_failed_commit_leaves_the_batch_alone_and_the_next_one_mends_the_group
         sink.write(_batch(3))
     assert "committed again" in caplog.text
     # All partitions are committed, even one whose offset went back (a fresh checkpoint).
-    assert committed(kafka_bootstrap, group) == checkpoint[3]
+    assert group_offsets(kafka_bootstrap, group, topic) == checkpoint[3]
+
+
+def test_a_commit_the_stalled_broker_left_unanswered_ends_well_when_it_answers_again(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    """A broker that hangs (SIGSTOP) before the sink ever reached the group's coordinator,
+    then answers again (SIGCONT): the first batch's commit times out and the batch goes on;
+    the coordinator's late answer to it does not abort the process (librdkafka's admin API
+    did), and later batches mend the group."""
+    with KafkaBroker(workdir=tmp_path / "kafka") as broker:
+        bootstrap = broker.bootstrap_servers
+        topic = create_topic(bootstrap, 2)
+        group = f"materializer.stall{uuid.uuid4().hex[:8]}"
+        produce(bootstrap, topic, [(f"k{i}".encode(), b"{}") for i in range(10)])
+        checkpoint = {0: {topic: {0: 2, 1: 3}}, 1: {topic: {0: 4, 1: 6}}}
+        sink = GroupOffsetsSink(group, checkpoint.__getitem__, {"bootstrap.servers": bootstrap})
+        try:
+            broker.pause()
+            try:
+                with caplog.at_level(logging.WARNING, logger="materializer.sinks.group_offsets"):
+                    sink.write(_batch(0))  # no exception: the batch goes on
+            finally:
+                broker.resume()
+            assert "could not commit the offsets of batch 0" in caplog.text
+
+            def mended() -> bool:
+                sink.write(_batch(1))
+                return group_offsets(bootstrap, group, topic) == checkpoint[1]
+
+            wait_for("a later batch's commit", mended)
+        finally:
+            broker.resume()
+            sink.close()

@@ -12,15 +12,13 @@ import orjson
 import pytest
 import redis
 import yaml
-from confluent_kafka import ConsumerGroupTopicPartitions
-from slice_helpers import end_offsets, redis_map, slice_config
+from slice_helpers import end_offsets, group_offsets, redis_map, slice_config
 from typer.testing import CliRunner
 
 from materializer.cli import app
 from materializer.config import parse_config
 from materializer.layout import MapReport, status_key
 from materializer.ops.checkpoint_files import CheckpointFiles
-from materializer.ops.kafka_offsets import admin_client
 from materializer.paths import checkpoint_path
 from materializer.pipeline.job import start_map
 from materializer.testing import produce
@@ -48,10 +46,7 @@ def _cli(*args: str) -> Any:
 
 
 def _group(kafka: str, map_name: str, topic: str) -> dict[int, int]:
-    admin = admin_client(parse_config({"kafka": {"bootstrap_servers": kafka}}).kafka)
-    group = f"materializer.{map_name}"
-    result = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group]
-    return {tp.partition: tp.offset for tp in result.result().topic_partitions if tp.topic == topic}
+    return group_offsets(kafka, f"materializer.{map_name}", topic).get(topic, {})
 
 
 def test_reset_offsets_replays_skips_and_refuses(
