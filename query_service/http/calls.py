@@ -74,7 +74,7 @@ class HttpContext:
         timeout_s: float | None = None,
         on_initial_metadata: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
-        self._metadata = tuple((k.lower(), v) for k, v in request.headers.items())
+        self._headers = request.headers
         self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._on_initial_metadata = on_initial_metadata
         self._code: grpc.StatusCode | None = None
@@ -86,8 +86,9 @@ class HttpContext:
         return max(0.0, self._deadline - time.monotonic())
 
     def invocation_metadata(self) -> Iterable[tuple[str, str]]:
-        """The request's headers, lower-cased as gRPC metadata keys are."""
-        return self._metadata
+        """The request's headers, lower-cased as gRPC metadata keys are (asked for only
+        when a token is checked)."""
+        return tuple((k.lower(), v) for k, v in self._headers.items())
 
     async def send_initial_metadata(self, _: Any) -> None:
         """A stream is positioned: a streamed answer may start (its status is 200 then)."""

@@ -254,6 +254,7 @@ class HttpFront:
     ) -> None:
         self._health = health
         self._openapi = openapi
+        self._marks: dict[bytes, orjson.Fragment] = {}
 
         def call(method: str, behavior: Any, streaming: bool = False) -> Any:
             return MethodCall(method, authorizer, request_maps).wrap(
@@ -311,10 +312,21 @@ class HttpFront:
         wanted = common.Freshness(min_offsets=offsets_param(request.query.get("min_offsets")))
         answer = await self._get(map_pb.GetRequest(map=name, key=key, freshness=wanted), context)
         body = _entry(key, answer.found, answer.entity)
-        body["watermark"] = (
-            shapes.watermark(answer.watermark) if answer.HasField("watermark") else None
-        )
+        body["watermark"] = self._watermark(answer) if answer.HasField("watermark") else None
         return _json(body)
+
+    def _watermark(self, answer: Any) -> orjson.Fragment:
+        """``shapes.watermark`` of the answer's watermark as JSON, once per watermark: the
+        lookups of a moment share one."""
+        wire = answer.watermark.SerializeToString()
+        kept = self._marks.get(wire)
+        if kept is None:
+            if len(self._marks) > 64:
+                self._marks.clear()
+            kept = self._marks[wire] = orjson.Fragment(
+                orjson.dumps(shapes.watermark(answer.watermark))
+            )
+        return kept
 
     async def batch_get(self, request: web.Request) -> web.Response:
         """``BatchGet`` of a JSON body's keys."""
@@ -328,9 +340,7 @@ class HttpFront:
         answer = await self._batch_get(call, HttpContext(request, timeout))
         body: dict[str, Any] = {
             "entries": [_entry(e.key, e.found, e.entity) for e in answer.entries],
-            "watermark": shapes.watermark(answer.watermark)
-            if answer.HasField("watermark")
-            else None,
+            "watermark": self._watermark(answer) if answer.HasField("watermark") else None,
         }
         return _json(body)
 
