@@ -35,6 +35,7 @@ from materializer.redis_client import (
 )
 from query_service.errors import StoreUnavailable
 from query_service.stores.base import BatchLookup, Change, ChangeRead, Lookup, MapStore
+from query_service.stores.cluster_reads import MasterReads
 from query_service.stores.coalesce import Coalescer
 from query_service.stores.generations import Generations
 
@@ -100,6 +101,7 @@ class RedisMapStore(MapStore):
         self._waiting: AsyncClient | None = None
         self._reply_seconds = float(kwargs.get("socket_timeout") or REPLY_SECONDS)
         self._coalescer = Coalescer(self.get_many)
+        self._masters = MasterReads(client) if isinstance(client, AsyncRedisCluster) else None
         self._generations = Generations(client)
         self._marks: dict[str, tuple[float, Watermark | None]] = {}
         """Per physical map: when its newest watermark read started, and what it read."""
@@ -182,6 +184,8 @@ class RedisMapStore(MapStore):
         physical = {name: await self._physical(name) for name in names}
         now = time.monotonic()
         kept = {name: self._fresh_mark(physical[name], now) for name in names}
+        if self._masters is not None:
+            return await self._get_across_cluster(keys_by_map, physical, kept, now)
         takes = []
         async with (
             self._unavailable_on_connection_errors(),
@@ -203,6 +207,37 @@ class RedisMapStore(MapStore):
                 mark = fresh[1]
             entities = take(replies)
             out[name] = BatchLookup(entities=entities, watermark=mark)
+            missing = any(entity is None for entity in entities)
+            if missing or self._unchecked(physical[name]):
+                await self._check_whole(name, physical[name], missing)
+        return out
+
+    async def _get_across_cluster(
+        self,
+        keys_by_map: Mapping[str, Sequence[str]],
+        physical: dict[str, str],
+        kept: dict[str, tuple[float, Watermark | None] | None],
+        now: float,
+    ) -> dict[str, BatchLookup]:
+        """``get_across`` on a Redis Cluster: the watermarks to read first, then every key
+        in one pipeline per master (``cluster_reads``)."""
+        assert self._masters is not None
+        stale = [name for name in keys_by_map if kept[name] is None]
+        marks = {name: kept_mark[1] for name, kept_mark in kept.items() if kept_mark is not None}
+        async with self._unavailable_on_connection_errors():
+            if stale:
+                async with self._client.pipeline(transaction=False) as pipe:
+                    for name in stale:
+                        pipe.hgetall(meta_key(physical[name]))
+                    for name, raw in zip(stale, await pipe.execute(), strict=True):
+                        marks[name] = Watermark.from_hash(raw)
+                        self._keep_mark(physical[name], now, marks[name])
+            flat = [entity_key(physical[n], k) for n, keys in keys_by_map.items() for k in keys]
+            values = iter(await self._masters.get(flat))
+        out = {}
+        for name, keys in keys_by_map.items():
+            entities = [next(values) for _ in keys]
+            out[name] = BatchLookup(entities=entities, watermark=marks[name])
             missing = any(entity is None for entity in entities)
             if missing or self._unchecked(physical[name]):
                 await self._check_whole(name, physical[name], missing)
@@ -324,6 +359,8 @@ class RedisMapStore(MapStore):
 
     async def close(self) -> None:
         """Close the pools' connections."""
+        if self._masters is not None:
+            await self._masters.close()
         for client in (self._waiting, self._client):
             if isinstance(client, AsyncRedisCluster):
                 await client.aclose()

@@ -254,3 +254,38 @@ def test_expiries_on_a_cluster_reach_the_change_stream_and_the_changelog(
         if m.value() is None and (EXPIRED_HEADER, b"1") in (m.headers() or [])
     ]
     assert sorted(tombstones) == sorted(keys)
+
+
+def test_a_cluster_batch_read_is_a_pipeline_per_master_and_follows_a_moved_slot(redis_cluster):
+    from redis.asyncio.cluster import RedisCluster as AsyncCluster
+
+    from query_service.stores.cluster_reads import MasterReads
+
+    keys = [f"mr:{i}" for i in range(300)]
+    sync = ClusterClient.from_url(redis_cluster.url)
+    for i, key in enumerate(keys[:250]):  # the last 50 are absent
+        sync.set(key, f"v{i}")
+    sync.close()
+
+    async def main() -> tuple[list[Any], list[Any]]:
+        cluster = AsyncCluster.from_url(redis_cluster.url)
+        reads = MasterReads(cluster)
+        try:
+            await cluster.initialize()
+            first = await reads.get(keys)
+            # A stale slot map (a reshard the client has not seen): the key's slot points
+            # at another master, which answers MOVED; the read follows it.
+            slot = cluster.keyslot(keys[7])
+            owner = cluster.nodes_manager.slots_cache[slot][0]
+            other = next(n for n in cluster.get_primaries() if n.name != owner.name)
+            cluster.nodes_manager.slots_cache[slot] = [other]
+            second = await reads.get(keys)
+            return first, second
+        finally:
+            await reads.close()
+            await cluster.aclose()
+
+    first, second = asyncio.run(main())
+    expected = [f"v{i}".encode() for i in range(250)] + [None] * 50
+    assert first == expected
+    assert second == expected
