@@ -30,6 +30,7 @@ from materializer.testing import RedisServer
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
+from query_service.stores.redis import WATERMARK_SECONDS
 
 pytestmark = pytest.mark.integration
 
@@ -185,6 +186,9 @@ def test_batch_get_uses_the_cache_and_answers_the_oldest_watermark(
                 meta_key(map_name),
                 mapping=Watermark(batch_id=2, offsets={topic: {0: 8}}, app_id="x").to_hash(),
             )
+            # Lookups share a watermark read within WATERMARK_SECONDS: past it, the next
+            # read takes the new one.
+            await asyncio.sleep(2 * WATERMARK_SECONDS)
             before = counts(map_name)
             mixed = await client.batch(["a", "b", "a", "none"])
             after = counts(map_name)
