@@ -86,6 +86,11 @@ def change_entry(key: str, deleted: bool, batch_id: int) -> dict[str, str]:
     return {"key": key, "op": "delete" if deleted else "upsert", "batch_id": str(batch_id)}
 
 
+READ_FUNCTION = "materializer_read_v3"
+"""The Redis Function (library ``materializer``, loaded by every materializer start) that
+returns the values of the keys in its arguments, read-only: readers may call it with
+``FCALL_RO`` to read many keys of one Redis Cluster master, whatever their slots."""
+
 EXPIRE_OP = "expire"
 """The ``op`` of a change entry for a key ``ttl.redis`` expired; its ``batch_id`` is ``-1``."""
 

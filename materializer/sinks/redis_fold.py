@@ -58,7 +58,13 @@ import orjson
 
 from materializer.config import FoldConfig, RedisConfig
 from materializer.errors import MaterializerError
-from materializer.layout import EXPIRE_OP, changes_key, entity_key, expiry_index_key
+from materializer.layout import (
+    EXPIRE_OP,
+    READ_FUNCTION,
+    changes_key,
+    entity_key,
+    expiry_index_key,
+)
 from materializer.pipeline import columns as c
 from materializer.pipeline.dead_letter import dead_letter_columns
 from materializer.pipeline.fold import Event, FoldMode, KeyFolder, fold_mode
@@ -80,7 +86,7 @@ if TYPE_CHECKING:
 
 LIBRARY = "materializer"
 LATEST = "materializer_latest_v3"
-READ = "materializer_read_v3"
+READ = READ_FUNCTION
 PUT = "materializer_put_v3"
 FILL = "materializer_fill_v3"
 EXPIRE = "materializer_expire_v3"

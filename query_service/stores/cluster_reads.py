@@ -5,7 +5,9 @@ command across slots, and redis-py's cluster pipeline, which routes each
 ``GET`` itself, spends most of a batch read in Python per command
 (``bench/redis_cluster.py`` measured a tenth of one server's rate). Keys are
 grouped here by the master that holds their slot, per the client's slot map,
-and each group is one ordinary pipeline on a connection of that master.
+and each group is one call of the materializer's read function on that master
+(``FCALL_RO``: a function may read keys of several slots of its own node),
+or, where the function is not loaded, one ordinary pipeline of ``GET``s.
 
 A slot that moved meanwhile (a reshard, a failover) answers ``MOVED`` or
 ``ASK``: those keys are read again through the cluster client, which
@@ -23,6 +25,8 @@ from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import AskError, ResponseError
 
+from materializer.layout import READ_FUNCTION
+
 
 class MasterReads:
     """``GET`` of many keys of a cluster, a pipeline per master."""
@@ -30,6 +34,8 @@ class MasterReads:
     def __init__(self, cluster: AsyncRedisCluster) -> None:
         self._cluster = cluster
         self._clients: dict[str, aioredis.Redis] = {}
+        self._function = True
+        """Whether the materializer's read function answers (one command per master)."""
 
     def _client(self, node: ClusterNode) -> aioredis.Redis:
         client = self._clients.get(node.name)
@@ -51,10 +57,23 @@ class MasterReads:
         moved: list[int] = []
 
         async def read(node: ClusterNode, indexes: list[int]) -> None:
-            async with self._client(node).pipeline(transaction=False) as pipe:
-                for i in indexes:
-                    pipe.get(keys[i])
-                replies = await pipe.execute(raise_on_error=False)
+            group = [keys[i] for i in indexes]
+            replies: list[Any] | None = None
+            if self._function:
+                try:
+                    replies = await self._client(node).execute_command(  # type: ignore[no-untyped-call]
+                        "FCALL_RO", READ_FUNCTION, 1, group[0], *group
+                    )
+                except ResponseError as exc:
+                    # Not loaded yet (no materializer started on this cluster), or a key
+                    # whose slot left this master: the pipeline of GETs says which.
+                    if "Function not found" in str(exc):
+                        self._function = False
+            if replies is None:
+                async with self._client(node).pipeline(transaction=False) as pipe:
+                    for key in group:
+                        pipe.get(key)
+                    replies = await pipe.execute(raise_on_error=False)
             for i, reply in zip(indexes, replies, strict=True):
                 if isinstance(reply, AskError):  # MovedError is one too
                     moved.append(i)

@@ -256,11 +256,22 @@ def test_expiries_on_a_cluster_reach_the_change_stream_and_the_changelog(
     assert sorted(tombstones) == sorted(keys)
 
 
-def test_a_cluster_batch_read_is_a_pipeline_per_master_and_follows_a_moved_slot(redis_cluster):
+@pytest.mark.parametrize("function", [True, False], ids=["read-function", "pipeline"])
+def test_a_cluster_batch_read_is_one_call_per_master_and_follows_a_moved_slot(
+    redis_cluster, function: bool
+):
+    """With the materializer's functions loaded, one read call per master; without, a pipeline
+    of GETs; either way a slot the client's map has wrong is read where it moved."""
     from redis.asyncio.cluster import RedisCluster as AsyncCluster
 
     from query_service.stores.cluster_reads import MasterReads
 
+    config = RedisConfig(url=redis_cluster.url, cluster=True)
+    client = client_for(config)
+    for node in client.get_primaries():
+        client.execute_command("FUNCTION", "FLUSH", target_nodes=node)
+    if function:
+        load_library(config)
     keys = [f"mr:{i}" for i in range(300)]
     sync = ClusterClient.from_url(redis_cluster.url)
     for i, key in enumerate(keys[:250]):  # the last 50 are absent
@@ -280,6 +291,7 @@ def test_a_cluster_batch_read_is_a_pipeline_per_master_and_follows_a_moved_slot(
             other = next(n for n in cluster.get_primaries() if n.name != owner.name)
             cluster.nodes_manager.slots_cache[slot] = [other]
             second = await reads.get(keys)
+            assert reads._function is function  # noqa: SLF001 - which path read them
             return first, second
         finally:
             await reads.close()
