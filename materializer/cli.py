@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import signal
 import threading
 from typing import Annotated
@@ -13,8 +12,27 @@ from materializer.commands import maps, offsets, rebuild, rehydrate
 from materializer.commands.common import ConfigOption, err, load
 from materializer.config import config_problems
 from materializer.errors import ConfigError, MaterializerError
+from materializer.logs import LogFormat, LogLevel, configure_logging
 
 app = typer.Typer(help="Fold Kafka topics into Delta tables and Redis maps.", no_args_is_help=True)
+
+
+@app.callback()
+def main(
+    log_format: Annotated[
+        LogFormat,
+        typer.Option(
+            case_sensitive=False,
+            envvar="MATERIALIZER_LOG_FORMAT",
+            help="json: one object per line with each batch's fields as keys, Spark's too.",
+        ),
+    ] = LogFormat.TEXT,
+    log_level: Annotated[
+        LogLevel, typer.Option(case_sensitive=False, envvar="MATERIALIZER_LOG_LEVEL")
+    ] = LogLevel.INFO,
+) -> None:
+    """Fold Kafka topics into Delta tables and Redis maps."""
+    configure_logging(log_level.value, log_format, own_stderr=True)
 
 
 @app.command()
@@ -50,9 +68,6 @@ def run(
     """Run every map and enrichment (or the named ones) until SIGTERM or Ctrl-C."""
     from materializer.pipeline.runner import run_maps
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    # py4j logs every callback from the JVM (each batch's foreachBatch) at INFO.
-    logging.getLogger("py4j").setLevel(logging.WARNING)
     cfg = load(config)
     if metrics_port is not None:
         cfg = cfg.model_copy(

@@ -47,7 +47,7 @@ class BatchLog(StreamingQueryListener):
 
     def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's listener API
         """Log the start with the query's id, stable across restarts of one checkpoint."""
-        log.info("query=%s started id=%s", event.name, event.id)
+        log.info("query=%s started id=%s", event.name, event.id, extra={"query": event.name})
 
     def onQueryProgress(self, event: Any) -> None:  # noqa: N802
         """One line per batch."""
@@ -55,14 +55,18 @@ class BatchLog(StreamingQueryListener):
         with self._lock:
             out = self._rows_out.pop((progress.name, progress.batchId), None)
         lag = sum(offsets_lag(s.endOffset, s.latestOffset) for s in progress.sources)
+        fields = {
+            "query": progress.name,
+            "batch": progress.batchId,
+            "rows_in": progress.numInputRows,
+            "rows_out": out,
+            "duration_ms": progress.batchDuration,
+            "lag": lag,
+        }
         log.info(
             "query=%s batch=%d rows_in=%d rows_out=%s duration_ms=%d lag=%d",
-            progress.name,
-            progress.batchId,
-            progress.numInputRows,
-            "-" if out is None else out,
-            progress.batchDuration,
-            lag,
+            *(("-" if value is None else value) for value in fields.values()),
+            extra=fields,
         )
 
     def onQueryIdle(self, event: Any) -> None:  # noqa: N802

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from materializer.config import SparkConfig
 from materializer.jvm import jars
+from materializer.logs import spark_log4j2
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -32,13 +33,18 @@ POOLS = """<?xml version="1.0"?>
 a pool gets the next free slot, so the folds' tasks go before the Delta queries'."""
 
 
-def pools_file() -> Path:
-    """The pools as the file Spark reads them from, written once per machine and content."""
-    digest = hashlib.sha256(POOLS.encode()).hexdigest()[:12]
-    path = Path(tempfile.gettempdir()) / f"materializer-pools-{digest}.xml"
+def conf_file(name: str, content: str) -> Path:
+    """``content`` as a file the JVM reads, written once per machine and content.
+
+    ``name`` is the file's name; a digest of the content goes before its suffix, so two
+    versions of the product on one machine never read each other's file.
+    """
+    stem, _, suffix = name.rpartition(".")
+    digest = hashlib.sha256(content.encode()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"{stem}-{digest}.{suffix}"
     if not path.exists():
         partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(POOLS)
+        partial.write_text(content)
         partial.replace(path)
     return path
 
@@ -56,7 +62,7 @@ def spark_conf(config: SparkConfig) -> dict[str, str]:
         # The folds' jobs run in a pool that takes every free task slot first, so a live
         # batch waits for the Delta MERGE's running tasks at most, never its queued ones.
         "spark.scheduler.mode": "FAIR",
-        "spark.scheduler.allocation.file": str(pools_file()),
+        "spark.scheduler.allocation.file": str(conf_file("materializer-pools.xml", POOLS)),
         "spark.sql.shuffle.partitions": str(config.shuffle_partitions),
         # Each MERGE first rebuilds the table's snapshot from its log, by default in 50
         # tasks: far more than a map's table needs, and a per-batch cost on few cores.
@@ -68,6 +74,14 @@ def spark_conf(config: SparkConfig) -> dict[str, str]:
         "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
     }
     conf.update(config.conf)
+    log4j2 = spark_log4j2()
+    if log4j2 is not None:
+        # Read as the driver's JVM starts. A -D the config sets comes after it and wins.
+        option = "-Dlog4j2.configurationFile=file:" + str(
+            conf_file("materializer-log4j2.properties", log4j2)
+        )
+        own = conf.get("spark.driver.extraJavaOptions")
+        conf["spark.driver.extraJavaOptions"] = f"{option} {own}" if own else option
     return conf
 
 

@@ -104,3 +104,35 @@ def test_sigterm_right_after_redis_shows_every_entity_leaves_delta_equal_to_it(
     assert "Traceback" not in log and "Exception" not in log, log[-3000:]
     assert "cut its Delta table's catch-up short" not in log
     assert "map stopme stopped" in log
+
+
+def test_json_logs_give_one_object_per_line_with_batch_fields_spark_included(
+    kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
+):
+    topic = new_topic(1)
+    doc = slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name="jsonlog")
+    config_file = tmp_path / "maps.yaml"
+    config_file.write_text(yaml.safe_dump(doc))
+    produce(kafka_bootstrap, topic, [(b"a", orjson.dumps({"id": "a", "age": 1})), (b"x", b"{")])
+
+    args = [sys.executable, "-m", "materializer", "--log-format", "json", "run"]
+    proc = ManagedProcess([*args, "-c", str(config_file)], tmp_path / "run.log")
+    try:
+        wait_for("the first batch", lambda: watermark(redis_client, "jsonlog") is not None)
+        proc.proc.send_signal(signal.SIGTERM)
+        proc.proc.wait(150)
+    finally:
+        proc.stop()
+    lines = [line for line in proc.log_path.read_text().splitlines() if line.strip()]
+    entries = []
+    for line in lines:
+        entry = orjson.loads(line)  # every line, Spark's and the JVM's included, is JSON
+        assert {"time", "level", "logger", "message"} <= entry.keys(), line
+        entries.append(entry)
+    batches = [e for e in entries if e.get("query") == "jsonlog.fold" and "batch" in e]
+    assert batches, lines[-20:]
+    first = batches[0]
+    assert (first["batch"], first["rows_in"], first["rows_out"]) == (0, 2, 1)
+    assert isinstance(first["duration_ms"], int) and first["lag"] == 0
+    assert any(e["logger"].startswith("org.apache.") for e in entries), lines[:20]
+    assert proc.proc.returncode == 0

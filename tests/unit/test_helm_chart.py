@@ -551,3 +551,16 @@ def test_notes_tell_how_to_reach_and_inspect(default: Rendered):
     assert "port-forward svc/mat-materializer-query 50051:50051" in default.notes
     assert "grpcurl -plaintext localhost:50051 grpc.health.v1.Health/Check" in default.notes
     assert f"materializer status -c {CONFIG_PATH}" in default.notes
+
+
+@pytest.mark.parametrize("suffix", ["-query", "-driver"])
+def test_both_parts_log_json_unless_values_say_text(render: Render, suffix: str):
+    def log_format(rendered: Rendered) -> str:
+        env = container(rendered.one("Deployment", suffix))["env"]
+        value: str = next(e["value"] for e in env if e["name"] == "MATERIALIZER_LOG_FORMAT")
+        return value
+
+    assert log_format(render()) == "json"
+    assert log_format(render({"logFormat": "text"})) == "text"
+    with pytest.raises(helm.HelmValuesError, match="logFormat"):
+        render({"logFormat": "xml"})

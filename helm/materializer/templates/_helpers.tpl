@@ -214,6 +214,8 @@ spec:
 {{- define "materializer.commonEnv" -}}
 - name: HOME
   value: /tmp
+- name: MATERIALIZER_LOG_FORMAT
+  value: {{ .Values.logFormat | default "json" | quote }}
 {{- with .Values.redisUrlSecret.name }}
 - name: MATERIALIZER_REDIS_URL
   valueFrom:
