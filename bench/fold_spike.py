@@ -49,6 +49,7 @@ from harness import (
     setup_line,
 )
 
+from materializer.config import KafkaConfig
 from materializer.pipeline import columns as c
 from materializer.pipeline.job import records
 from materializer.sinks.redis_fold import (
@@ -112,7 +113,7 @@ def redis_fold(cfg: Any, name: str, bootstrap: str) -> RedisFold:
         redis=cfg.redis,
         map_name=name,
         changelog_topic=topic,
-        producer=producer_settings(bootstrap, {}, 1_048_576),
+        producer=producer_settings(KafkaConfig(bootstrap_servers=bootstrap), 1_048_576),
     )
     return RedisFold(target, cfg.map(name).fold)
 

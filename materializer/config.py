@@ -20,6 +20,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    SecretStr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -85,10 +86,110 @@ PositiveDuration = Annotated[Duration, AfterValidator(_positive)]
 """A ``Duration`` of more than nothing."""
 
 
+class Secret(_Model):
+    """A credential: read from the environment or a file when a client needs it, so the
+    config file (a ConfigMap, a repository) never holds it. ``value`` (or a plain string
+    in YAML) is for local runs. Its repr and every log line show only where it comes from.
+    """
+
+    env: str | None = None
+    file: str | None = None
+    value: SecretStr | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _plain_string(cls, data: Any) -> Any:
+        return {"value": data} if isinstance(data, str) else data
+
+    @model_validator(mode="after")
+    def _one_source_that_exists(self) -> Secret:
+        given = [name for name in ("env", "file", "value") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of env, file or value")
+        return self
+
+    def reveal(self, key_path: str) -> str:
+        """The secret itself, for a client's settings only. Read when needed, not when the
+        file is parsed: ``validate`` runs where the secrets are not mounted."""
+        if self.env is not None:
+            if self.env not in os.environ:
+                raise ConfigError(
+                    key_path, [f"{key_path}: environment variable {self.env} is not set"]
+                )
+            return os.environ[self.env]
+        if self.file is not None:
+            return read_config_file(self.file, key_path).strip()
+        assert self.value is not None
+        return self.value.get_secret_value()
+
+    def __repr__(self) -> str:
+        return (
+            f"Secret(env={self.env!r})"
+            if self.env
+            else f"Secret(file={self.file!r})"
+            if self.file
+            else "Secret(value=***)"
+        )
+
+
+class SaslConfig(_Model):
+    """SASL over the brokers' listener: a user name and its password."""
+
+    mechanism: Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+    username: str = Field(min_length=1)
+    password: Secret
+
+
+def read_config_file(path: str, key_path: str) -> str:
+    """A file a setting names (a certificate, a secret), or an error naming the setting."""
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(key_path, [f"{key_path}: cannot read {path}: {exc.strerror}"]) from None
+
+
+class KafkaSecurity(_Model):
+    """TLS and SASL for every Kafka client the product runs: Spark's source and writers,
+    dead letters, the changelog, transactional outputs, admin calls, consumer-group
+    commits and the query service's status reads (``materializer.kafka_clients``)."""
+
+    tls: bool | None = None
+    """Encrypt the connections; on by default when ``ca_file`` or ``cert_file`` is set."""
+    ca_file: str | None = None
+    """PEM certificates of the authorities that signed the brokers' (default: the system's)."""
+    cert_file: str | None = None
+    """PEM client certificate, for brokers that require mutual TLS; with ``key_file``."""
+    key_file: str | None = None
+    key_password: Secret | None = None
+    sasl: SaslConfig | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> KafkaSecurity:
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("cert_file and key_file go together")
+        if self.tls is False and (self.ca_file or self.cert_file):
+            raise ValueError("ca_file and cert_file need tls")
+        return self
+
+    @property
+    def uses_tls(self) -> bool:
+        """Whether connections are encrypted."""
+        return self.tls if self.tls is not None else bool(self.ca_file or self.cert_file)
+
+    @property
+    def protocol(self) -> str:
+        """Kafka's ``security.protocol`` for these settings."""
+        if self.sasl is not None:
+            return "SASL_SSL" if self.uses_tls else "SASL_PLAINTEXT"
+        return "SSL" if self.uses_tls else "PLAINTEXT"
+
+
 class KafkaConfig(_Model):
-    """Where the brokers are; ``properties`` pass to every Kafka client (security, timeouts)."""
+    """Where the brokers are and how to reach them; ``properties`` pass to every Kafka
+    client as they are (timeouts, tuning), after what ``security`` sets."""
 
     bootstrap_servers: str = "localhost:9092"
+    security: KafkaSecurity | None = None
     properties: dict[str, str] = Field(default_factory=dict)
 
 

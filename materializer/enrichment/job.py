@@ -32,6 +32,7 @@ from materializer.enrichment.partition_join import (
 )
 from materializer.errors import ConfigError
 from materializer.joins.plan import JoinPlan, LookupStep, OnMiss, plan_rounds
+from materializer.kafka_clients import librdkafka
 from materializer.layout import generation_key, parse_generation, physical_name
 from materializer.paths import checkpoint_path, table_path
 from materializer.pipeline import columns as c
@@ -214,7 +215,7 @@ def start_enrichment(
     location = checkpoint_path(config, name, ENRICH_QUERY)
     checkpoint = Checkpoint(spark, location)
     group = MAP_GROUP.replace("{map}", name)
-    client = {"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.properties}
+    client = librdkafka(config.kafka)
     sinks: list[Sink]
     if output.guarantee == "exactly_once":
         producer = {

@@ -16,6 +16,7 @@ from typing import Any
 
 from materializer.config import KafkaConfig
 from materializer.errors import MaterializerError
+from materializer.kafka_clients import librdkafka
 from materializer.sinks.changelog import EXPIRED_HEADER
 
 POLL_SECONDS = 1.0
@@ -69,16 +70,17 @@ def read_tail(kafka: KafkaConfig, topic: str, committed: dict[int, int] | None) 
     from confluent_kafka import Consumer, KafkaException
 
     consumer = Consumer(
-        {
-            "bootstrap.servers": kafka.bootstrap_servers,
-            **kafka.properties,
-            "group.id": "materializer-ops",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-            "fetch.max.bytes": 64 * 1024 * 1024,
-            "queued.max.messages.kbytes": 256 * 1024,
-        }
+        librdkafka(
+            kafka,
+            **{
+                "group.id": "materializer-ops",
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                "auto.offset.reset": "earliest",
+                "fetch.max.bytes": 64 * 1024 * 1024,
+                "queued.max.messages.kbytes": 256 * 1024,
+            },
+        )
     )
     tail = Tail(topic)
     try:

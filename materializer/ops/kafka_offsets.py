@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from materializer.config import KafkaConfig
 from materializer.errors import MaterializerError
+from materializer.kafka_clients import librdkafka
 
 KAFKA_TIMEOUT_SECONDS = 5.0
 
@@ -18,11 +20,60 @@ class KafkaOffsetsError(MaterializerError):
     """Kafka could not say where a topic's partitions start or end."""
 
 
+class KafkaAccessError(MaterializerError):
+    """The brokers refused the configured credentials or TLS settings: no retry mends it."""
+
+
+ACCESS_CHECK_SECONDS = 15.0
+
+
+def check_access(kafka: KafkaConfig, timeout: float = ACCESS_CHECK_SECONDS) -> None:
+    """Raise ``KafkaAccessError`` if the brokers refuse this config's credentials or TLS.
+
+    librdkafka retries a refused login forever and reports it only to an error
+    callback; the call that needed the connection fails later as a plain timeout.
+    Asking for metadata once, with the callback watching, turns that into one
+    error that says why. Brokers that do not answer at all are left to the
+    caller's retries (an outage ends; a wrong password does not).
+    """
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import AdminClient
+
+    refused: list[str] = []
+    kinds = (KafkaError._AUTHENTICATION, KafkaError._SSL)
+
+    def seen(error: KafkaError) -> None:
+        if error.code() in kinds:
+            refused.append(error.str())
+
+    admin = AdminClient(librdkafka(kafka, error_cb=seen))
+    deadline = time.monotonic() + timeout
+    while not refused and time.monotonic() < deadline:
+        try:
+            admin.list_topics(timeout=1.0)
+            return
+        except KafkaException:
+            admin.poll(0.1)  # the error callback runs only here
+    if refused:
+        raise KafkaAccessError(
+            f"Kafka at {kafka.bootstrap_servers} refused {_credentials(kafka)}: {refused[-1]}"
+        )
+
+
+def _credentials(kafka: KafkaConfig) -> str:
+    """What the config presents to the brokers, in words and without secrets."""
+    security = kafka.security
+    if security is not None and security.sasl is not None:
+        sasl = security.sasl
+        return f"the login of kafka.security.sasl ({sasl.mechanism}, user {sasl.username!r})"
+    return f"the connection ({security.protocol if security else 'PLAINTEXT'}, kafka.security)"
+
+
 def admin_client(kafka: KafkaConfig) -> Any:
     """An AdminClient with the config's connection properties (security, timeouts)."""
     from confluent_kafka.admin import AdminClient
 
-    return AdminClient({"bootstrap.servers": kafka.bootstrap_servers, **kafka.properties})
+    return AdminClient(librdkafka(kafka))
 
 
 def partition_offsets(

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from materializer.config import KAFKA_KEY, AppConfig
 from materializer.errors import ConfigError
+from materializer.kafka_clients import java, librdkafka
 from materializer.layout import physical_name
 from materializer.ops.restore import ensure_whole
 from materializer.paths import checkpoint_path, history_path, table_path
@@ -366,9 +367,7 @@ def start_map(
         redis=config.redis,
         map_name=physical,
         changelog_topic=changelog,
-        producer=producer_settings(
-            config.kafka.bootstrap_servers, config.kafka.properties, max_record_bytes
-        ),
+        producer=producer_settings(config.kafka, max_record_bytes),
         dead_letter_topic=letters,
         ttl_ms=ttl_ms,
         changes_max_len=map_config.changes.max_len,
@@ -407,7 +406,7 @@ def start_map(
     )
     if offsets_group is not None:
         group = offsets_group.replace("{map}", map_name)
-        client = {"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.properties}
+        client = librdkafka(config.kafka)
         sinks.append(GroupOffsetsSink(group, checkpoint.end_offsets, client))
     rows_out = report_rows_out(batch_log, metrics)
     projector = Projector(
@@ -454,13 +453,14 @@ def report_rows_out(
 
 def producer_options(config: AppConfig, max_record_bytes: int) -> dict[str, str]:
     """Spark ``kafka`` writer options (without the ``kafka.`` prefix) for a map's own topics."""
-    return {
-        "bootstrap.servers": config.kafka.bootstrap_servers,
-        "enable.idempotence": "true",
-        "acks": "all",
-        "max.request.size": str(max_record_bytes),
-        **config.kafka.properties,
-    }
+    return java(
+        config.kafka,
+        **{
+            "enable.idempotence": "true",
+            "acks": "all",
+            "max.request.size": str(max_record_bytes),
+        },
+    )
 
 
 def last_per_key(changes: DataFrame) -> DataFrame:

@@ -29,6 +29,7 @@ from materializer.config import AppConfig
 from materializer.enrichment.job import start_enrichment
 from materializer.errors import MaterializerError
 from materializer.layout import Control, MapReport, generation_key, physical_name
+from materializer.ops.kafka_offsets import KafkaAccessError, check_access
 from materializer.ops.restore import ensure_whole
 from materializer.ops.source_loss import SourceDataLoss, check_source, explain_failure
 from materializer.pipeline.control import ControlChannel
@@ -122,6 +123,7 @@ class Supervisor:
                 )
             else:
                 m.generation = self._generation(m.name)
+                check_access(self._config.kafka)
                 check_source(self._config, m.name, m.generation)
                 m.queries = start_map(
                     self._spark,
@@ -133,6 +135,9 @@ class Supervisor:
                 )
         except SourceDataLoss as exc:  # records it needs are gone: it alone fails
             self.fail(m, str(exc))
+            return
+        except KafkaAccessError as exc:  # refused credentials: no restart mends them
+            self.fail(m, f"map {m.name} cannot reach its topics: {exc}")
             return
         except MaterializerError:
             raise  # the configuration: no restart can mend it, so the run reports it and ends

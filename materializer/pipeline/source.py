@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from materializer.config import AppConfig, MapConfig
+from materializer.kafka_clients import java
 from materializer.pipeline import columns as c
 
 if TYPE_CHECKING:
@@ -14,17 +15,15 @@ if TYPE_CHECKING:
 def kafka_options(
     config: AppConfig, source_topics: list[str], starting_offsets: str
 ) -> dict[str, str]:
-    """Options for ``readStream.format("kafka")``; ``kafka.properties`` pass through prefixed."""
-    options = {
-        "kafka.bootstrap.servers": config.kafka.bootstrap_servers,
+    """Options for ``readStream.format("kafka")``: the Java client's settings, prefixed."""
+    options = {f"kafka.{key}": value for key, value in java(config.kafka).items()}
+    options |= {
         "subscribe": ",".join(source_topics),
         "startingOffsets": starting_offsets,
         "includeHeaders": "true",
     }
     if config.spark.max_offsets_per_trigger is not None:
         options["maxOffsetsPerTrigger"] = str(config.spark.max_offsets_per_trigger)
-    for key, value in config.kafka.properties.items():
-        options[f"kafka.{key}"] = value
     return options
 
 

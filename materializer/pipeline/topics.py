@@ -22,6 +22,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from materializer.config import AppConfig
 from materializer.errors import SetupError
+from materializer.kafka_clients import librdkafka
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +41,7 @@ class TopicLimits:
 
 
 def _admin(config: AppConfig) -> AdminClient:
-    return AdminClient(
-        {"bootstrap.servers": config.kafka.bootstrap_servers, **config.kafka.properties}
-    )
+    return AdminClient(librdkafka(config.kafka))
 
 
 def source_limits(admin: AdminClient, topics: list[str]) -> TopicLimits:

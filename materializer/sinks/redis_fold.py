@@ -50,14 +50,15 @@ from __future__ import annotations
 import base64
 import functools
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
-from materializer.config import FoldConfig, RedisConfig
+from materializer.config import FoldConfig, KafkaConfig, RedisConfig
 from materializer.errors import MaterializerError
+from materializer.kafka_clients import librdkafka
 from materializer.layout import (
     EXPIRE_OP,
     READ_FUNCTION,
@@ -910,18 +911,17 @@ def records_in(
     return total
 
 
-def producer_settings(
-    bootstrap: str, properties: Mapping[str, str], max_record_bytes: int
-) -> tuple[tuple[str, str], ...]:
+def producer_settings(kafka: KafkaConfig, max_record_bytes: int) -> tuple[tuple[str, Any], ...]:
     """librdkafka settings for a map's own records: idempotent, and partitioned by key as
     Kafka's Java clients do (``murmur2``), so a key stays in the partition it always had."""
-    settings = {
-        "bootstrap.servers": bootstrap,
-        "enable.idempotence": "true",
-        "acks": "all",
-        "partitioner": "murmur2_random",
-        "message.max.bytes": str(max_record_bytes),
-        "linger.ms": "5",
-        **properties,
-    }
+    settings = librdkafka(
+        kafka,
+        **{
+            "enable.idempotence": "true",
+            "acks": "all",
+            "partitioner": "murmur2_random",
+            "message.max.bytes": str(max_record_bytes),
+            "linger.ms": "5",
+        },
+    )
     return tuple(sorted(settings.items()))

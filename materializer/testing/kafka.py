@@ -14,6 +14,7 @@ import socket
 import tempfile
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -65,14 +66,47 @@ def _java(heap: str, main: str, *args: str, log: Path) -> list[str]:
     ]
 
 
+@dataclass(frozen=True)
+class SecureListeners:
+    """Two listeners a broker serves beside PLAINTEXT, as a secured production cluster
+    would: SASL_SSL (PLAIN and SCRAM users) and SSL requiring a client certificate."""
+
+    keystore: Path
+    """PEM: the broker's PKCS#8 private key and its certificate chain."""
+    ca: Path
+    """PEM: the authority client certificates must chain to."""
+    plain_users: Mapping[str, str] = field(default_factory=dict)
+    """PLAIN users and their passwords (SCRAM users are added through the admin API)."""
+    sasl_port: int = field(default_factory=free_port)
+    mtls_port: int = field(default_factory=free_port)
+
+    def properties(self) -> list[str]:
+        """The broker settings of both listeners (``listeners`` itself is the node's)."""
+        plain = " ".join(f'user_{u}="{p}"' for u, p in self.plain_users.items())
+        scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        return [
+            "ssl.keystore.type=PEM",
+            f"ssl.keystore.location={self.keystore}",
+            "ssl.truststore.type=PEM",
+            f"ssl.truststore.location={self.ca}",
+            "listener.name.ssl.ssl.client.auth=required",
+            "sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+            "listener.name.sasl_ssl.plain.sasl.jaas.config="
+            f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain};",
+            f"listener.name.sasl_ssl.scram-sha-256.sasl.jaas.config={scram}",
+            f"listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config={scram}",
+        ]
+
+
 class KafkaNode:
     """One combined broker and controller of a cluster: its ports, storage and process."""
 
-    def __init__(self, node_id: int, heap: str) -> None:
+    def __init__(self, node_id: int, heap: str, secure: SecureListeners | None = None) -> None:
         self.node_id = node_id
         self.port = free_port()
         self.controller_port = free_port()
         self.address = f"127.0.0.1:{self.port}"
+        self.secure = secure
         self.voter = f"{node_id}@127.0.0.1:{self.controller_port}"
         self._heap = heap
         self.workdir: Path | None = None
@@ -81,16 +115,25 @@ class KafkaNode:
     def properties(self, data_dir: Path, voters: str, replicas: int) -> str:
         """The node's ``server.properties``; topics get ``replicas`` replicas by default."""
         min_isr = min(MIN_IN_SYNC, replicas)
+        served = [f"PLAINTEXT://{self.address}"]
+        protocols = "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT"
+        if self.secure is not None:
+            served += [
+                f"SASL_SSL://127.0.0.1:{self.secure.sasl_port}",
+                f"SSL://127.0.0.1:{self.secure.mtls_port}",
+            ]
+            protocols += ",SASL_SSL:SASL_SSL,SSL:SSL"
         return "\n".join(
             [
                 "process.roles=broker,controller",
                 f"node.id={self.node_id}",
                 f"controller.quorum.voters={voters}",
-                f"listeners=PLAINTEXT://{self.address},CONTROLLER://127.0.0.1:{self.controller_port}",
-                f"advertised.listeners=PLAINTEXT://{self.address}",
+                f"listeners={','.join(served)},CONTROLLER://127.0.0.1:{self.controller_port}",
+                f"advertised.listeners={','.join(served)}",
                 "controller.listener.names=CONTROLLER",
                 "inter.broker.listener.name=PLAINTEXT",
-                "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                f"listener.security.protocol.map={protocols}",
+                *(self.secure.properties() if self.secure is not None else []),
                 f"log.dirs={data_dir}",
                 "num.partitions=1",
                 f"default.replication.factor={replicas}",
@@ -208,8 +251,16 @@ class KafkaCluster:
     one of them gone.
     """
 
-    def __init__(self, size: int = 3, workdir: Path | None = None, heap: str = "384m") -> None:
-        self.nodes = {i: KafkaNode(i, heap) for i in range(1, size + 1)}
+    def __init__(
+        self,
+        size: int = 3,
+        workdir: Path | None = None,
+        heap: str = "384m",
+        secure: SecureListeners | None = None,
+    ) -> None:
+        if secure is not None and size != 1:
+            raise SetupError("secure listeners are for a single broker")
+        self.nodes = {i: KafkaNode(i, heap, secure) for i in range(1, size + 1)}
         self.bootstrap_servers = ",".join(n.address for n in self.nodes.values())
         self._workdir = workdir
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
@@ -298,8 +349,10 @@ class KafkaCluster:
 class KafkaBroker(KafkaCluster):
     """``with KafkaBroker() as k: k.bootstrap_servers``: a cluster of one node."""
 
-    def __init__(self, workdir: Path | None = None, heap: str = "512m") -> None:
-        super().__init__(1, workdir, heap)
+    def __init__(
+        self, workdir: Path | None = None, heap: str = "512m", secure: SecureListeners | None = None
+    ) -> None:
+        super().__init__(1, workdir, heap, secure)
         self._node = self.nodes[1]
         self.port = self._node.port
         self.controller_port = self._node.controller_port

@@ -16,7 +16,7 @@ from query_redis_helpers import DEADLINE, eventually, fresh_map, make_config, se
 from slice_helpers import FIELDS, config, slice_config, wait_for
 from test_redis_fold import apply
 
-from materializer.config import AppConfig, RedisConfig
+from materializer.config import AppConfig, KafkaConfig, RedisConfig
 from materializer.layout import changes_key, entity_key
 from materializer.pipeline.job import start_map
 from materializer.redis_client import mark_whole
@@ -343,7 +343,7 @@ def test_an_expiry_is_a_change_of_its_own(
         redis=RedisConfig(url=redis_url),
         map_name=map_name,
         changelog_topic=new_topic(1),
-        producer=producer_settings(kafka_bootstrap, {}, 1_048_576),
+        producer=producer_settings(KafkaConfig(bootstrap_servers=kafka_bootstrap), 1_048_576),
         ttl_ms=300,
     )
     load_library(target.redis)

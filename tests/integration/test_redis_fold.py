@@ -13,7 +13,7 @@ import pytest
 from redis.crc import key_slot
 from slice_helpers import read_topic, wait_for
 
-from materializer.config import RedisConfig
+from materializer.config import KafkaConfig, RedisConfig
 from materializer.layout import (
     EXPIRE_OP,
     changes_key,
@@ -75,7 +75,7 @@ def target(redis_url: str, kafka_bootstrap: str, new_topic) -> FoldTarget:
         redis=config,
         map_name=name,
         changelog_topic=new_topic(2),
-        producer=producer_settings(kafka_bootstrap, {}, 1_048_576),
+        producer=producer_settings(KafkaConfig(bootstrap_servers=kafka_bootstrap), 1_048_576),
     )
 
 

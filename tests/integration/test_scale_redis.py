@@ -35,7 +35,7 @@ from slice_helpers import (
 from test_redis_fold import records
 from test_slice import user_events
 
-from materializer.config import AppConfig, RedisConfig
+from materializer.config import AppConfig, KafkaConfig, RedisConfig
 from materializer.enrichment.job import start_enrichment
 from materializer.layout import EXPIRE_OP, changes_key, entity_key, expiry_index_key
 from materializer.ops.rehydrate import Comparison, Differences, rehydrate, verify
@@ -225,7 +225,7 @@ def test_expiries_on_a_cluster_reach_the_change_stream_and_the_changelog(
         redis=redis,
         map_name=name,
         changelog_topic=new_topic(2),
-        producer=producer_settings(kafka_bootstrap, {}, 1_048_576),
+        producer=producer_settings(KafkaConfig(bootstrap_servers=kafka_bootstrap), 1_048_576),
         ttl_ms=500,
     )
     load_library(redis)
