@@ -7,8 +7,9 @@ security settings differently, so ``kafka.security`` is mapped here, once per fa
 and nowhere else; ``kafka.properties`` pass to both as they are, last, so an operator
 can still override any of it.
 
-The Java client gets certificates and keys as PEM text rather than file paths: Spark
-ships options to executors, which need not see the driver's files.
+Both families get certificates and keys as PEM text rather than file paths: Spark ships
+the options (and the fold's producer settings) to executors, which need not see the
+driver's files.
 """
 
 from __future__ import annotations
@@ -47,10 +48,12 @@ def java(kafka: KafkaConfig, **settings: str) -> dict[str, str]:
 def _librdkafka_security(security: KafkaSecurity) -> dict[str, Any]:
     config: dict[str, Any] = {"security.protocol": security.protocol}
     if security.ca_file:
-        config["ssl.ca.location"] = security.ca_file
+        config["ssl.ca.pem"] = read_config_file(security.ca_file, "kafka.security.ca_file")
     if security.cert_file and security.key_file:
-        config["ssl.certificate.location"] = security.cert_file
-        config["ssl.key.location"] = security.key_file
+        config["ssl.certificate.pem"] = read_config_file(
+            security.cert_file, "kafka.security.cert_file"
+        )
+        config["ssl.key.pem"] = read_config_file(security.key_file, "kafka.security.key_file")
     if security.key_password is not None:
         config["ssl.key.password"] = security.key_password.reveal("kafka.security.key_password")
     if security.sasl is not None:

@@ -11,6 +11,7 @@ writes the same keys, so the two streams never interleave plain text with JSON.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import sys
@@ -102,30 +103,46 @@ def _own_stderr(handler: logging.Handler) -> TextIO:
     read_end, write_end = os.pipe()
     os.dup2(write_end, 2)
     os.close(write_end)
-    stray = logging.getLogger("stderr")
+    # A failing handler would report on descriptor 2, that is into the pipe this thread
+    # drains while the handler's lock is held: it stays silent instead.
+    logging.raiseExceptions = False
 
     def pump() -> None:
         with os.fdopen(read_end, "rb") as pipe:
             for raw in pipe:
-                text = raw.decode(errors="replace").rstrip()
-                if not text:
-                    continue
-                if _is_json_object(text):
-                    with _locked(handler):
-                        real.write(text + "\n")
-                else:
-                    stray.warning(text)
+                # The pipe must keep draining whatever one line does: a writer blocked on
+                # a full pipe would be the JVM or the Kafka client.
+                with contextlib.suppress(Exception):
+                    _pass_on(raw.decode(errors="replace").rstrip(), handler, real)
 
     reader = threading.Thread(target=pump, name="stderr-lines", daemon=True)
     reader.start()
 
     def restore() -> None:
         os.dup2(real.fileno(), 2)
-        reader.join(timeout=5)
+        # Spark's JVM holds the pipe until it exits after this process: no end to wait for.
+        reader.join(timeout=1)
 
     atexit.register(restore)
     sys.excepthook = _log_uncaught
+    threading.excepthook = _log_uncaught_in_thread
     return real
+
+
+def _pass_on(text: str, handler: logging.Handler, real: TextIO) -> None:
+    """One line from descriptor 2: a JSON object as it is, anything else as a record of
+    logger ``stderr``, whatever the level (it may be the reason a command failed)."""
+    if not text:
+        return
+    if _is_json_object(text):
+        with _locked(handler):
+            real.write(text + "\n")
+        return
+    handler.handle(
+        logging.makeLogRecord(
+            {"name": "stderr", "levelno": logging.WARNING, "levelname": "WARNING", "msg": text}
+        )
+    )
 
 
 def _is_json_object(text: str) -> bool:
@@ -157,6 +174,11 @@ def _log_uncaught(kind: type[BaseException], exc: BaseException, tb: TracebackTy
     )
 
 
+def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
+    if args.exc_value is not None:
+        _log_uncaught(args.exc_type, args.exc_value, args.exc_traceback)
+
+
 def current_format() -> LogFormat:
     """The format ``configure_logging`` chose (text when it was never called)."""
     return _format
@@ -171,7 +193,7 @@ appender.console.name = console
 appender.console.target = SYSTEM_ERR
 appender.console.layout.type = PatternLayout
 appender.console.layout.pattern = \
-{"time":"%d{yyyy-MM-dd'T'HH:mm:ss.SSS'Z'}{UTC}","level":"%p","logger":"%enc{%c}{JSON}",\
+{"time":"%d{yyyy-MM-dd'T'HH:mm:ss.SSS'Z'}{UTC}","level":"%level{WARN=WARNING,FATAL=CRITICAL}","logger":"%enc{%c}{JSON}",\
 "message":"%enc{%m}{JSON}"%notEmpty{,"exception":"%enc{%throwable}{JSON}"}}%n%throwable{none}
 rootLogger.level = warn
 rootLogger.appenderRef.console.ref = console

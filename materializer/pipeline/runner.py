@@ -109,6 +109,14 @@ class Supervisor:
         self._generation = generation
         self._metrics = metrics
         self._report = report
+        self._access_checked = False
+
+    def _check_access(self) -> None:
+        """Once per run: credentials do not change while it runs, and brokers that do not
+        answer would cost every map the check's whole timeout."""
+        if not self._access_checked:
+            check_access(self._config.kafka)
+            self._access_checked = True
 
     def start(self, m: _Map) -> None:
         """Start a map's queries on its current generation; a start that fails marks it failed.
@@ -117,13 +125,13 @@ class Supervisor:
         while paused resumes on the new copy of its data.
         """
         try:
+            self._check_access()
             if m.name in self._config.enrichments:
                 m.queries = start_enrichment(
                     self._spark, self._config, m.name, self._batch_log, metrics=self._metrics
                 )
             else:
                 m.generation = self._generation(m.name)
-                check_access(self._config.kafka)
                 check_source(self._config, m.name, m.generation)
                 m.queries = start_map(
                     self._spark,
@@ -137,7 +145,8 @@ class Supervisor:
             self.fail(m, str(exc))
             return
         except KafkaAccessError as exc:  # refused credentials: no restart mends them
-            self.fail(m, f"map {m.name} cannot reach its topics: {exc}")
+            kind = "enrichment" if m.name in self._config.enrichments else "map"
+            self.fail(m, f"{kind} {m.name} cannot reach its topics: {exc}")
             return
         except MaterializerError:
             raise  # the configuration: no restart can mend it, so the run reports it and ends
@@ -279,6 +288,8 @@ def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> 
         sizes.start()
         requests = channel.requests()
         for m in maps.values():
+            if stop.is_set():
+                break
             m.restart_id = requests[m.name].restart_id
             if requests[m.name].desired == "paused":
                 m.state = "paused"

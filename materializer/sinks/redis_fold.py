@@ -51,7 +51,7 @@ import base64
 import functools
 import threading
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
@@ -373,8 +373,9 @@ class FoldTarget:
     map_name: str
     """The physical name: the generation's keys."""
     changelog_topic: str
-    producer: tuple[tuple[str, str], ...]
-    """librdkafka settings for the changelog and dead-letter records."""
+    producer: tuple[tuple[str, Any], ...] = field(repr=False)
+    """librdkafka settings for the changelog and dead-letter records; they hold the Kafka
+    credentials, so the repr leaves them out."""
     dead_letter_topic: str | None = None
     ttl_ms: int | None = None
     changes_max_len: int = 100_000

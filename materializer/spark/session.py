@@ -70,6 +70,10 @@ def spark_conf(config: SparkConfig) -> dict[str, str]:
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.sql.session.timeZone": "UTC",
+        # Kafka credentials in the source and writer options (a JAAS line, a PEM key) stay
+        # out of logged plans and event logs.
+        "spark.redaction.regex": "(?i)secret|password|token|access[.]key|keystore[.]key|jaas",
+        "spark.sql.redaction.options.regex": "(?i)url|secret|password|keystore[.]key|jaas",
         # Writes must stay readable by delta-rs in the query service: no deletion vectors.
         "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
     }

@@ -31,7 +31,7 @@ def test_sasl_over_tls_maps_to_both_families(tmp_path: Path, monkeypatch: pytest
     assert librdkafka(config) == {
         "bootstrap.servers": "b:9093",
         "security.protocol": "SASL_SSL",
-        "ssl.ca.location": str(tmp_path / "ca"),
+        "ssl.ca.pem": "-----BEGIN ca-----\n",
         "sasl.mechanism": "SCRAM-SHA-512",
         "sasl.username": "bob",
         "sasl.password": 'p"w\\d',
@@ -51,7 +51,7 @@ def test_mutual_tls_passes_the_client_certificate(tmp_path: Path):
         tmp_path, cert_file=pem(tmp_path, "cert"), key_file=pem(tmp_path, "key"), key_password="k"
     )
     assert librdkafka(config)["security.protocol"] == "SSL"
-    assert librdkafka(config)["ssl.key.location"] == str(tmp_path / "key")
+    assert librdkafka(config)["ssl.key.pem"] == "-----BEGIN key-----\n"
     props = java(config)
     assert props["ssl.keystore.certificate.chain"] == "-----BEGIN cert-----\n"
     assert props["ssl.keystore.key"] == "-----BEGIN key-----\n"

@@ -99,8 +99,9 @@ def test_text_logging_leaves_spark_its_own_configuration(restore_logging):
 CHILD = """
 import logging, os, subprocess
 from materializer.logs import LogFormat, configure_logging
-configure_logging("INFO", LogFormat.JSON, own_stderr=True)
-logging.getLogger("app").info("mine", extra={"batch": 3})
+configure_logging("ERROR", LogFormat.JSON, own_stderr=True)
+logging.getLogger("app").error("mine", extra={"batch": 3})
+logging.getLogger("app").info("below the level")
 subprocess.run("echo 'WARNING: plain from a child' >&2", shell=True, check=True)
 os.write(2, b'{"level":"WARN","logger":"org.apache.spark.X","message":"as is"}\\n')
 raise RuntimeError("boom")
@@ -108,7 +109,8 @@ raise RuntimeError("boom")
 
 
 def test_a_json_process_turns_everything_on_its_stderr_into_json_lines():
-    """What the JVM's launcher, librdkafka or an uncaught exception write to descriptor 2."""
+    """What the JVM's launcher, librdkafka or an uncaught exception write to descriptor 2,
+    kept whatever the level: it may be why the command failed."""
     done = subprocess.run(
         [sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60, check=False
     )
