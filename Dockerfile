@@ -26,7 +26,9 @@ COPY Makefile ./
 COPY jvm/pom.xml jvm/settings.xml jvm/
 COPY jvm/spark/pom.xml jvm/spark/
 COPY jvm/kafka/pom.xml jvm/kafka/
-RUN make jars
+COPY jvm/registry/pom.xml jvm/registry/
+# The schema registry (jvm/registry) serves the tests only.
+RUN make jars JVM_MODULES=spark,kafka
 
 COPY pyproject.toml README.md ./
 COPY materializer/ materializer/

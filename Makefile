@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 JARS := jvm/lib/.resolved
+# The jvm/ modules `make jars` resolves; an image leaves out the tests' registry.
+JVM_MODULES ?= spark,kafka,registry
 PYTEST_ARGS ?=
 # Test files spread over this many workers, each with its own broker, Redis and Spark.
 TEST_WORKERS ?= 2
@@ -23,13 +25,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 venv: $(VENV)/.installed ## create .venv and install the package with its dev extra
 
-$(JARS): jvm/pom.xml jvm/spark/pom.xml jvm/kafka/pom.xml
+$(JARS): jvm/pom.xml jvm/spark/pom.xml jvm/kafka/pom.xml jvm/registry/pom.xml
 	@command -v mvn >/dev/null || { echo "Maven (mvn) is needed to resolve the JVM jars: install it (Debian: apt-get install maven)"; exit 1; }
 	rm -rf jvm/lib
-	mvn -q -B -s jvm/settings.xml -f jvm/pom.xml package
+	mvn -q -B -s jvm/settings.xml -f jvm/pom.xml -pl $(JVM_MODULES) -am package
 	touch $@
 
-jars: $(JARS) ## resolve Spark's Kafka/Delta/Avro jars and Kafka's broker jars into jvm/lib
+jars: $(JARS) ## resolve Spark's Kafka/Delta/Avro jars, Kafka's broker and the tests' schema registry into jvm/lib
 
 java: ## check that Java 17 or newer is the default java
 	@command -v java >/dev/null || { echo "Java 17 is needed (Debian: apt-get install openjdk-17-jre-headless)"; exit 1; }

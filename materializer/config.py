@@ -249,14 +249,16 @@ class SourceConfig(_Model):
     ``avro`` (``schema_file``, or ``schema_registry_url`` for Confluent's wire
     format), ``protobuf`` (``descriptor_file`` and ``message``, or
     ``schema_registry_url`` with an optional ``message``), or ``string`` (the
-    value as one string field).
+    value as one string field), or ``json_schema`` (Confluent's JSON Schema wire
+    format: the registry's 5-byte header, then JSON, typed by ``schema`` as for
+    ``json``; the JSON carries its own field names, so the registry is not asked).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     topics: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]
     starting_offsets: Literal["earliest", "latest"] = "earliest"
-    format: Literal["json", "avro", "protobuf", "string"] = "json"
+    format: Literal["json", "json_schema", "avro", "protobuf", "string"] = "json"
     schema_: Annotated[str | None, Field(alias="schema", min_length=1)] = None
     """Spark SQL DDL of a JSON value, e.g. ``id STRING, name STRING, age INT``; without it
     the fields are inferred from the values, one micro-batch at a time."""
@@ -282,6 +284,7 @@ class SourceConfig(_Model):
         }
         allowed = {
             "json": {"schema_"},
+            "json_schema": {"schema_"},
             "avro": {"schema_file", "schema_registry_url"},
             "protobuf": {"descriptor_file", "message", "schema_registry_url"},
             "string": set(),
@@ -290,6 +293,8 @@ class SourceConfig(_Model):
         if extra:
             names = ", ".join(sorted(n.rstrip("_") for n in extra))
             raise ValueError(f"{names} does not apply to format {fmt}")
+        if fmt == "json_schema" and not given:
+            raise ValueError("format json_schema needs schema (Spark SQL DDL of the values)")
         if fmt == "avro" and len(given) != 1:
             raise ValueError("format avro needs exactly one of schema_file, schema_registry_url")
         if fmt == "protobuf" and not (

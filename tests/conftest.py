@@ -17,6 +17,7 @@ import redis
 
 from materializer.config import SparkConfig
 from materializer.testing import KafkaBroker, RedisServer, create_topic
+from materializer.testing.registry import ApicurioRegistry
 from materializer.testing.schema_registry import SchemaRegistry
 
 if TYPE_CHECKING:
@@ -50,6 +51,13 @@ def schema_registry_url() -> Iterator[str]:
         yield existing
         return
     with SchemaRegistry() as registry:
+        yield registry.url
+
+
+@pytest.fixture(scope="session")
+def apicurio_url() -> Iterator[str]:
+    """A real schema registry's Confluent API (Apicurio Registry), one per test worker."""
+    with ApicurioRegistry() as registry:
         yield registry.url
 
 

@@ -7,6 +7,7 @@ fields and no error. Each format lives in ``pipeline.formats``:
 
 ======================================  =====================================================
 ``json`` with ``schema``                ``formats.json``: ``from_json`` in the JVM
+``json_schema``                         ``formats.json``: the same, after the wire format's header
 ``json`` without ``schema``             ``formats.json_inferred``: a VARIANT document, typed
                                         per batch by ``formats.batch_typing``
 ``avro`` with ``schema_file``           ``formats.avro_file``: ``from_avro`` in the JVM
@@ -53,6 +54,8 @@ def decode(raw: DataFrame, map_config: MapConfig) -> DataFrame:
     src = map_config.source
     if src.format == "json" and src.schema_ is not None:
         return decode_json(raw, json_schema(map_config))
+    if src.format == "json_schema":
+        return decode_json(raw, json_schema(map_config), wire_format=True)
     if src.format == "json":
         return decode_inferred_json(raw, map_config)
     if src.format == "avro" and src.schema_file:

@@ -12,6 +12,9 @@ from typing import Any
 import grpc_tools
 import orjson
 import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 from format_helpers import format_config, letters_of, stores
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
@@ -256,3 +259,37 @@ def test_protobuf_wire_format_via_the_registry(
     )
     assert messages[b"unknown"].startswith("writer schema id 9999:")
     assert messages[b"magic"].startswith("not in Confluent's wire format: magic byte 0x01")
+
+
+def test_protobuf_from_confluents_serializer_through_a_real_registry(
+    spark, kafka_bootstrap, redis_url, redis_client, apicurio_url, new_topic, tmp_path: Path
+):
+    """Confluent's ProtobufSerializer registers the schema with Apicurio (a serialized
+    descriptor) and frames each record with the message's indexes; the map decodes them."""
+    topic = new_topic(2)
+    order = classes(descriptor_set(tmp_path, ORDER_V1))["Order"]
+    serialize = ProtobufSerializer(order, SchemaRegistryClient({"url": apicurio_url}))
+    context = SerializationContext(topic, MessageField.VALUE)
+    cfg = format_config(
+        tmp_path,
+        kafka_bootstrap,
+        redis_url,
+        topic,
+        "real_proto",
+        {"format": "protobuf", "schema_registry_url": apicurio_url, "message": "shop.v1.Order"},
+    )
+    records, expected = orders(random.Random(4), order, 150, 0)
+    framed = [
+        (k, None if v is None else serialize(order.FromString(v), context)) for k, v in records
+    ]
+    positions = produce(kafka_bootstrap, topic, framed)
+    queries = start_map(spark, cfg, "real_proto")
+    try:
+        queries.process_all_available()
+    finally:
+        queries.stop()
+    reference = _reference(positions, records, expected)
+    redis, delta = stores(cfg, redis_client, "real_proto")
+    assert redis == reference
+    assert _numbers(delta) == reference
+    assert letters_of(kafka_bootstrap, cfg, "real_proto") == {}

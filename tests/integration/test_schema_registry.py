@@ -1,4 +1,6 @@
-"""Avro in Confluent's wire format, writer schemas from a real (test) schema registry."""
+"""Avro in Confluent's wire format: records from Confluent's own serializer through a real
+registry (Apicurio), and the faults of a registry of the tests' own (unknown ids, an
+outage mid-stream)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,10 @@ from typing import Any
 import fastavro
 import orjson
 import pytest
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.schema_registry.json_schema import JSONSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
 from format_helpers import format_config, letters_of, stores
 
 from materializer.errors import SetupError
@@ -41,6 +47,8 @@ V2 = {
 }
 V3 = {**V2, "fields": [*V2["fields"], {"name": "vip", "type": "boolean", "default": False}]}
 FIELDS = ["id", "name", "age"]
+Records = list[tuple[bytes | None, bytes | None]]
+Doc = dict[str, Any] | None
 
 
 def _avro(schema: dict[str, Any], doc: dict[str, Any]) -> bytes:
@@ -165,3 +173,117 @@ def test_a_registry_unreachable_at_start_stops_the_map_with_its_key(
         SetupError, match=r"^source\.schema_registry_url: schema registry .* unreachable"
     ):
         records(spark, cfg, "no_registry")
+
+
+def test_avro_from_confluents_serializer_through_a_real_registry(
+    spark, kafka_bootstrap, redis_url, redis_client, apicurio_url, new_topic, tmp_path: Path
+):
+    """Confluent's AvroSerializer registers each writer schema with Apicurio and frames the
+    records; the map decodes both versions, the second registered mid-stream."""
+    topic = new_topic(2)
+    registry = SchemaRegistryClient({"url": apicurio_url})
+    context = SerializationContext(topic, MessageField.VALUE)
+    rng = random.Random(8)
+    cfg = format_config(
+        tmp_path,
+        kafka_bootstrap,
+        redis_url,
+        topic,
+        "real_avro",
+        {"format": "avro", "schema_registry_url": apicurio_url},
+    )
+
+    def users(schema: dict[str, Any], count: int, start: int) -> tuple[Records, list[Doc]]:
+        serialize = AvroSerializer(registry, orjson.dumps(schema).decode())
+        records, docs = _users(rng, count, start, schema, 0)
+        framed = [
+            (k, None if d is None else serialize(d, context))
+            for (k, _), d in zip(records, docs, strict=True)
+        ]
+        return framed, docs
+
+    first, first_docs = users(V1, 120, 0)
+    positions = produce(kafka_bootstrap, topic, first)
+    queries = start_map(spark, cfg, "real_avro")
+    try:
+        queries.process_all_available()
+        second, second_docs = users(V2, 120, 1000)
+        positions += produce(kafka_bootstrap, topic, second)
+        queries.process_all_available()
+    finally:
+        queries.stop()
+    ids = {bytes(v[1:5]) for _, v in first + second if v is not None}
+    assert len(ids) == 2  # two writer schemas, as the registry numbered them
+
+    as_json = [
+        (p, o, k, None if d is None else orjson.dumps(d))
+        for (p, o), (k, _), d in zip(
+            positions, first + second, first_docs + second_docs, strict=True
+        )
+    ]
+    reference = fold_latest(as_json, "id", FIELDS)
+    redis, delta = stores(cfg, redis_client, "real_avro")
+    assert redis == reference
+    assert delta == reference
+    assert letters_of(kafka_bootstrap, cfg, "real_avro") == {}
+
+
+USER_JSON_SCHEMA = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "title": "User",
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "name": {"type": ["string", "null"]},
+        "age": {"type": "integer"},
+    },
+    "required": ["id", "age"],
+}
+
+
+def test_json_schema_wire_format_from_confluents_serializer(
+    spark, kafka_bootstrap, redis_url, redis_client, apicurio_url, new_topic, tmp_path: Path
+):
+    """``format: json_schema``: Confluent's JSONSerializer validates each record against the
+    schema it registers with Apicurio and frames it; values without the frame are dead
+    letters that say why."""
+    topic = new_topic(2)
+    serialize = JSONSerializer(
+        orjson.dumps(USER_JSON_SCHEMA).decode(), SchemaRegistryClient({"url": apicurio_url})
+    )
+    context = SerializationContext(topic, MessageField.VALUE)
+    cfg = format_config(
+        tmp_path,
+        kafka_bootstrap,
+        redis_url,
+        topic,
+        "json_wire",
+        {"format": "json_schema", "schema": "id STRING, name STRING, age INT"},
+    )
+    records, docs = _users(random.Random(6), 150, 0, V1, 0)
+    framed = [
+        (k, None if d is None else serialize(d, context))
+        for (k, _), d in zip(records, docs, strict=True)
+    ]
+    bad = [(b"plain", b'{"id": "plain", "age": 1}'), (b"short", b"\x00\x00\x01")]
+    positions = produce(kafka_bootstrap, topic, framed + bad)
+    queries = start_map(spark, cfg, "json_wire")
+    try:
+        queries.process_all_available()
+    finally:
+        queries.stop()
+
+    as_json = [
+        (p, o, k, None if d is None else orjson.dumps(d))
+        for (p, o), (k, _), d in zip(positions, framed, docs, strict=False)
+    ]
+    reference = fold_latest(as_json, "id", FIELDS)
+    redis, delta = stores(cfg, redis_client, "json_wire")
+    assert redis == reference
+    assert delta == reference
+    letters = letters_of(kafka_bootstrap, cfg, "json_wire")
+    messages = {key: headers["x-error-message"] for key, _, headers in letters.values()}
+    assert messages == {
+        b"plain": "not in Confluent's wire format: magic byte 0x7b, expected 0x00",
+        b"short": "not in Confluent's wire format: 3 bytes, fewer than its 5-byte header",
+    }

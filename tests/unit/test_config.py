@@ -75,6 +75,12 @@ def test_format_options_are_checked_per_format():
     assert problems({"format": "protobuf", "descriptor_file": "x.desc"}) == [
         "maps.m.source: format protobuf needs descriptor_file and message, or schema_registry_url"
     ]
+    assert problems({"format": "json_schema"}) == [
+        "maps.m.source: format json_schema needs schema (Spark SQL DDL of the values)"
+    ]
+    assert problems(
+        {"format": "json_schema", "schema": "a INT", "schema_registry_url": "http://r"}
+    ) == ["maps.m.source: schema_registry_url does not apply to format json_schema"]
 
 
 def test_transforms_and_folds_report_their_own_key_paths():
