@@ -185,31 +185,32 @@ class MethodCall:
         if inspect.isasyncgenfunction(behavior):
 
             async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-                started, code = time.perf_counter(), grpc.StatusCode.OK
+                started = time.perf_counter()
                 try:
                     request = self._prepare(request, context, streaming_requests)
                     async for response in behavior(request, context):
                         yield response
                 except BaseException as exc:
-                    code = _code_of(exc, context)
+                    # Counted before the status leaves: a client that saw it sees it counted.
+                    self._measure(started, _code_of(exc, context))
                     await self._fail(context, exc)
-                finally:
-                    self._measure(started, code)
+                self._measure(started, grpc.StatusCode.OK)
 
             return stream
 
         if inspect.iscoroutinefunction(behavior):
 
             async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                started, code = time.perf_counter(), grpc.StatusCode.OK
+                started = time.perf_counter()
                 try:
                     request = self._prepare(request, context, streaming_requests)
-                    return await behavior(request, context)
+                    response = await behavior(request, context)
                 except BaseException as exc:
-                    code = _code_of(exc, context)
+                    # Counted before the status leaves: a client that saw it sees it counted.
+                    self._measure(started, _code_of(exc, context))
                     await self._fail(context, exc)
-                finally:
-                    self._measure(started, code)
+                self._measure(started, grpc.StatusCode.OK)
+                return response
 
             return unary
 
