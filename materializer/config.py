@@ -266,6 +266,15 @@ class SourceConfig(_Model):
     descriptor_file: str | None = None
     message: str | None = None
     schema_registry_url: str | None = None
+    subject_name_strategy: Literal["topic", "record", "topic_record"] = "topic"
+    """Where the reader schemas are registered, as Confluent's serializers name subjects:
+    ``topic`` one record type per topic (``<topic>-value``); ``record`` (``<record name>``)
+    and ``topic_record`` (``<topic>-<record name>``) let one topic carry several record
+    types, those of ``record_types``, each read into the map's fields."""
+    record_types: list[Annotated[str, Field(min_length=1)]] | None = None
+    """The full names of the record types a topic carries (``subject_name_strategy``
+    ``record`` or ``topic_record``): the map's fields are all of theirs, a field a type
+    lacks is null, and a record of another type is a dead letter."""
     string_field: str = "value"
 
     @model_validator(mode="after")
@@ -306,6 +315,16 @@ class SourceConfig(_Model):
         if fmt == "protobuf" and "schema_registry_url" in given and "descriptor_file" in given:
             raise ValueError(
                 "format protobuf takes descriptor_file or schema_registry_url, not both"
+            )
+        several = self.subject_name_strategy != "topic"
+        if several and fmt != "avro":
+            raise ValueError("subject_name_strategy record or topic_record is for format avro")
+        if several and "schema_registry_url" not in given:
+            raise ValueError("subject_name_strategy needs schema_registry_url")
+        if several != bool(self.record_types):
+            raise ValueError(
+                "record_types lists the record types of subject_name_strategy record or "
+                "topic_record, and only of those"
             )
         url = self.schema_registry_url
         if url is not None and not re.match(r"^https?://[^/\s]+", url):

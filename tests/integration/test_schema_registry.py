@@ -12,7 +12,10 @@ from typing import Any
 import fastavro
 import orjson
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import (
+    SchemaRegistryClient,
+    topic_record_subject_name_strategy,
+)
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -287,3 +290,90 @@ def test_json_schema_wire_format_from_confluents_serializer(
         b"plain": "not in Confluent's wire format: magic byte 0x7b, expected 0x00",
         b"short": "not in Confluent's wire format: 3 bytes, fewer than its 5-byte header",
     }
+
+
+ADMIN = {
+    "type": "record",
+    "name": "Admin",
+    "namespace": "shop",
+    "fields": [
+        {"name": "id", "type": "string"},
+        {"name": "age", "type": "int"},
+        {"name": "role", "type": "string"},
+    ],
+}
+GUEST = {
+    "type": "record",
+    "name": "Guest",
+    "namespace": "shop",
+    "fields": [{"name": "id", "type": "string"}],
+}
+
+
+def test_one_topic_of_two_record_types_folds_into_one_map(
+    spark, kafka_bootstrap, redis_url, redis_client, apicurio_url, new_topic, tmp_path: Path
+):
+    """TopicRecordNameStrategy: users and admins in one topic, each under its own subject;
+    the map's fields are both types' fields, a type's missing ones null; a third type is
+    a dead letter that names it."""
+    topic = new_topic(2)
+    registry = SchemaRegistryClient({"url": apicurio_url})
+    context = SerializationContext(topic, MessageField.VALUE)
+    strategy = {"subject.name.strategy": topic_record_subject_name_strategy}
+
+    def serializer(schema: dict[str, Any]) -> AvroSerializer:
+        return AvroSerializer(registry, orjson.dumps(schema).decode(), conf=strategy)
+
+    as_user, as_admin, as_guest = serializer(V1), serializer(ADMIN), serializer(GUEST)
+    rng = random.Random(12)
+    records: Records = []
+    docs: list[Doc] = []
+    for i in range(200):
+        uid = f"p{rng.randrange(25)}"
+        if i % 3 == 0:
+            doc: dict[str, Any] = {"id": uid, "age": i, "role": f"r{i}"}
+            records.append((uid.encode(), as_admin(doc, context)))
+        else:
+            doc = {"id": uid, "name": f"n{i}", "age": i}
+            records.append((uid.encode(), as_user(doc, context)))
+        docs.append(doc)
+    guest = (b"g1", as_guest({"id": "g1"}, context))
+    cfg = format_config(
+        tmp_path,
+        kafka_bootstrap,
+        redis_url,
+        topic,
+        "two_types",
+        {
+            "format": "avro",
+            "schema_registry_url": apicurio_url,
+            "subject_name_strategy": "topic_record",
+            "record_types": ["shop.User", "shop.Admin"],
+        },
+    )
+    positions = produce(kafka_bootstrap, topic, [*records, guest])
+    queries = start_map(spark, cfg, "two_types")
+    try:
+        queries.process_all_available()
+    finally:
+        queries.stop()
+
+    as_json = [
+        (p, o, k, orjson.dumps(d))
+        for (p, o), (k, _), d in zip(positions, records, docs, strict=False)
+    ]
+    reference = fold_latest(as_json, "id", ["id", "name", "age", "role"])
+    assert {"role"} < set().union(*reference.values()) and any(
+        "name" in e for e in reference.values()
+    )
+    redis, delta = stores(cfg, redis_client, "two_types")
+    assert redis == reference
+    assert delta == reference
+    letters = letters_of(kafka_bootstrap, cfg, "two_types")
+    assert [(key, headers["x-error-message"]) for key, _, headers in letters.values()] == [
+        (
+            b"g1",
+            f"record type shop.Guest (writer schema id {int.from_bytes(guest[1][1:5], 'big')}) "
+            "is not one the map reads (record_types: shop.User, shop.Admin)",
+        )
+    ]

@@ -81,6 +81,17 @@ def test_format_options_are_checked_per_format():
     assert problems(
         {"format": "json_schema", "schema": "a INT", "schema_registry_url": "http://r"}
     ) == ["maps.m.source: schema_registry_url does not apply to format json_schema"]
+    registry = {"format": "avro", "schema_registry_url": "http://r"}
+    assert problems({**registry, "subject_name_strategy": "record"}) == [
+        "maps.m.source: record_types lists the record types of subject_name_strategy record "
+        "or topic_record, and only of those"
+    ]
+    assert problems({**registry, "record_types": ["a.B"]}) == problems(
+        {**registry, "subject_name_strategy": "record"}
+    )
+    assert problems(
+        {"format": "protobuf", "schema_registry_url": "http://r", "subject_name_strategy": "record"}
+    ) == ["maps.m.source: subject_name_strategy record or topic_record is for format avro"]
 
 
 def test_transforms_and_folds_report_their_own_key_paths():
@@ -324,3 +335,11 @@ def test_a_redis_cluster_has_database_zero_only():
     assert info.value.problems == [
         "redis.url: a Redis Cluster has database 0 only, and the URL selects 2"
     ]
+
+
+def test_subject_names_follow_confluents_strategies():
+    from materializer.pipeline.formats.registry import subject_name
+
+    assert subject_name("topic", "users", "shop.User") == "users-value"
+    assert subject_name("record", "users", "shop.User") == "shop.User"
+    assert subject_name("topic_record", "users", "shop.User") == "users-shop.User"

@@ -10,15 +10,23 @@ with no restart; their new fields reach the map when it starts again with the
 newer latest version as its reader (a ``latest`` fold keeps the entity's
 typed fields in its state, so there a changed reader needs a new checkpoint).
 
+With ``subject_name_strategy`` ``record`` or ``topic_record`` a topic carries
+several record types (``record_types``), each with its own subject and so its
+own latest version as reader. A record goes to the reader of its writer
+schema's full name; the map's fields are the union of the readers' fields
+(one name, one type), and a type without a field leaves it null.
+
 A value without the wire-format header, with an id the registry does not
-know, written by a schema that does not resolve against the reader, with
-bytes left over, or met while the registry is unreachable, is a decode
-error naming the cause.
+know, written by a schema that does not resolve against the reader, of a
+record type the map does not read, with bytes left over, or met while the
+registry is unreachable, is a decode error naming the cause.
 """
 
 from __future__ import annotations
 
 import io
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -33,10 +41,12 @@ from materializer.pipeline.formats.registry import (
     client_for,
     reader_schema,
     split_header,
+    subject_name,
 )
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
 _readers: dict[tuple[str, int], tuple[Any, Any]] = {}
 """(url, reader id) → (parsed reader schema, value converter), per process."""
@@ -50,22 +60,51 @@ def _parse(text: str) -> Any:
     return fastavro.parse_schema(orjson.loads(text))
 
 
+@dataclass(frozen=True)
+class Reader:
+    """A reader schema as registered: for one record type, or (``record_type`` None) for
+    every record of the topic."""
+
+    record_type: str | None
+    schema_id: int
+    text: str
+
+
 class AvroRegistryDecoder(ValueDecoder):
-    """Executor side: header, writer schema by id, then fastavro with the reader schema."""
+    """Executor side: header, writer schema by id, then fastavro with its reader schema."""
 
-    def __init__(self, url: str, reader_id: int, reader_text: str) -> None:
+    def __init__(self, url: str, readers: Sequence[Reader]) -> None:
         self.url = url
-        self.reader_id = reader_id
-        self.reader_text = reader_text
+        self.readers = tuple(readers)
+        self._by_type = {r.record_type: r for r in self.readers}
+        self._by_id = {r.schema_id: r for r in self.readers}
 
-    def _reader(self) -> tuple[Any, Any]:
-        key = (self.url, self.reader_id)
+    def _reader(self, reader: Reader) -> tuple[Any, Any]:
+        key = (self.url, reader.schema_id)
         found = _readers.get(key)
         if found is None:
-            parsed = _parse(self.reader_text)
+            parsed = _parse(reader.text)
             found = (parsed, converter(parsed))
             _readers[key] = found
         return found
+
+    def _pick(self, schema_id: int) -> tuple[Reader, Any]:
+        """The reader of a writer schema id, and the parsed writer (None: the reader)."""
+        same = self._by_id.get(schema_id)
+        if same is not None:
+            return same, None
+        writer = self._writer(schema_id)
+        if None in self._by_type:
+            return self._by_type[None], writer
+        name = writer.get("name") if isinstance(writer, dict) else None
+        reader = self._by_type.get(name)
+        if reader is None:
+            known = ", ".join(str(r.record_type) for r in self.readers)
+            raise DecodeFailure(
+                f"record type {name} (writer schema id {schema_id}) is not one the map "
+                f"reads (record_types: {known})"
+            )
+        return reader, writer
 
     def _writer(self, schema_id: int) -> Any:
         key = (self.url, schema_id)
@@ -93,17 +132,17 @@ class AvroRegistryDecoder(ValueDecoder):
             schema_id, payload = split_header(value)
         except WireFormatError as exc:
             raise DecodeFailure(str(exc)) from None
-        reader, convert = self._reader()
-        writer = reader if schema_id == self.reader_id else self._writer(schema_id)
+        chosen, writer = self._pick(schema_id)
+        reader, convert = self._reader(chosen)
         buffer = io.BytesIO(payload)
         try:
             record = fastavro.schemaless_reader(
-                buffer, writer, None if writer is reader else reader
+                buffer, reader if writer is None else writer, None if writer is None else reader
             )
         except Exception as exc:  # truncated or corrupt bytes, or schemas that do not resolve
             detail = str(exc) or type(exc).__name__
             raise DecodeFailure(
-                f"not Avro of writer schema id {schema_id} read as id {self.reader_id}: {detail}"
+                f"not Avro of writer schema id {schema_id} read as id {chosen.schema_id}: {detail}"
             ) from None
         left = len(payload) - buffer.tell()
         if left:
@@ -117,18 +156,52 @@ class AvroRegistryDecoder(ValueDecoder):
 
 
 def decode_avro_registry(raw: DataFrame, map_config: MapConfig) -> DataFrame:
-    """The reader schema from the registry now; every record decoded on the executors."""
+    """The reader schemas from the registry now; every record decoded on the executors."""
     src = map_config.source
     url = src.schema_registry_url or ""
-    latest = reader_schema(url, src.topics[0], "AVRO")
-    try:
-        fields = spark_type(_parse(latest.text))
-    except AvroSchemaError as exc:
-        raise ConfigError(
-            "", [f"source.schema_registry_url: reader schema id {latest.id}: {exc}"]
-        ) from None
-    except Exception as exc:  # fastavro raises several types for a bad schema
-        raise ConfigError(
-            "", [f"source.schema_registry_url: reader schema id {latest.id} does not parse: {exc}"]
-        ) from None
-    return decode_in_python(raw, fields, AvroRegistryDecoder(url, latest.id, latest.text))
+    topic = src.topics[0]
+    types: list[str | None] = [*src.record_types] if src.record_types else [None]
+    readers = []
+    for record_type in types:
+        subject = subject_name(src.subject_name_strategy, topic, record_type)
+        latest = reader_schema(url, topic, "AVRO", subject=subject)
+        readers.append(Reader(record_type, latest.id, latest.text))
+    return decode_in_python(raw, _fields(readers), AvroRegistryDecoder(url, readers))
+
+
+def _fields(readers: Sequence[Reader]) -> StructType:
+    """The union of the readers' fields; a name two types give two types is an error."""
+    from pyspark.sql.types import StructType
+
+    merged: dict[str, tuple[Any, str]] = {}
+    for reader in readers:
+        try:
+            parsed = _parse(reader.text)
+            fields = spark_type(parsed)
+        except AvroSchemaError as exc:
+            raise ConfigError(
+                "", [f"source.schema_registry_url: reader schema id {reader.schema_id}: {exc}"]
+            ) from None
+        except Exception as exc:  # fastavro raises several types for a bad schema
+            raise ConfigError(
+                "",
+                [
+                    f"source.schema_registry_url: reader schema id {reader.schema_id} "
+                    f"does not parse: {exc}"
+                ],
+            ) from None
+        owner = reader.record_type or f"schema id {reader.schema_id}"
+        for field in fields.fields:
+            seen = merged.get(field.name)
+            if seen is None:
+                merged[field.name] = (field, owner)
+            elif seen[0].dataType != field.dataType:
+                raise ConfigError(
+                    "",
+                    [
+                        f"source.record_types: field {field.name} is "
+                        f"{seen[0].dataType.simpleString()} in {seen[1]} and "
+                        f"{field.dataType.simpleString()} in {owner}"
+                    ],
+                )
+    return StructType([field for field, _ in merged.values()])

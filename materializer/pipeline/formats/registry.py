@@ -224,15 +224,24 @@ def value_subject(topic: str) -> str:
     return f"{topic}-value"
 
 
+def subject_name(strategy: str, topic: str, record_type: str | None = None) -> str:
+    """A subject as Confluent's serializers name it: TopicNameStrategy (``topic``),
+    RecordNameStrategy (``record``) or TopicRecordNameStrategy (``topic_record``)."""
+    if strategy == "topic" or record_type is None:
+        return value_subject(topic)
+    return record_type if strategy == "record" else f"{topic}-{record_type}"
+
+
 def reader_schema(
-    url: str, topic: str, schema_type: str, fmt: str | None = None
+    url: str, topic: str, schema_type: str, fmt: str | None = None, subject: str | None = None
 ) -> RegisteredSchema:
-    """Driver side, at start: the latest schema of the topic's value subject.
+    """Driver side, at start: the latest schema of ``subject`` (default: the topic's value
+    subject).
 
     Raises ConfigError or SetupError naming ``source.schema_registry_url``: a
     map whose registry cannot be reached when it starts does not start.
     """
-    subject = value_subject(topic)
+    subject = subject or value_subject(topic)
     try:
         latest = client_for(url).latest(subject, fmt)
     except ValueError as exc:
