@@ -27,8 +27,10 @@ COPY jvm/pom.xml jvm/settings.xml jvm/
 COPY jvm/spark/pom.xml jvm/spark/
 COPY jvm/kafka/pom.xml jvm/kafka/
 COPY jvm/registry/pom.xml jvm/registry/
-# The schema registry (jvm/registry) serves the tests only.
-RUN make jars JVM_MODULES=spark,kafka
+COPY jvm/s3/pom.xml jvm/s3/
+COPY jvm/s3proxy/pom.xml jvm/s3proxy/
+# The schema registry and the S3 server (jvm/registry, jvm/s3proxy) serve the tests only.
+RUN make jars JVM_MODULES=spark,kafka,s3
 
 COPY pyproject.toml README.md ./
 COPY materializer/ materializer/

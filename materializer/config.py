@@ -220,6 +220,38 @@ class DeltaConfig(_Model):
     Lookups never wait for it; Redis is written by the fold itself."""
 
 
+class ObjectStoreConfig(_Model):
+    """An S3 API (AWS, or a compatible server) holding ``delta.root`` and
+    ``spark.checkpoint_root`` when they are ``s3a://`` URLs. Spark writes through
+    hadoop-aws; the query service, ``rehydrate`` and ``verify`` read through delta-rs, both
+    with these settings (``materializer.object_store``). Without keys, each uses the AWS
+    default chain (environment, profile, the node's or pod's role)."""
+
+    endpoint: str | None = None
+    """``http(s)://host:port`` of an S3-compatible server; None for AWS itself."""
+    region: str = "us-east-1"
+    path_style: bool = False
+    """Buckets in the path (``endpoint/bucket/key``), as most compatible servers want."""
+    access_key_id: Secret | None = None
+    secret_access_key: Secret | None = None
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_url(cls, endpoint: str | None) -> str | None:
+        if endpoint is not None and not re.match(r"^https?://[^/\s]+/?$", endpoint):
+            raise ValueError("must be http(s)://host[:port]")
+        return endpoint
+
+    @model_validator(mode="after")
+    def _both_keys(self) -> ObjectStoreConfig:
+        if (self.access_key_id is None) != (self.secret_access_key is None):
+            raise ValueError("access_key_id and secret_access_key go together")
+        return self
+
+
+OBJECT_STORE_SCHEMES = ("s3a://", "s3://")
+
+
 class SparkConfig(_Model):
     """The Spark session and the streaming queries' cadence and checkpoints."""
 
@@ -740,8 +772,26 @@ class AppConfig(_Model):
     spark: SparkConfig = SparkConfig()
     query: QueryConfig = QueryConfig()
     metrics: MetricsConfig = MetricsConfig()
+    object_store: ObjectStoreConfig | None = None
     maps: dict[str, MapConfig] = Field(default_factory=dict)
     enrichments: dict[str, EnrichmentConfig] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _object_store_declared(self) -> AppConfig:
+        """An s3a:// root needs the S3 settings (``{}`` takes AWS's defaults): a root that
+        silently used other credentials than the query service would split the data."""
+        for key, root in (
+            ("delta.root", self.delta.root),
+            ("spark.checkpoint_root", self.spark.checkpoint_root),
+        ):
+            if root.startswith(OBJECT_STORE_SCHEMES) and self.object_store is None:
+                raise ValueError(
+                    f"{key}: {root} is in an object store: declare object_store (endpoint, "
+                    "region, path_style, keys; {} for AWS's defaults)"
+                )
+            if root.startswith("s3://"):
+                raise ValueError(f"{key}: write s3a:// (Hadoop's S3 client), not s3://")
+        return self
 
     @model_validator(mode="after")
     def _own_topics(self) -> AppConfig:

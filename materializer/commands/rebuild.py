@@ -46,7 +46,11 @@ def rebuild(
     with exits_on_errors():
         before = control.generation()
         out.print(f"{map_name}: generation {before} serves; starting Spark…", highlight=False)
-        spark = build_spark_session(cfg.spark, app_name=f"materializer-rebuild-{map_name}")
+        spark = build_spark_session(
+            cfg.spark,
+            app_name=f"materializer-rebuild-{map_name}",
+            object_store=cfg.object_store,
+        )
         try:
             with Progress(
                 TextColumn("{task.description}"),

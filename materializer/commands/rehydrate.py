@@ -144,7 +144,11 @@ def verify(
 
                 # A session the process already had (an embedding application) stays up.
                 own = SparkSession.getActiveSession() is None
-                session = build_spark_session(cfg.spark, app_name=f"materializer-verify-{map_name}")
+                session = build_spark_session(
+                    cfg.spark,
+                    app_name=f"materializer-verify-{map_name}",
+                    object_store=cfg.object_store,
+                )
                 spark = session if own else None
 
                 def replayer(until: dict[str, dict[int, int]]) -> dict[str, bytes]:

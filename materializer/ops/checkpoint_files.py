@@ -20,7 +20,9 @@ from typing import Any
 import orjson
 import pyarrow.fs as pafs
 
+from materializer.config import OBJECT_STORE_SCHEMES, ObjectStoreConfig
 from materializer.errors import MaterializerError
+from materializer.object_store import arrow_filesystem
 from materializer.pipeline.checkpoint import parse_offsets_log
 
 
@@ -28,7 +30,9 @@ class CheckpointError(MaterializerError):
     """A checkpoint that is missing or not in a state the operation can work from."""
 
 
-def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+def _filesystem(location: str, store: ObjectStoreConfig | None) -> tuple[pafs.FileSystem, str]:
+    if store is not None and location.startswith(OBJECT_STORE_SCHEMES):
+        return arrow_filesystem(store, location)
     if "://" in location:
         fs, path = pafs.FileSystem.from_uri(location)
         return fs, path.rstrip("/")
@@ -38,9 +42,9 @@ def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
 class CheckpointFiles:
     """One query's checkpoint folder, e.g. ``<checkpoint_root>/<map>/fold``."""
 
-    def __init__(self, location: str) -> None:
+    def __init__(self, location: str, store: ObjectStoreConfig | None = None) -> None:
         self.location = location
-        self._fs, self._root = _filesystem(location)
+        self._fs, self._root = _filesystem(location, store)
 
     def _path(self, *parts: str) -> str:
         return posixpath.join(self._root, *parts)

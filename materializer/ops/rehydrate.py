@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 from materializer.config import AppConfig
 from materializer.errors import MaterializerError
 from materializer.layout import Watermark, meta_key, physical_name
+from materializer.object_store import delta_rs_location
 from materializer.ops.changelog_tail import Tail, read_tail
 from materializer.ops.checkpoint_files import CheckpointFiles
 from materializer.ops.control import MapControl
@@ -61,7 +62,7 @@ def fold_watermark(config: AppConfig, physical: str) -> Watermark | None:
     The time is when Spark planned the batch (the sink's own clock is gone);
     no committed batch means no watermark.
     """
-    files = CheckpointFiles(checkpoint_path(config, physical, "fold"))
+    files = CheckpointFiles(checkpoint_path(config, physical, "fold"), config.object_store)
     if not files.exists():
         return None
     batch = files.last_committed()
@@ -81,7 +82,7 @@ def delta_offsets(config: AppConfig, physical: str, topic: str) -> dict[int, int
 
     ``None`` when it never committed a batch: the whole changelog is the tail.
     """
-    files = CheckpointFiles(checkpoint_path(config, physical, "delta"))
+    files = CheckpointFiles(checkpoint_path(config, physical, "delta"), config.object_store)
     if not files.exists():
         return None
     batch = files.last_committed()
@@ -149,7 +150,7 @@ class ExpectedState:
         topic = changelog_topic(config, map_name, generation)
         start = delta_offsets(config, physical, topic)
         uri = table_path(config, physical)
-        version, rows, dataset = _open_table(uri)
+        version, rows, dataset = _open_table(*delta_rs_location(config, uri))
         tail = read_tail(config.kafka, topic, start)
         map_config = config.map(map_name)
         ttl = expiry_ms(map_config.ttl.redis if map_config.ttl else None)
@@ -232,13 +233,13 @@ def _count(mask: pa.Array) -> int:
     return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
 
 
-def _open_table(uri: str) -> tuple[int | None, int, Any]:
+def _open_table(uri: str, options: dict[str, str] | None) -> tuple[int | None, int, Any]:
     """(version, rows by the log's statistics, dataset); a table not created yet is empty."""
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError, TableNotFoundError
 
     try:
-        table = DeltaTable(uri)
+        table = DeltaTable(uri, storage_options=options)
         actions = pa.table(table.get_add_actions(flatten=True))
         counts = actions.column("num_records") if "num_records" in actions.column_names else None
         rows = int(pc.sum(counts).as_py() or 0) if counts is not None else 0

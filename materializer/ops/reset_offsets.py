@@ -79,7 +79,9 @@ def plan_reset(config: AppConfig, control: MapControl, to: Position) -> OffsetRe
     name = control.map_name
     control.ensure_still()
     generation = control.generation()
-    files = CheckpointFiles(checkpoint_path(config, physical_name(name, generation), "fold"))
+    files = CheckpointFiles(
+        checkpoint_path(config, physical_name(name, generation), "fold"), config.object_store
+    )
     loss = find_loss(config, name, generation)
     if loss is not None and loss.topic_recreated:
         raise ResetRefused(f"not reset: {loss}")
@@ -108,7 +110,9 @@ def apply_reset(config: AppConfig, control: MapControl, reset: OffsetReset) -> N
     would race the edit.
     """
     control.ensure_still()
-    files = CheckpointFiles(checkpoint_path(config, control.physical(), "fold"))
+    files = CheckpointFiles(
+        checkpoint_path(config, control.physical(), "fold"), config.object_store
+    )
     if (
         reset.dropped is not None
         and files.last_planned() == reset.dropped

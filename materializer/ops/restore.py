@@ -64,7 +64,7 @@ def ensure_whole(config: AppConfig, map_name: str, generation: int) -> Restored 
     client = client_for(config.redis)
     if is_whole(client, physical):
         return None
-    files = CheckpointFiles(checkpoint_path(config, physical, "fold"))
+    files = CheckpointFiles(checkpoint_path(config, physical, "fold"), config.object_store)
     if not files.exists() or files.last_committed() is None:
         mark_whole(client, physical)
         return None

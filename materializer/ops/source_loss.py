@@ -207,7 +207,9 @@ def find_loss(config: AppConfig, map_name: str, generation: int) -> SourceDataLo
     ``starting_offsets``). When the checkpoint or Kafka cannot be read the
     answer is None, with a warning: the queries' own start then decides.
     """
-    files = CheckpointFiles(checkpoint_path(config, physical_name(map_name, generation), "fold"))
+    files = CheckpointFiles(
+        checkpoint_path(config, physical_name(map_name, generation), "fold"), config.object_store
+    )
     topics = config.map(map_name).source.topics
     try:
         position = files.position() if files.exists() else None

@@ -266,7 +266,7 @@ def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> 
     metrics = BatchMetrics()
     # Before the JVM starts, so that a port already taken ends the run at once.
     metrics_server = serve_metrics(config.metrics, metrics.registry)
-    spark = build_spark_session(config.spark)
+    spark = build_spark_session(config.spark, object_store=config.object_store)
     batch_log = BatchLog()
     spark.streams.addListener(batch_log)
     spark.streams.addListener(metrics)

@@ -9,9 +9,10 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from materializer.config import SparkConfig
+from materializer.config import ObjectStoreConfig, SparkConfig
 from materializer.jvm import jars
 from materializer.logs import spark_log4j2
+from materializer.object_store import hadoop_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -49,10 +50,17 @@ def conf_file(name: str, content: str) -> Path:
     return path
 
 
-def spark_conf(config: SparkConfig) -> dict[str, str]:
-    """The settings every Materializer session carries; ``config.conf`` wins over them."""
+def spark_conf(
+    config: SparkConfig, object_store: ObjectStoreConfig | None = None
+) -> dict[str, str]:
+    """The settings every Materializer session carries; ``config.conf`` wins over them.
+
+    With ``object_store``, hadoop-aws and its AWS SDK join the jars (only then: they are
+    most of the jars' size) and the S3A client gets its endpoint and credentials.
+    """
+    local_jars = jars("spark") + (jars("s3") if object_store is not None else [])
     conf = {
-        "spark.jars": ",".join(str(p) for p in jars("spark")),
+        "spark.jars": ",".join(str(p) for p in local_jars),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
@@ -77,6 +85,8 @@ def spark_conf(config: SparkConfig) -> dict[str, str]:
         # Writes must stay readable by delta-rs in the query service: no deletion vectors.
         "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
     }
+    if object_store is not None:
+        conf.update(hadoop_conf(object_store))
     conf.update(config.conf)
     log4j2 = spark_log4j2()
     if log4j2 is not None:
@@ -89,7 +99,11 @@ def spark_conf(config: SparkConfig) -> dict[str, str]:
     return conf
 
 
-def build_spark_session(config: SparkConfig, app_name: str = "materializer") -> SparkSession:
+def build_spark_session(
+    config: SparkConfig,
+    app_name: str = "materializer",
+    object_store: ObjectStoreConfig | None = None,
+) -> SparkSession:
     """Get or create the process's session with Materializer's settings."""
     from pyspark.sql import SparkSession
 
@@ -97,7 +111,7 @@ def build_spark_session(config: SparkConfig, app_name: str = "materializer") -> 
     # Redis sink), so they run this interpreter unless the deployment says otherwise.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     builder = SparkSession.builder.master(config.master).appName(app_name)
-    for key, value in spark_conf(config).items():
+    for key, value in spark_conf(config, object_store).items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

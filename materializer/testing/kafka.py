@@ -10,7 +10,6 @@ import base64
 import functools
 import json
 import shutil
-import socket
 import tempfile
 import uuid
 from collections.abc import Iterable, Mapping
@@ -25,7 +24,7 @@ from confluent_kafka.cimpl import NewTopic, Producer
 
 from materializer.errors import SetupError
 from materializer.jvm import jars
-from materializer.testing.ports import free_port, wait_until
+from materializer.testing.ports import free_port, port_open, wait_until
 from materializer.testing.process import ManagedProcess
 
 _LOG4J2 = """\
@@ -41,11 +40,6 @@ rootLogger.appenderRef.file.ref = file
 
 MIN_IN_SYNC = 2
 """Replicas an ``acks=all`` write needs in a cluster: one node of three may be down."""
-
-
-def _port_open(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _java(heap: str, main: str, *args: str, log: Path) -> list[str]:
@@ -296,7 +290,7 @@ class KafkaCluster:
         # A client made before the ports open logs every refused connection: wait for them first.
         wait_until(
             "kafka broker port",
-            lambda: all(_port_open(n.port) for n in self.nodes.values()),
+            lambda: all(port_open(n.port) for n in self.nodes.values()),
             timeout,
             alive,
         )

@@ -14,6 +14,12 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def port_open(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:``port``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def wait_until(
     what: str, ready: Callable[[], bool], timeout: float, alive: Callable[[], bool]
 ) -> None:

@@ -25,6 +25,7 @@ from deltalake.schema import PrimitiveType
 
 from materializer.config import AppConfig
 from materializer.layout import physical_name
+from materializer.object_store import delta_rs_location
 from materializer.paths import table_path
 from materializer.pipeline.columns import table_meta
 from query_service.errors import InvalidArgument, OutOfRange, QueryServiceError, StoreUnavailable
@@ -75,7 +76,8 @@ class DeltaTables:
         """
         path = self.path(map_name, generation)
         try:
-            return DeltaTable(path, version=version)
+            uri, options = delta_rs_location(self._config, path)
+            return DeltaTable(uri, version=version, storage_options=options)
         except TableNotFoundError:
             # Also what delta-rs raises for a version whose log was cleaned up.
             if version is None:

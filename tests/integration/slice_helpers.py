@@ -65,10 +65,10 @@ def _drop_nulls(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if v is not None}
 
 
-def delta_map_rs(path: Path) -> dict[str, Any]:
+def delta_map_rs(path: Path | str, storage_options: dict[str, str] | None = None) -> dict[str, Any]:
     """The Delta table read with delta-rs (no JVM), keyed by ``_key``.
 
-    A table whose log folder exists but holds no commit yet is being created
+    A local table whose log folder exists but holds no commit yet is being created
     (Delta makes the folder first): it is read again for a few seconds.
     """
     from deltalake import DeltaTable
@@ -77,10 +77,12 @@ def delta_map_rs(path: Path) -> dict[str, Any]:
     deadline = time.monotonic() + 10
     while True:
         try:
-            rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+            table = DeltaTable(str(path), storage_options=storage_options)
+            rows = table.to_pyarrow_table().to_pylist()
             return {r.pop("_key"): _drop_nulls(r) for r in rows}
         except TableNotFoundError:
-            if not (Path(path) / "_delta_log").is_dir() or time.monotonic() > deadline:
+            local = storage_options is None and (Path(path) / "_delta_log").is_dir()
+            if not local or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
 

@@ -564,3 +564,13 @@ def test_both_parts_log_json_unless_values_say_text(render: Render, suffix: str)
     assert log_format(render({"logFormat": "text"})) == "text"
     with pytest.raises(helm.HelmValuesError, match="logFormat"):
         render({"logFormat": "xml"})
+
+
+def test_an_object_store_reaches_the_config_without_keys(render: Render, production: Rendered):
+    store = production.config()["object_store"]
+    assert store == {"region": "eu-west-1", "path_style": False}
+    values = production_values()
+    values["storage"]["objectStore"] |= {"endpoint": "http://minio:9000", "pathStyle": True}
+    custom = render(values).config()["object_store"]
+    assert custom == {"region": "eu-west-1", "path_style": True, "endpoint": "http://minio:9000"}
+    assert validate_text(render(values).config_text(), "maps.yaml") == []

@@ -165,6 +165,16 @@ account they use, and how they reach the driver (through its headless Service).
   "maps" ($v.maps | default dict)
   "enrichments" ($v.enrichments | default dict)
 -}}
+{{- if eq $v.storage.type "objectStore" }}
+{{- /* Keys come from the environment (AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY through
+       extraEnv) or the pod's role: both hadoop-aws and delta-rs read them there. */}}
+{{- $os := $v.storage.objectStore -}}
+{{- $store := dict "region" ($os.region | default "us-east-1") "path_style" ($os.pathStyle | default false) -}}
+{{- with $os.endpoint }}
+{{- $_ := set $store "endpoint" . -}}
+{{- end }}
+{{- $_ := set $config "object_store" $store -}}
+{{- end }}
 {{- toYaml $config }}
 {{- end }}
 
