@@ -67,3 +67,15 @@ def test_delta_snapshots_are_rebuilt_with_the_maps_parallelism():
     assert conf["spark.databricks.delta.snapshotPartitions"] == "3"
     custom = {"spark.databricks.delta.snapshotPartitions": "8"}
     assert spark_conf(SparkConfig(conf=custom))["spark.databricks.delta.snapshotPartitions"] == "8"
+
+
+def test_hadoop_aws_matches_the_hadoop_pyspark_ships():
+    shipped = sorted((Path(pyspark.__file__).parent / "jars").glob("hadoop-client-api-*.jar"))
+    assert len(shipped) == 1
+    hadoop = shipped[0].name.removeprefix("hadoop-client-api-").removesuffix(".jar")
+    assert _property("hadoop.version") == hadoop
+    s3 = {p.name for p in jars("s3")}
+    assert f"hadoop-aws-{hadoop}.jar" in s3
+    # hadoop-aws's own Hadoop dependencies are pyspark's: none may come twice.
+    bundled = {_artifact(p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    assert not [n for n in s3 if _artifact(n) in bundled]
