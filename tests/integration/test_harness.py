@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from materializer.testing import KafkaBroker, RedisServer
-from materializer.testing.kafka import _port_open
+from materializer.testing.ports import port_open
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +28,7 @@ def test_redis_server_stops_when_the_body_raises():
         pid = server._proc.proc.pid  # type: ignore[union-attr]
         raise RuntimeError("a failing test")
     assert _gone(pid)
-    assert not _port_open(server.port)
+    assert not port_open(server.port)
 
 
 def test_kafka_broker_stops_and_removes_its_storage_when_the_body_raises():
@@ -39,5 +39,5 @@ def test_kafka_broker_stops_and_removes_its_storage_when_the_body_raises():
         assert workdir is not None and (workdir / "data").is_dir()
         raise RuntimeError("a failing test")
     assert _gone(pid)
-    assert not _port_open(broker.port)
+    assert not port_open(broker.port)
     assert not workdir.exists()
