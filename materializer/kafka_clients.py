@@ -45,6 +45,17 @@ def java(kafka: KafkaConfig, **settings: str) -> dict[str, str]:
     return config
 
 
+def topic_partitions(offsets: dict[str, dict[int, int]]) -> list[Any]:
+    """Offsets per topic and partition as the client's TopicPartitions, in a stable order."""
+    from confluent_kafka import TopicPartition
+
+    return [
+        TopicPartition(topic, partition, offset)
+        for topic, by_partition in sorted(offsets.items())
+        for partition, offset in sorted(by_partition.items())
+    ]
+
+
 def _librdkafka_security(security: KafkaSecurity) -> dict[str, Any]:
     config: dict[str, Any] = {"security.protocol": security.protocol}
     if security.ca_file:

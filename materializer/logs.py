@@ -179,11 +179,6 @@ def _log_uncaught_in_thread(args: threading.ExceptHookArgs) -> None:
         _log_uncaught(args.exc_type, args.exc_value, args.exc_traceback)
 
 
-def current_format() -> LogFormat:
-    """The format ``configure_logging`` chose (text when it was never called)."""
-    return _format
-
-
 # Spark's driver (and, in local mode, its executors) log through log4j2. The pattern
 # writes the keys JsonFormatter writes; %enc{...}{JSON} escapes quotes and newlines.
 _LOG4J2_JSON = """\

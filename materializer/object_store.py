@@ -22,14 +22,6 @@ if TYPE_CHECKING:
 _SIMPLE_CREDENTIALS = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
 
 
-def uses_object_store(config: AppConfig) -> bool:
-    """Whether the tables or the checkpoints live in an object store."""
-    return any(
-        root.startswith(OBJECT_STORE_SCHEMES)
-        for root in (config.delta.root, config.spark.checkpoint_root)
-    )
-
-
 def hadoop_conf(store: ObjectStoreConfig) -> dict[str, str]:
     """``spark.hadoop.fs.s3a.*`` settings (Spark keeps ``secret`` keys out of its logs)."""
     conf = {

@@ -8,7 +8,7 @@ from typing import Any
 
 from materializer.config import KafkaConfig
 from materializer.errors import MaterializerError
-from materializer.kafka_clients import librdkafka
+from materializer.kafka_clients import librdkafka, topic_partitions
 
 KAFKA_TIMEOUT_SECONDS = 5.0
 
@@ -137,13 +137,9 @@ def commit_group_offsets(
     request was waiting for answers later (see ``materializer.sinks.group_offsets``,
     which commits through a consumer of the group instead).
     """
-    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException
 
-    partitions = [
-        TopicPartition(topic, partition, offset)
-        for topic, by_partition in sorted(offsets.items())
-        for partition, offset in sorted(by_partition.items())
-    ]
+    partitions = topic_partitions(offsets)
     if not partitions:
         return
     request = ConsumerGroupTopicPartitions(group, partitions)

@@ -32,6 +32,7 @@ from collections.abc import Callable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from materializer.kafka_clients import topic_partitions
 from materializer.sinks.base import Batch, Sink
 
 log = logging.getLogger(__name__)
@@ -95,11 +96,7 @@ class GroupOffsetsSink(Sink):
     def _commit(self, offsets: dict[str, dict[int, int]]) -> None:
         """Commit ``offsets`` and wait for the answer, all within ``TIMEOUT_S``; raise the
         broker's refusal, or TimeoutError (the commit then stays on its way)."""
-        partitions = [
-            TopicPartition(topic, partition, offset)
-            for topic, by_partition in sorted(offsets.items())
-            for partition, offset in sorted(by_partition.items())
-        ]
+        partitions = topic_partitions(offsets)
         if not partitions:
             return
         consumer = self._group_consumer()

@@ -22,7 +22,7 @@ OPTION = "-Dlog4j2.configurationFile=file:"
 @pytest.fixture
 def restore_logging() -> Iterator[None]:
     root = logging.getLogger()
-    handlers, level, chosen = root.handlers[:], root.level, logs.current_format()
+    handlers, level, chosen = root.handlers[:], root.level, logs._format
     yield
     root.handlers[:] = handlers
     root.setLevel(level)

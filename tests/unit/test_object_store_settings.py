@@ -6,7 +6,7 @@ import pytest
 
 from materializer.config import ObjectStoreConfig, SparkConfig, parse_config
 from materializer.errors import ConfigError
-from materializer.object_store import delta_rs_location, hadoop_conf, uses_object_store
+from materializer.object_store import delta_rs_location, hadoop_conf
 from materializer.spark.session import spark_conf
 
 STORE = {
@@ -28,7 +28,6 @@ def lake(**store: object) -> dict[str, object]:
 def test_both_sides_reach_the_same_bucket_with_the_same_keys(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("TEST_KEY_ID", "id-1")
     cfg = parse_config(lake(**STORE))
-    assert uses_object_store(cfg)
     assert cfg.object_store is not None
     assert hadoop_conf(cfg.object_store) == {
         "spark.hadoop.fs.s3a.endpoint.region": "us-east-1",
