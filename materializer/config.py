@@ -349,8 +349,15 @@ class SourceConfig(_Model):
                 "format protobuf takes descriptor_file or schema_registry_url, not both"
             )
         several = self.subject_name_strategy != "topic"
-        if several and fmt != "avro":
-            raise ValueError("subject_name_strategy record or topic_record is for format avro")
+        if several and fmt not in ("avro", "protobuf"):
+            raise ValueError(
+                "subject_name_strategy record or topic_record is for format avro or protobuf"
+            )
+        if several and "message" in given:
+            raise ValueError(
+                "message does not apply with subject_name_strategy record or topic_record: "
+                "record_types names the messages"
+            )
         if several and "schema_registry_url" not in given:
             raise ValueError("subject_name_strategy needs schema_registry_url")
         if several != bool(self.record_types):

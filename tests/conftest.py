@@ -18,7 +18,6 @@ import redis
 from materializer.config import SparkConfig
 from materializer.testing import KafkaBroker, RedisServer, create_topic
 from materializer.testing.registry import ApicurioRegistry
-from materializer.testing.schema_registry import SchemaRegistry
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -46,17 +45,11 @@ def redis_url() -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def schema_registry_url() -> Iterator[str]:
+    """A real schema registry's Confluent API (Apicurio Registry), one per test worker."""
     existing = os.environ.get("SCHEMA_REGISTRY_URL")
     if existing:
         yield existing
         return
-    with SchemaRegistry() as registry:
-        yield registry.url
-
-
-@pytest.fixture(scope="session")
-def apicurio_url() -> Iterator[str]:
-    """A real schema registry's Confluent API (Apicurio Registry), one per test worker."""
     with ApicurioRegistry() as registry:
         yield registry.url
 

@@ -9,7 +9,7 @@ from confluent_kafka import Consumer, TopicPartition
 from slice_helpers import config, delta_map_rs, redis_map, slice_config
 
 from materializer.config import AppConfig
-from materializer.pipeline.job import dead_letter_topic, table_path
+from materializer.pipeline.job import dead_letter_topic, start_map, table_path
 
 
 def format_config(
@@ -77,3 +77,12 @@ def letters_of(
 ) -> dict[int, tuple[Any, Any, dict[str, str]]]:
     """The map's dead letters, by source offset."""
     return dead_letters(kafka, dead_letter_topic(cfg, map_name))
+
+
+def fold_all(spark: Any, cfg: AppConfig, map_name: str) -> None:
+    """Run ``map_name``'s queries over everything its topics hold now, then stop them."""
+    queries = start_map(spark, cfg, map_name)
+    try:
+        queries.process_all_available()
+    finally:
+        queries.stop()

@@ -12,16 +12,16 @@ from typing import Any
 import grpc_tools
 import orjson
 import pytest
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import SchemaRegistryClient, record_subject_name_strategy
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from format_helpers import format_config, letters_of, stores
+from format_helpers import fold_all, format_config, letters_of, stores
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from materializer.pipeline.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
-from materializer.testing.schema_registry import register, serialized_descriptor, wire_value
+from materializer.testing.registry import register, serialized_descriptor, wire_value
 
 pytestmark = pytest.mark.integration
 
@@ -169,11 +169,7 @@ def test_protobuf_from_a_descriptor_file(
     records += junk
     expected.append(None)
     positions = produce(kafka_bootstrap, topic, records)
-    queries = start_map(spark, cfg, "proto_file")
-    try:
-        queries.process_all_available()
-    finally:
-        queries.stop()
+    fold_all(spark, cfg, "proto_file")
 
     reference = _reference(positions, records, expected)
     redis, delta = stores(cfg, redis_client, "proto_file")
@@ -262,13 +258,13 @@ def test_protobuf_wire_format_via_the_registry(
 
 
 def test_protobuf_from_confluents_serializer_through_a_real_registry(
-    spark, kafka_bootstrap, redis_url, redis_client, apicurio_url, new_topic, tmp_path: Path
+    spark, kafka_bootstrap, redis_url, redis_client, schema_registry_url, new_topic, tmp_path: Path
 ):
     """Confluent's ProtobufSerializer registers the schema with Apicurio (a serialized
     descriptor) and frames each record with the message's indexes; the map decodes them."""
     topic = new_topic(2)
     order = classes(descriptor_set(tmp_path, ORDER_V1))["Order"]
-    serialize = ProtobufSerializer(order, SchemaRegistryClient({"url": apicurio_url}))
+    serialize = ProtobufSerializer(order, SchemaRegistryClient({"url": schema_registry_url}))
     context = SerializationContext(topic, MessageField.VALUE)
     cfg = format_config(
         tmp_path,
@@ -276,20 +272,90 @@ def test_protobuf_from_confluents_serializer_through_a_real_registry(
         redis_url,
         topic,
         "real_proto",
-        {"format": "protobuf", "schema_registry_url": apicurio_url, "message": "shop.v1.Order"},
+        {
+            "format": "protobuf",
+            "schema_registry_url": schema_registry_url,
+            "message": "shop.v1.Order",
+        },
     )
     records, expected = orders(random.Random(4), order, 150, 0)
     framed = [
         (k, None if v is None else serialize(order.FromString(v), context)) for k, v in records
     ]
     positions = produce(kafka_bootstrap, topic, framed)
-    queries = start_map(spark, cfg, "real_proto")
-    try:
-        queries.process_all_available()
-    finally:
-        queries.stop()
+    fold_all(spark, cfg, "real_proto")
     reference = _reference(positions, records, expected)
     redis, delta = stores(cfg, redis_client, "real_proto")
     assert redis == reference
     assert _numbers(delta) == reference
     assert letters_of(kafka_bootstrap, cfg, "real_proto") == {}
+
+
+def test_one_topic_of_two_protobuf_messages_folds_into_one_map(
+    spark, kafka_bootstrap, redis_url, redis_client, schema_registry_url, new_topic, tmp_path: Path
+):
+    """RecordNameStrategy: orders and refunds in one topic, each message under its own
+    subject as Confluent's ProtobufSerializer registers it; the map's fields are both
+    messages' fields, a message's missing ones null; a third message is a dead letter."""
+    topic = new_topic(2)
+    data = descriptor_set(tmp_path, ORDER_V1)
+    found = classes(data)
+    pool = descriptor_pool.DescriptorPool()
+    for file in descriptor_pb2.FileDescriptorSet.FromString(data).file:
+        pool.Add(file)
+    customer = message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.v1.Customer"))
+    registry = SchemaRegistryClient({"url": schema_registry_url})
+    strategy = {"subject.name.strategy": record_subject_name_strategy}
+    context = SerializationContext(topic, MessageField.VALUE)
+    as_order = ProtobufSerializer(found["Order"], registry, conf=strategy)
+    as_refund = ProtobufSerializer(found["Refund"], registry, conf=strategy)
+    as_customer = ProtobufSerializer(customer, registry, conf=strategy)
+    records, expected = orders(random.Random(8), found["Order"], 150, 0)
+    framed: list[tuple[bytes, bytes | None]] = []
+    for i, ((key, value), entity) in enumerate(zip(records, expected, strict=True)):
+        if value is not None and i % 4 == 0:
+            # A refund of the same order replaces it in the map: the latest record wins.
+            framed.append((key, as_refund(found["Refund"](id=key.decode(), amount=i + 1), context)))
+            expected[i] = {"id": key.decode(), "amount": i + 1}
+        elif value is not None:
+            framed.append((key, as_order(found["Order"].FromString(value), context)))
+            assert entity is not None
+            entity["amount"] = None
+        else:
+            framed.append((key, None))
+    stranger = (b"c1", as_customer(customer(name="c1"), context))
+    cfg = format_config(
+        tmp_path,
+        kafka_bootstrap,
+        redis_url,
+        topic,
+        "proto_types",
+        {
+            "format": "protobuf",
+            "schema_registry_url": schema_registry_url,
+            "subject_name_strategy": "record",
+            "record_types": ["shop.v1.Order", "shop.v1.Refund"],
+        },
+    )
+    positions = produce(kafka_bootstrap, topic, [*framed, stranger])
+    fold_all(spark, cfg, "proto_types")
+
+    as_json = [
+        (p, o, k, None if v is None else orjson.dumps(e))
+        for (p, o), (k, v), e in zip(positions, framed, expected, strict=False)
+    ]
+    reference = fold_latest(as_json, "id", [*FIELDS, "amount"])
+    assert any("amount" in e for e in reference.values())
+    assert any("total" in e for e in reference.values())
+    redis, delta = stores(cfg, redis_client, "proto_types")
+    assert redis == reference
+    assert _numbers(delta) == reference
+    letters = letters_of(kafka_bootstrap, cfg, "proto_types")
+    schema_id = int.from_bytes(stranger[1][1:5], "big")
+    assert [(key, headers["x-error-message"]) for key, _, headers in letters.values()] == [
+        (
+            b"c1",
+            f"record holds message shop.v1.Customer (schema id {schema_id}); "
+            "the map reads shop.v1.Order, shop.v1.Refund",
+        )
+    ]

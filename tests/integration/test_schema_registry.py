@@ -19,13 +19,13 @@ from confluent_kafka.schema_registry import (
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from format_helpers import format_config, letters_of, stores
+from format_helpers import fold_all, format_config, letters_of, stores
 
 from materializer.errors import SetupError
 from materializer.pipeline.job import records, start_map
 from materializer.testing import free_port, produce
 from materializer.testing.reference import fold_latest
-from materializer.testing.schema_registry import SchemaRegistry, register, wire_value
+from materializer.testing.registry import ApicurioRegistry, register, wire_value
 
 pytestmark = pytest.mark.integration
 
@@ -90,7 +90,7 @@ def test_avro_wire_format_versions_unknown_ids_and_an_outage(
     subject = f"{topic}-value"
     rng = random.Random(3)
     # A registry of this test's own: it goes down mid-stream.
-    with SchemaRegistry() as registry:
+    with ApicurioRegistry() as registry:
         v1 = register(registry.url, subject, orjson.dumps(V1).decode())
         cfg = format_config(
             tmp_path,
@@ -153,7 +153,7 @@ def test_avro_wire_format_versions_unknown_ids_and_an_outage(
         messages[key] = headers["x-error-message"]
     assert messages[b"magic"] == "not in Confluent's wire format: magic byte 0x7b, expected 0x00"
     assert messages[b"unknown"].startswith("writer schema id 9999: /schemas/ids/9999:")
-    assert "Schema not found" in messages[b"unknown"]
+    assert "No content with id/hash 'contentId-9999'" in messages[b"unknown"]
     assert messages[b"short"].startswith(f"not Avro of writer schema id {v1}")
     assert messages[b"a1"].startswith(f"writer schema id {v3}: schema registry")
     assert "unreachable" in messages[b"a1"]
@@ -179,12 +179,12 @@ def test_a_registry_unreachable_at_start_stops_the_map_with_its_key(
 
 
 def test_avro_from_confluents_serializer_through_a_real_registry(
-    spark, kafka_bootstrap, redis_url, redis_client, apicurio_url, new_topic, tmp_path: Path
+    spark, kafka_bootstrap, redis_url, redis_client, schema_registry_url, new_topic, tmp_path: Path
 ):
     """Confluent's AvroSerializer registers each writer schema with Apicurio and frames the
     records; the map decodes both versions, the second registered mid-stream."""
     topic = new_topic(2)
-    registry = SchemaRegistryClient({"url": apicurio_url})
+    registry = SchemaRegistryClient({"url": schema_registry_url})
     context = SerializationContext(topic, MessageField.VALUE)
     rng = random.Random(8)
     cfg = format_config(
@@ -193,7 +193,7 @@ def test_avro_from_confluents_serializer_through_a_real_registry(
         redis_url,
         topic,
         "real_avro",
-        {"format": "avro", "schema_registry_url": apicurio_url},
+        {"format": "avro", "schema_registry_url": schema_registry_url},
     )
 
     def users(schema: dict[str, Any], count: int, start: int) -> tuple[Records, list[Doc]]:
@@ -245,14 +245,14 @@ USER_JSON_SCHEMA = {
 
 
 def test_json_schema_wire_format_from_confluents_serializer(
-    spark, kafka_bootstrap, redis_url, redis_client, apicurio_url, new_topic, tmp_path: Path
+    spark, kafka_bootstrap, redis_url, redis_client, schema_registry_url, new_topic, tmp_path: Path
 ):
     """``format: json_schema``: Confluent's JSONSerializer validates each record against the
     schema it registers with Apicurio and frames it; values without the frame are dead
     letters that say why."""
     topic = new_topic(2)
     serialize = JSONSerializer(
-        orjson.dumps(USER_JSON_SCHEMA).decode(), SchemaRegistryClient({"url": apicurio_url})
+        orjson.dumps(USER_JSON_SCHEMA).decode(), SchemaRegistryClient({"url": schema_registry_url})
     )
     context = SerializationContext(topic, MessageField.VALUE)
     cfg = format_config(
@@ -270,11 +270,7 @@ def test_json_schema_wire_format_from_confluents_serializer(
     ]
     bad = [(b"plain", b'{"id": "plain", "age": 1}'), (b"short", b"\x00\x00\x01")]
     positions = produce(kafka_bootstrap, topic, framed + bad)
-    queries = start_map(spark, cfg, "json_wire")
-    try:
-        queries.process_all_available()
-    finally:
-        queries.stop()
+    fold_all(spark, cfg, "json_wire")
 
     as_json = [
         (p, o, k, None if d is None else orjson.dumps(d))
@@ -311,13 +307,13 @@ GUEST = {
 
 
 def test_one_topic_of_two_record_types_folds_into_one_map(
-    spark, kafka_bootstrap, redis_url, redis_client, apicurio_url, new_topic, tmp_path: Path
+    spark, kafka_bootstrap, redis_url, redis_client, schema_registry_url, new_topic, tmp_path: Path
 ):
     """TopicRecordNameStrategy: users and admins in one topic, each under its own subject;
     the map's fields are both types' fields, a type's missing ones null; a third type is
     a dead letter that names it."""
     topic = new_topic(2)
-    registry = SchemaRegistryClient({"url": apicurio_url})
+    registry = SchemaRegistryClient({"url": schema_registry_url})
     context = SerializationContext(topic, MessageField.VALUE)
     strategy = {"subject.name.strategy": topic_record_subject_name_strategy}
 
@@ -346,17 +342,13 @@ def test_one_topic_of_two_record_types_folds_into_one_map(
         "two_types",
         {
             "format": "avro",
-            "schema_registry_url": apicurio_url,
+            "schema_registry_url": schema_registry_url,
             "subject_name_strategy": "topic_record",
             "record_types": ["shop.User", "shop.Admin"],
         },
     )
     positions = produce(kafka_bootstrap, topic, [*records, guest])
-    queries = start_map(spark, cfg, "two_types")
-    try:
-        queries.process_all_available()
-    finally:
-        queries.stop()
+    fold_all(spark, cfg, "two_types")
 
     as_json = [
         (p, o, k, orjson.dumps(d))

@@ -91,7 +91,27 @@ def test_format_options_are_checked_per_format():
     )
     assert problems(
         {"format": "protobuf", "schema_registry_url": "http://r", "subject_name_strategy": "record"}
-    ) == ["maps.m.source: subject_name_strategy record or topic_record is for format avro"]
+    ) == [
+        "maps.m.source: record_types lists the record types of subject_name_strategy record "
+        "or topic_record, and only of those"
+    ]
+    assert problems(
+        {
+            "format": "protobuf",
+            "schema_registry_url": "http://r",
+            "subject_name_strategy": "record",
+            "record_types": ["shop.A"],
+            "message": "shop.A",
+        }
+    ) == [
+        "maps.m.source: message does not apply with subject_name_strategy record or "
+        "topic_record: record_types names the messages"
+    ]
+    assert problems(
+        {"format": "json_schema", "schema": "a INT", "subject_name_strategy": "record"}
+    ) == [
+        "maps.m.source: subject_name_strategy record or topic_record is for format avro or protobuf"
+    ]
 
 
 def test_transforms_and_folds_report_their_own_key_paths():

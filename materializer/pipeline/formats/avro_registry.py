@@ -42,6 +42,7 @@ from materializer.pipeline.formats.registry import (
     reader_schema,
     split_header,
     subject_name,
+    union_fields,
 )
 
 if TYPE_CHECKING:
@@ -170,14 +171,11 @@ def decode_avro_registry(raw: DataFrame, map_config: MapConfig) -> DataFrame:
 
 
 def _fields(readers: Sequence[Reader]) -> StructType:
-    """The union of the readers' fields; a name two types give two types is an error."""
-    from pyspark.sql.types import StructType
-
-    merged: dict[str, tuple[Any, str]] = {}
+    """The union of the readers' fields (``union_fields``)."""
+    parts = []
     for reader in readers:
         try:
-            parsed = _parse(reader.text)
-            fields = spark_type(parsed)
+            fields = spark_type(_parse(reader.text))
         except AvroSchemaError as exc:
             raise ConfigError(
                 "", [f"source.schema_registry_url: reader schema id {reader.schema_id}: {exc}"]
@@ -190,18 +188,5 @@ def _fields(readers: Sequence[Reader]) -> StructType:
                     f"does not parse: {exc}"
                 ],
             ) from None
-        owner = reader.record_type or f"schema id {reader.schema_id}"
-        for field in fields.fields:
-            seen = merged.get(field.name)
-            if seen is None:
-                merged[field.name] = (field, owner)
-            elif seen[0].dataType != field.dataType:
-                raise ConfigError(
-                    "",
-                    [
-                        f"source.record_types: field {field.name} is "
-                        f"{seen[0].dataType.simpleString()} in {seen[1]} and "
-                        f"{field.dataType.simpleString()} in {owner}"
-                    ],
-                )
-    return StructType([field for field, _ in merged.values()])
+        parts.append((reader.record_type or f"schema id {reader.schema_id}", fields))
+    return union_fields(parts)

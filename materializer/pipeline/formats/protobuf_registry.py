@@ -7,11 +7,15 @@ the single byte 0 stands for the first message) and the message bytes.
 
 The map reads one message: ``source.message`` when given, else the first
 message of the latest schema of ``<first topic>-value`` when the map starts;
-its fields are the map's fields. A record's writer schema (fetched once per id
-and process) tells which message the record holds: a record of another
-message is a decode error; one of the map's message parses with the reader's
-descriptor, so fields a newer writer added are skipped and fields it dropped
-take their defaults, as protobuf itself reads them.
+its fields are the map's fields. With ``subject_name_strategy`` ``record`` or
+``topic_record`` it reads the messages of ``record_types`` instead, each from
+the latest schema of its own subject, and its fields are all of theirs (a
+message without a field leaves it null). A record's writer schema (fetched
+once per id and process) tells which message the record holds: a record of a
+message the map does not read is a decode error; one the map reads parses
+with that message's reader descriptor, so fields a newer writer added are
+skipped and fields it dropped take their defaults, as protobuf itself reads
+them.
 
 Schemas come as a FileDescriptorProto when the registry serves
 ``?format=serialized`` (Confluent's registry does, and it is what
@@ -28,6 +32,8 @@ import binascii
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -48,10 +54,14 @@ from materializer.pipeline.formats.registry import (
     client_for,
     reader_schema,
     split_header,
+    subject_name,
+    union_fields,
+    value_subject,
 )
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
 
 FileProto = descriptor_pb2.FileDescriptorProto
 MAX_INDEXES = 64
@@ -171,19 +181,35 @@ _writer_files: dict[tuple[str, int], FileProto] = {}
 """(url, writer id) → the writer schema's own file, per process."""
 
 
-class ProtobufRegistryDecoder(ValueDecoder):
-    """Executor side: header, message indexes, then the reader's message parses the bytes."""
+@dataclass(frozen=True)
+class MessageReader:
+    """One message the map reads, with the registered schema (and its imports) it was
+    read from: the reader of every record holding that message."""
 
-    def __init__(self, url: str, reader_set: bytes, reader_id: int, message: str) -> None:
+    message: str
+    schema_id: int
+    files: bytes
+    """A serialized FileDescriptorSet: the schema's imports, then its own file."""
+
+
+class ProtobufRegistryDecoder(ValueDecoder):
+    """Executor side: header, message indexes, then the reader of that message parses it."""
+
+    def __init__(self, url: str, readers: Sequence[MessageReader]) -> None:
         self.url = url
-        self.reader_set = reader_set
-        self.reader_id = reader_id
-        self.message = message
+        self.readers = tuple(readers)
+        self._by_message = {r.message: r for r in self.readers}
+        self._by_id = {r.schema_id: r for r in self.readers}
 
     def _writer_file(self, schema_id: int) -> FileProto:
         key = (self.url, schema_id)
         found = _writer_files.get(key)
         if found is not None:
+            return found
+        reader = self._by_id.get(schema_id)
+        if reader is not None:
+            found = descriptor_pb2.FileDescriptorSet.FromString(reader.files).file[-1]
+            _writer_files[key] = found
             return found
         client = client_for(self.url)
         try:
@@ -200,38 +226,31 @@ class ProtobufRegistryDecoder(ValueDecoder):
         _writer_files[key] = found
         return found
 
-    def _reader_file(self) -> FileProto:
-        key = (self.url, self.reader_id)
-        found = _writer_files.get(key)
-        if found is None:
-            found = descriptor_pb2.FileDescriptorSet.FromString(self.reader_set).file[-1]
-            _writer_files[key] = found
-        return found
-
     def decode(self, value: bytes) -> dict[str, Any]:
-        """One wire-format value as the reader message's fields."""
+        """One wire-format value as its reader message's fields."""
         try:
             schema_id, payload = split_header(value)
         except WireFormatError as exc:
             raise DecodeFailure(str(exc)) from None
         indexes, start = read_message_indexes(payload)
-        file = self._reader_file() if schema_id == self.reader_id else self._writer_file(schema_id)
-        written = message_at(file, indexes)
-        if written != self.message:
+        written = message_at(self._writer_file(schema_id), indexes)
+        reader = self._by_message.get(written)
+        if reader is None:
+            reads = ", ".join(r.message for r in self.readers)
             raise DecodeFailure(
-                f"record holds message {written} (schema id {schema_id}); "
-                f"the map reads {self.message}"
+                f"record holds message {written} (schema id {schema_id}); the map reads {reads}"
             )
-        cls, convert = prepared(self.reader_set, self.message)
+        cls, convert = prepared(reader.files, reader.message)
         result: dict[str, Any] = convert(parse_message(cls, payload[start:]))
         return result
 
 
-def decode_protobuf_registry(raw: DataFrame, map_config: MapConfig) -> DataFrame:
-    """The reader's message from the registry now; every record decoded on the executors."""
-    src = map_config.source
-    url = src.schema_registry_url or ""
-    latest = reader_schema(url, src.topics[0], "PROTOBUF", fmt="serialized")
+def _message_reader(
+    url: str, topic: str, subject: str, message: str | None
+) -> tuple[MessageReader, StructType]:
+    """The latest schema of ``subject`` as the reader of ``message`` (default: the schema's
+    first message), and that message's fields."""
+    latest = reader_schema(url, topic, "PROTOBUF", fmt="serialized", subject=subject)
     try:
         files = schema_files(client_for(url), latest, _file_name(latest.id))
     except RegistryError as exc:
@@ -243,23 +262,46 @@ def decode_protobuf_registry(raw: DataFrame, map_config: MapConfig) -> DataFrame
             "", [f"source.schema_registry_url: reader schema id {latest.id}: {exc}"]
         ) from None
     main = files[-1]
-    if src.message:
-        message = src.message
-    elif main.message_type:
+    if message is None:
+        if not main.message_type:
+            raise ConfigError(
+                "",
+                [f"source.schema_registry_url: reader schema id {latest.id} declares no message"],
+            )
         message = f"{main.package}.{main.message_type[0].name}".lstrip(".")
-    else:
-        raise ConfigError(
-            "", [f"source.schema_registry_url: reader schema id {latest.id} declares no message"]
-        )
     reader_set = descriptor_pb2.FileDescriptorSet(file=files).SerializeToString()
     try:
         fields = spark_type(find_message(reader_set, message))
     except KeyError:
+        key = "record_types" if subject != value_subject(topic) else "message"
         raise ConfigError(
-            "", [f"source.message: no message {message!r} in reader schema id {latest.id}"]
+            "",
+            [
+                f"source.{key}: no message {message!r} in reader schema id {latest.id} "
+                f"(subject {subject})"
+            ],
         ) from None
     except ProtobufSchemaError as exc:
         raise ConfigError("", [f"source.message: {exc}"]) from None
+    return MessageReader(message, latest.id, reader_set), fields
+
+
+def decode_protobuf_registry(raw: DataFrame, map_config: MapConfig) -> DataFrame:
+    """The readers' messages from the registry now; every record decoded on the executors.
+
+    With ``record_types`` each message has its own subject (``subject_name_strategy``)
+    and the map's fields are all of theirs.
+    """
+    src = map_config.source
+    url = src.schema_registry_url or ""
+    topic = src.topics[0]
+    wanted: list[tuple[str, str | None]] = (
+        [(subject_name(src.subject_name_strategy, topic, m), m) for m in src.record_types]
+        if src.record_types
+        else [(value_subject(topic), src.message)]
+    )
+    readers = [_message_reader(url, topic, subject, message) for subject, message in wanted]
+    fields = union_fields([(reader.message, fields) for reader, fields in readers])
     return decode_in_python(
-        raw, fields, ProtobufRegistryDecoder(url, reader_set, latest.id, message)
+        raw, fields, ProtobufRegistryDecoder(url, [reader for reader, _ in readers])
     )

@@ -19,13 +19,16 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from materializer.errors import ConfigError, MaterializerError, SetupError
+
+if TYPE_CHECKING:
+    from pyspark.sql.types import StructField, StructType
 
 MAGIC = 0
 HEADER_BYTES = 5
@@ -230,6 +233,33 @@ def subject_name(strategy: str, topic: str, record_type: str | None = None) -> s
     if strategy == "topic" or record_type is None:
         return value_subject(topic)
     return record_type if strategy == "record" else f"{topic}-{record_type}"
+
+
+def union_fields(parts: Sequence[tuple[str, StructType]]) -> StructType:
+    """The fields of several record types as one struct, in first-seen order, for a topic
+    that carries them all (``record_types``).
+
+    A field name means one thing in a map: two types that give it two types are a
+    ConfigError naming both, rather than a column whose type depends on the record.
+    """
+    from pyspark.sql.types import StructType
+
+    merged: dict[str, tuple[StructField, str]] = {}
+    for owner, fields in parts:
+        for field in fields.fields:
+            seen = merged.get(field.name)
+            if seen is None:
+                merged[field.name] = (field, owner)
+            elif seen[0].dataType != field.dataType:
+                raise ConfigError(
+                    "",
+                    [
+                        f"source.record_types: field {field.name} is "
+                        f"{seen[0].dataType.simpleString()} in {seen[1]} and "
+                        f"{field.dataType.simpleString()} in {owner}"
+                    ],
+                )
+    return StructType([field for field, _ in merged.values()])
 
 
 def reader_schema(
