@@ -130,6 +130,14 @@ def demo(
             help="With --duration: exit once every event is folded, instead of serving on.",
         ),
     ] = False,
+    schema_registry: Annotated[
+        bool,
+        typer.Option(
+            "--schema-registry",
+            help="Start a schema registry (Apicurio, resolved by `make jars`) and produce Avro "
+            "with Confluent's AvroSerializer instead of JSON.",
+        ),
+    ] = False,
 ) -> None:
     """Start Kafka, Redis, the pipeline and the query service on a sample stream, and watch it."""
     from pathlib import Path
@@ -147,6 +155,7 @@ def demo(
         redis_url=redis_url,
         workdir=Path(workdir) if workdir else None,
         exit_after_duration=exit_after_duration,
+        schema_registry=schema_registry,
     )
     code = run_demo(options)
     if code:

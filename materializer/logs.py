@@ -89,8 +89,10 @@ def configure_logging(level: str, log_format: LogFormat, *, own_stderr: bool = F
         formatter.converter = time.gmtime
     handler.setFormatter(formatter)
     logging.basicConfig(level=level, handlers=[handler], force=True)
-    # py4j logs every callback from the JVM (each batch's foreachBatch) at INFO.
-    logging.getLogger("py4j").setLevel(max(logging.WARNING, logging.getLogger().level))
+    # py4j logs every callback from the JVM (each batch's foreachBatch) at INFO, and the
+    # schema registry client's HTTP library every request.
+    for chatty in ("py4j", "httpx", "httpx2"):
+        logging.getLogger(chatty).setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 def _own_stderr(handler: logging.Handler) -> TextIO:

@@ -47,9 +47,17 @@ ENRICH_PROFILE = "orders-with-users"
 
 
 def demo_config(
-    *, workdir: Path, bootstrap_servers: str, redis_url: str, port: int
+    *,
+    workdir: Path,
+    bootstrap_servers: str,
+    redis_url: str,
+    port: int,
+    registry_url: str | None = None,
 ) -> dict[str, Any]:
     """The demo's configuration document; every path in it lies inside ``workdir``.
+
+    With ``registry_url`` the topics hold Avro in Confluent's wire format (``demo.avro``),
+    typed by the registry; otherwise JSON typed by the schemas above.
 
     The Spark cadence is shortened from the defaults so that lookups trail the
     producer by about a second, and the Delta MERGE runs less often so that it
@@ -90,13 +98,13 @@ def demo_config(
         },
         "maps": {
             USERS: {
-                "source": {"topics": [USER_EVENTS], "format": "json", "schema": USER_SCHEMA},
+                "source": _source(USER_EVENTS, USER_SCHEMA, registry_url),
                 "key": "id",
                 # Profile events carry only the fields they change.
                 "fold": {"mode": "merge"},
             },
             USER_ORDERS: {
-                "source": {"topics": [ORDERS], "format": "json", "schema": ORDER_SCHEMA},
+                "source": _source(ORDERS, ORDER_SCHEMA, registry_url),
                 "key": "user_id",
                 "fold": {
                     "mode": "aggregate",
@@ -108,6 +116,12 @@ def demo_config(
             },
         },
     }
+
+
+def _source(topic: str, schema: str, registry_url: str | None) -> dict[str, Any]:
+    if registry_url is None:
+        return {"topics": [topic], "format": "json", "schema": schema}
+    return {"topics": [topic], "format": "avro", "schema_registry_url": registry_url}
 
 
 HEADER = """\

@@ -13,7 +13,7 @@ import functools
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message, Producer
@@ -120,6 +120,7 @@ class EventProducer:
         rate: float,
         duration: float,
         log: DeliveryLog,
+        encode: Callable[[DemoEvent], bytes | None] = DemoEvent.encoded,
     ) -> None:
         self._config = {
             "bootstrap.servers": bootstrap_servers,
@@ -131,6 +132,7 @@ class EventProducer:
             "log_level": 3,
         }
         self._events = events
+        self._encode = encode
         self._rate = rate
         self._duration = duration
         self.log = log
@@ -175,11 +177,10 @@ class EventProducer:
 
     def _send(self, producer: Producer, event: DemoEvent) -> None:
         callback = functools.partial(self._delivered, event.user_id, time.time())
+        value = self._encode(event)
         while True:
             try:
-                producer.produce(
-                    event.topic, key=event.key, value=event.encoded(), on_delivery=callback
-                )
+                producer.produce(event.topic, key=event.key, value=value, on_delivery=callback)
                 break
             except BufferError:  # the local queue is full: let deliveries drain it
                 producer.poll(0.1)

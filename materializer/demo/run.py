@@ -22,7 +22,7 @@ from rich.live import Live
 from materializer.config import config_problems, load_config
 from materializer.demo.display import Header, client_snippet, plain_lines, render
 from materializer.demo.domain import ORDERS, USER_EVENTS, demo_config, write_config
-from materializer.demo.events import EventGenerator, iso_time
+from materializer.demo.events import DemoEvent, EventGenerator, iso_time
 from materializer.demo.monitor import Monitor, Snapshot
 from materializer.demo.producer import DeliveryLog, EventProducer
 from materializer.demo.stack import HOST, ChildExited, DemoStack, choose_port
@@ -52,6 +52,8 @@ class DemoOptions:
     """Keep config, logs and tables here; by default a temp dir removed at exit."""
     exit_after_duration: bool = False
     """With ``duration``: exit once the maps have folded every event, instead of serving on."""
+    schema_registry: bool = False
+    """Start a schema registry and produce Avro through it instead of JSON."""
 
 
 @dataclass
@@ -119,12 +121,17 @@ def _start_and_show(options: DemoOptions, steps: Steps, stack: DemoStack, workdi
     bootstrap = stack.kafka()
     redis_url = stack.redis(options.redis_url)
     stack.topics(bootstrap)
+    avro = stack.registry() if options.schema_registry else None
     port = choose_port(options.port)
     if port != options.port:
         steps.say(f"port {options.port} is taken: the query service uses port {port}", "yellow")
     with steps.step(f"writing {workdir.config.name}"):
         doc = demo_config(
-            workdir=workdir.path, bootstrap_servers=bootstrap, redis_url=redis_url, port=port
+            workdir=workdir.path,
+            bootstrap_servers=bootstrap,
+            redis_url=redis_url,
+            port=port,
+            registry_url=None if avro is None else avro.registry_url,
         )
         write_config(workdir.config, doc)
         problems = config_problems(load_config(workdir.config))
@@ -139,12 +146,18 @@ def _start_and_show(options: DemoOptions, steps: Steps, stack: DemoStack, workdi
     events = EventGenerator(options.seed, start_us, options.rate)
     producer = stack.producer(
         EventProducer(
-            bootstrap, events, rate=options.rate, duration=options.duration, log=DeliveryLog()
+            bootstrap,
+            events,
+            rate=options.rate,
+            duration=options.duration,
+            log=DeliveryLog(),
+            encode=DemoEvent.encoded if avro is None else avro,
         )
     )
     how_long = f"for {options.duration:g} s" if options.duration else "until Ctrl-C"
     steps.say(
-        f"producing {options.rate:g} events/s to {USER_EVENTS} and {ORDERS} {how_long} "
+        f"producing {options.rate:g} events/s as {'JSON' if avro is None else 'Avro'} to "
+        f"{USER_EVENTS} and {ORDERS} {how_long} "
         f"(seed {options.seed}, event times from {iso_time(start_us)})"
     )
     header = Header(address, str(workdir.config), options.seed, options.rate)

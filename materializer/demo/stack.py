@@ -24,6 +24,7 @@ import redis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from materializer.config import ENV_OVERRIDES
+from materializer.demo.avro import AvroValues
 from materializer.demo.domain import ORDERS, PARTITIONS, USER_EVENTS, USER_ORDERS, USERS
 from materializer.demo.producer import EventProducer
 from materializer.demo.steps import Steps
@@ -31,6 +32,7 @@ from materializer.demo.workdir import PIPELINE_LOG, QUERY_LOG, WorkDir
 from materializer.errors import MaterializerError, SetupError
 from materializer.testing import KafkaBroker, RedisServer, create_topic, free_port
 from materializer.testing.process import ManagedProcess
+from materializer.testing.registry import ApicurioRegistry
 
 HOST = "127.0.0.1"
 QUERY_READY_TIMEOUT = 120.0
@@ -144,6 +146,19 @@ class DemoStack:
             self._on_close("redis-server", server.stop)
             server.start()
         return server.url
+
+    def registry(self) -> AvroValues:
+        """A schema registry (Apicurio) with the topics' Avro schemas registered; the encoder
+        that writes through it."""
+        registry = ApicurioRegistry()
+        with self._steps.step("starting the schema registry (Apicurio)"):
+            self._on_close("the schema registry", registry.stop)
+            registry.start()
+        with self._steps.step(f"registering the Avro schemas of {USER_EVENTS}, {ORDERS}") as notes:
+            values = AvroValues(registry.url)
+            ids = values.register()
+            notes.append(", ".join(f"{topic}-value id {i}" for topic, i in ids.items()))
+        return values
 
     def topics(self, bootstrap_servers: str) -> None:
         """The two source topics, with the demo's partitions."""

@@ -215,12 +215,17 @@ async def _wait_for_maps(
 
 
 @pytest.mark.timeout(FOLD_TIMEOUT + STARTUP_TIMEOUT + STOP_TIMEOUT + 120)
-def test_demo_serves_the_users_it_produced_and_stops_cleanly_on_ctrl_c():
+@pytest.mark.parametrize("encoding", ["JSON", "Avro"])
+def test_demo_serves_the_users_it_produced_and_stops_cleanly_on_ctrl_c(encoding: str):
+    """The same stream, as JSON typed by the config or as Avro written by Confluent's
+    serializer through a real schema registry, folds into the same maps."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL" and k not in ENV_OVERRIDES}
     env["PYTHONUNBUFFERED"] = "1"
     args = [sys.executable, "-m", "materializer", "demo", "--port", str(port), "--seed", str(SEED)]
     args += ["--rate", str(RATE), "--duration", str(DURATION)]
+    if encoding == "Avro":
+        args.append("--schema-registry")
     proc = subprocess.Popen(
         args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
     )
@@ -231,7 +236,9 @@ def test_demo_serves_the_users_it_produced_and_stops_cleanly_on_ctrl_c():
         assert out.wait_for(r"starting redis-server… ok", STARTUP_TIMEOUT)
         listening = out.wait_for(r"^query service listening on 127\.0\.0\.1:(\d+)$", 300)
         assert int(listening.group(1)) == port
-        start = out.wait_for(r"event times from (\S+)\)$", 30).group(1)
+        producing = out.wait_for(r"^producing .* as (\w+) to .*event times from (\S+)\)$", 30)
+        assert producing.group(1) == encoding
+        start = producing.group(2)
         done = out.wait_for(
             r"^produced ([\d,]+) events in .*\(user-events ([\d,]+), orders ([\d,]+)\)", 120
         )
@@ -282,6 +289,9 @@ def test_demo_serves_the_users_it_produced_and_stops_cleanly_on_ctrl_c():
     assert not workdir.exists()
     assert "stopping the pipeline… ok" in text
     assert "stopping Kafka broker… ok" in text
+    if encoding == "Avro":
+        assert "registering the Avro schemas of user-events, orders… ok" in text
+        assert "stopping the schema registry… ok" in text
 
 
 def test_an_existing_redis_gets_the_demo_maps_cleared_and_nothing_else(redis_url: str):
