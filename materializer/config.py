@@ -269,6 +269,11 @@ class SparkConfig(_Model):
     Delta tables take in the changelog up to them. Within the chart's grace period (120 s);
     what the timeout cuts short is logged, and the next start replays it."""
     max_offsets_per_trigger: Annotated[int, Field(ge=1)] | None = None
+    jars: Literal["shipped", "installed"] = "shipped"
+    """How executors get the Kafka, Delta (and S3) jars: ``shipped``, Spark copies them from
+    the driver to each executor as it starts (about 700 MB with the S3 jars); ``installed``,
+    every executor has them at the driver's paths already (one container image for both,
+    as the chart runs), so they go on the class paths and nothing is copied."""
     conf: dict[str, str] = Field(default_factory=dict)
 
 

@@ -60,7 +60,6 @@ def spark_conf(
     """
     local_jars = jars("spark") + (jars("s3") if object_store is not None else [])
     conf = {
-        "spark.jars": ",".join(str(p) for p in local_jars),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
@@ -85,6 +84,13 @@ def spark_conf(
         # Writes must stay readable by delta-rs in the query service: no deletion vectors.
         "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
     }
+    if config.jars == "installed":
+        # Read as the driver's JVM starts, and as each executor's does.
+        classpath = ":".join(str(p) for p in local_jars)
+        conf["spark.driver.extraClassPath"] = classpath
+        conf["spark.executor.extraClassPath"] = classpath
+    else:
+        conf["spark.jars"] = ",".join(str(p) for p in local_jars)
     if object_store is not None:
         conf.update(hadoop_conf(object_store))
     conf.update(config.conf)

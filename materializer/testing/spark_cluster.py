@@ -144,6 +144,13 @@ class SparkStandalone:
             raise SetupError(f"Spark standalone cluster did not start: {exc}\n{tails}") from exc
         return self
 
+    def executor_files(self, app_id: str) -> list[Path]:
+        """The files in the working folders of ``app_id``'s executors: where an executor
+        keeps what it fetched from the driver (jars, files), and its logs."""
+        if self._workdir is None:
+            return []
+        return sorted(p for p in self._workdir.glob(f"worker-*/{app_id}/*/*") if p.is_file())
+
     def state(self) -> dict[str, Any]:
         """The master's JSON: ``workers``, ``activeapps``, ``completedapps``, cores in use."""
         state: dict[str, Any] = get_json(f"{self.webui_url}/json/")

@@ -106,6 +106,9 @@ def test_standalone_cluster_matches_local_mode_and_reference(
         spark={
             **limits,
             "master": cluster.master_url,
+            # As the chart runs executors: the jars at the same paths on every executor,
+            # on their class paths, nothing copied from the driver.
+            "jars": "installed",
             "conf": {
                 "spark.driver.memory": "1g",
                 "spark.driver.host": "127.0.0.1",
@@ -156,6 +159,11 @@ def test_standalone_cluster_matches_local_mode_and_reference(
         tasks = _executor_tasks(ui_port, app_id)
         assert sorted(tasks) == sorted(ids[0] for ids in by_worker.values()), (tasks, by_worker)
         assert all(done > 0 for done in tasks.values()), tasks
+        # The executors loaded Kafka's and Delta's classes from their class paths: no jar
+        # was copied to them.
+        files = cluster.executor_files(app_id)
+        assert any(f.name == "stderr" for f in files), files
+        assert not [f for f in files if f.suffix == ".jar"], files
     finally:
         proc.stop()
     assert proc.proc.returncode == 0, proc.tail()

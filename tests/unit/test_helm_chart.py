@@ -428,6 +428,9 @@ def test_kubernetes_mode_with_an_object_store(production: Rendered):
     assert config["delta"]["root"] == "s3a://materializer-prod/warehouse"
     assert spark["checkpoint_root"] == "s3a://materializer-prod/checkpoints"
     assert production.maybe("PersistentVolumeClaim") is None
+    # Executors run the image: the jars (the S3 ones too) are on their class path already.
+    assert spark["jars"] == "installed"
+    assert validate_text(production.config_text(), "maps.yaml") == []
     conf = spark["conf"]
     assert conf["spark.executor.instances"] == "4"
     assert conf["spark.executor.cores"] == "2"
@@ -476,6 +479,8 @@ def test_executor_pod_template_is_a_valid_pod(production: Rendered):
     assert template["spec"]["securityContext"]["runAsNonRoot"] is True
     script = template["spec"]["containers"][0]["command"][-1]
     assert "KubernetesExecutorBackend" in script
+    classpath = script.split("-cp ", 1)[1].split()[0].strip('"').split(":")
+    assert {"$MATERIALIZER_JARS_DIR/spark/*", "$MATERIALIZER_JARS_DIR/s3/*"} <= set(classpath)
     assert production.config()["spark"]["conf"]["spark.kubernetes.executor.podTemplateFile"] == (
         "/etc/materializer/executor-pod-template.yaml"
     )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pyspark
 
-from materializer.config import SparkConfig
+from materializer.config import ObjectStoreConfig, SparkConfig
 from materializer.jvm import jars
 from materializer.spark.session import spark_conf
 
@@ -59,6 +59,19 @@ def test_session_conf_uses_local_jars_and_delta():
         "RocksDBStateStoreProvider"
     )
     assert spark_conf(SparkConfig(conf={"spark.ui.enabled": "true"}))["spark.ui.enabled"] == "true"
+
+
+def test_installed_jars_go_on_the_class_paths_instead_of_being_shipped():
+    shipped = spark_conf(SparkConfig())
+    installed = spark_conf(SparkConfig(jars="installed"), ObjectStoreConfig())
+    assert "spark.jars" not in installed
+    path = installed["spark.driver.extraClassPath"].split(":")
+    assert installed["spark.executor.extraClassPath"] == installed["spark.driver.extraClassPath"]
+    # The same jars as shipping sends, and the S3 jars with an object store.
+    assert set(shipped["spark.jars"].split(",")) < set(path)
+    assert {str(p) for p in jars("s3")} <= set(path)
+    assert all(Path(j).is_file() for j in path)
+    assert "spark.executor.extraClassPath" not in shipped
 
 
 def test_delta_snapshots_are_rebuilt_with_the_maps_parallelism():

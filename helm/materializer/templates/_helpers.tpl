@@ -134,6 +134,8 @@ account they use, and how they reach the driver (through its headless Service).
 {{- $_ := set $spark "checkpoint_root" (include "materializer.checkpointRoot" .) -}}
 {{- if eq $v.driver.mode "kubernetes" }}
 {{- $_ := set $spark "master" "k8s://https://kubernetes.default.svc" -}}
+{{- /* Executors run the driver's image: its jars are on their class path, not copied. */ -}}
+{{- $_ := set $spark "jars" "installed" -}}
 {{- $_ := set $spark "conf" (merge (deepCopy ($spark.conf | default dict)) (include "materializer.sparkKubernetesConf" . | fromYaml)) -}}
 {{- else }}
 {{- $_ := set $spark "master" "local[*]" -}}
@@ -208,7 +210,7 @@ spec:
           set -euo pipefail
           readarray -t java_opts < <(env | grep '^SPARK_JAVA_OPT_' | sort -t_ -k4 -n | sed 's/^[^=]*=//')
           exec java "${java_opts[@]}" -Xms"$SPARK_EXECUTOR_MEMORY" -Xmx"$SPARK_EXECUTOR_MEMORY" \
-            -cp "$SPARK_HOME/jars/*:$MATERIALIZER_JARS_DIR/spark/*" \
+            -cp "$SPARK_HOME/jars/*:$MATERIALIZER_JARS_DIR/spark/*:$MATERIALIZER_JARS_DIR/s3/*" \
             org.apache.spark.scheduler.cluster.k8s.KubernetesExecutorBackend \
             --driver-url "$SPARK_DRIVER_URL" --executor-id "$SPARK_EXECUTOR_ID" \
             --cores "$SPARK_EXECUTOR_CORES" --app-id "$SPARK_APPLICATION_ID" \
