@@ -57,10 +57,11 @@ setup: venv jars java redis node ## everything the tests and the demo need
 proto: venv ## regenerate the gRPC Python code from proto/
 	$(BIN)/python -m query_service.codegen
 
-lint: venv ## ruff and mypy
+lint: venv ## ruff, mypy and the import rules between packages (import-linter)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: venv ## apply ruff's formatting and fixes
 	$(BIN)/ruff check --fix .

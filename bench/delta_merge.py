@@ -29,8 +29,8 @@ from typing import Any
 
 from harness import emit, machine
 
+from materializer import record_columns as c
 from materializer.config import SparkConfig
-from materializer.pipeline import columns as c
 from materializer.sinks.base import Batch
 from materializer.sinks.delta import DeltaSink
 from materializer.spark.session import build_spark_session

@@ -56,9 +56,9 @@ from harness import (
     timed,
 )
 
+from materializer.contract.redis_layout import entity_key
 from materializer.enrichment.job import ENRICH_QUERY, start_enrichment
 from materializer.enrichment.outputs import KafkaOutput, TransactionalOutput
-from materializer.layout import entity_key
 from materializer.pipeline import job
 from materializer.sinks.group_offsets import GroupOffsetsSink
 from materializer.spark.session import build_spark_session

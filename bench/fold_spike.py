@@ -49,16 +49,11 @@ from harness import (
     setup_line,
 )
 
+from materializer import record_columns as c
 from materializer.config import KafkaConfig
-from materializer.pipeline import columns as c
 from materializer.pipeline.job import records
-from materializer.sinks.redis_fold import (
-    DRIVER_ROWS,
-    FoldTarget,
-    RedisFold,
-    load_library,
-    producer_settings,
-)
+from materializer.pipeline.redis_fold import DRIVER_ROWS, RedisFold, producer_settings
+from materializer.pipeline.redis_functions import FoldTarget, load_library
 from materializer.spark.session import build_spark_session
 from materializer.testing import create_topic
 

@@ -26,11 +26,11 @@ import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
 from materializer.config import AppConfig, parse_config
-from materializer.layout import RESERVED_KEYS, entity_key
+from materializer.contract.redis_layout import RESERVED_KEYS, entity_key
 from materializer.pipeline import job
+from materializer.pipeline.redis_fold import RedisFoldSink
 from materializer.sinks.delta import DeltaSink
 from materializer.sinks.redis import RedisSink
-from materializer.sinks.redis_fold import RedisFoldSink
 from materializer.testing import KafkaBroker, RedisServer, create_topic
 
 PARTITIONS = 4

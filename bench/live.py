@@ -43,7 +43,7 @@ from harness import (
 )
 from pipeline import FOLDS
 
-from materializer.layout import meta_key
+from materializer.contract.redis_layout import meta_key
 from materializer.testing import create_topic
 from materializer.testing.process import ManagedProcess
 

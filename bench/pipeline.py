@@ -44,7 +44,7 @@ from harness import (
     setup_line,
 )
 
-from materializer.layout import RESERVED_KEYS
+from materializer.contract.redis_layout import RESERVED_KEYS
 from materializer.pipeline import job
 from materializer.spark.session import build_spark_session
 from materializer.testing import create_topic

@@ -62,7 +62,7 @@ import redis
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from materializer.layout import Watermark, entity_key, meta_key
+from materializer.contract.redis_layout import Watermark, entity_key, meta_key
 from materializer.testing import RedisServer, free_port
 from materializer.testing.ports import wait_until
 from materializer.testing.process import ManagedProcess

@@ -28,9 +28,9 @@ import time
 from typing import Any
 
 from materializer.config import RedisConfig
-from materializer.layout import Watermark
+from materializer.contract.redis_layout import Watermark
+from materializer.pipeline.redis_functions import load_library
 from materializer.sinks.redis import RedisSink, write_partition
-from materializer.sinks.redis_fold import load_library
 from materializer.testing import RedisCluster, RedisServer
 from query_service.stores.redis import RedisMapStore
 

@@ -46,10 +46,11 @@ import redis
 from deltalake import DeltaTable, write_deltalake
 
 from materializer.config import AppConfig, parse_config
-from materializer.ops import redis_bulk
-from materializer.ops.entity_json import encode_columns
-from materializer.ops.rehydrate import BATCH_ROWS, rehydrate
-from materializer.paths import table_path
+from materializer.contract.entity_json import encode_columns
+from materializer.contract.table_layout import table_path
+from materializer.ops.rehydrate import rehydrate
+from materializer.recovery import redis_bulk
+from materializer.recovery.expected_state import BATCH_ROWS
 from materializer.testing import KafkaBroker, RedisServer
 
 MAP = "bench"

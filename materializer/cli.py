@@ -11,8 +11,8 @@ import typer
 from materializer.commands import maps, offsets, rebuild, rehydrate
 from materializer.commands.common import ConfigOption, err, load
 from materializer.config import config_problems
+from materializer.contract.logs import LogFormat, LogLevel, configure_logging
 from materializer.errors import ConfigError, MaterializerError
-from materializer.logs import LogFormat, LogLevel, configure_logging
 
 app = typer.Typer(help="Fold Kafka topics into Delta tables and Redis maps.", no_args_is_help=True)
 
@@ -66,7 +66,7 @@ def run(
     ] = None,
 ) -> None:
     """Run every map and enrichment (or the named ones) until SIGTERM or Ctrl-C."""
-    from materializer.pipeline.runner import run_maps
+    from materializer.run import run_maps
 
     cfg = load(config)
     if metrics_port is not None:

@@ -29,6 +29,8 @@ from pydantic import (
 
 from materializer.errors import ConfigError
 
+INTERNAL_PREFIX = "__"
+"""Column names the pipeline adds start with it; no entity field or key may."""
 KAFKA_KEY = "$kafka_key"
 _MAP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -151,7 +153,7 @@ def read_config_file(path: str, key_path: str) -> str:
 class KafkaSecurity(_Model):
     """TLS and SASL for every Kafka client the product runs: Spark's source and writers,
     dead letters, the changelog, transactional outputs, admin calls, consumer-group
-    commits and the query service's status reads (``materializer.kafka_clients``)."""
+    commits and the query service's status reads (``materializer.contract.kafka_clients``)."""
 
     tls: bool | None = None
     """Encrypt the connections; on by default when ``ca_file`` or ``cert_file`` is set."""
@@ -199,7 +201,7 @@ class RedisConfig(_Model):
     url: str = "redis://localhost:6379/0"
     cluster: bool = False
     """The URL names one node of a Redis Cluster: each entity key lands in its own hash
-    slot, so a map spreads over every master (``materializer.redis_client``)."""
+    slot, so a map spreads over every master (``materializer.contract.redis_client``)."""
 
     @model_validator(mode="after")
     def _cluster_has_database_zero(self) -> RedisConfig:
@@ -224,7 +226,7 @@ class ObjectStoreConfig(_Model):
     """An S3 API (AWS, or a compatible server) holding ``delta.root`` and
     ``spark.checkpoint_root`` when they are ``s3a://`` URLs. Spark writes through
     hadoop-aws; the query service, ``rehydrate`` and ``verify`` read through delta-rs, both
-    with these settings (``materializer.object_store``). Without keys, each uses the AWS
+    with these settings (``materializer.contract.object_store``). Without keys, each uses the AWS
     default chain (environment, profile, the node's or pod's role)."""
 
     endpoint: str | None = None
@@ -988,14 +990,45 @@ def parse_config_text(text: str, source: str = "<config>") -> AppConfig:
     return parse_config(data, source)
 
 
+DOCUMENT = "_document"
+"""The VARIANT column holding each decoded JSON object until the batch types it."""
+
+_NEEDS_SCHEMA = (
+    "needs source.schema: json without a schema has typed fields only after the fold, "
+    "one micro-batch at a time"
+)
+
+
+def is_inferred(map_config: MapConfig) -> bool:
+    """Whether the map's values are JSON without a declared schema."""
+    return map_config.source.format == "json" and map_config.source.schema_ is None
+
+
+def inferred_problems(map_config: MapConfig) -> list[str]:
+    """What a map of schemaless JSON declares that needs typed fields, by key path."""
+    problems = []
+    if map_config.transforms:
+        problems.append(f"transforms: {_NEEDS_SCHEMA}")
+    fold = map_config.fold
+    if fold.mode in ("aggregate", "merge"):
+        problems.append(f"fold.mode: {fold.mode} {_NEEDS_SCHEMA}")
+    if fold.event_time is not None:
+        problems.append(f"fold.event_time: {_NEEDS_SCHEMA}")
+    if fold.delete_when is not None:
+        problems.append(f"fold.delete_when: {_NEEDS_SCHEMA}")
+    if map_config.key == DOCUMENT or map_config.key.startswith(INTERNAL_PREFIX):
+        problems.append(f"key: {map_config.key!r} is a name the pipeline keeps for its own")
+    elif map_config.key != KAFKA_KEY and "'" in map_config.key and '"' in map_config.key:
+        problems.append("key: a field name may hold either quote character, not both")
+    return problems
+
+
 def config_problems(config: AppConfig) -> list[str]:
     """Checks that need more than one key at a time, made before any map starts.
 
     ``materializer validate`` and the admin API report these along with the
     model's own, so both give the same answer for the same file.
     """
-    from materializer.pipeline.formats.json_inferred import inferred_problems, is_inferred
-
     return [
         f"maps.{name}.{problem}"
         for name, map_config in config.maps.items()

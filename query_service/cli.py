@@ -9,8 +9,8 @@ from typing import Annotated
 import typer
 
 from materializer.config import load_config
+from materializer.contract.logs import LogFormat, LogLevel, configure_logging
 from materializer.errors import ConfigError, MaterializerError
-from materializer.logs import LogFormat, LogLevel, configure_logging
 from query_service.server import serve as serve_forever
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)

@@ -18,9 +18,9 @@ from redis.exceptions import RedisClusterException
 from rich.console import Console
 
 from materializer.config import AppConfig, load_config
+from materializer.contract.control import MapControl
+from materializer.contract.redis_client import Client, connect
 from materializer.errors import MaterializerError
-from materializer.ops.control import MapControl
-from materializer.redis_client import Client, connect
 
 err = Console(stderr=True)
 out = Console()

@@ -25,9 +25,9 @@ from materializer.commands.common import (
     redis_client,
 )
 from materializer.config import AppConfig
-from materializer.ops.control import MapControl, now_ms
-from materializer.ops.kafka_offsets import admin_client, partition_offsets
-from materializer.ops.status import MapView, map_view
+from materializer.contract.control import MapControl, now_ms
+from materializer.contract.kafka_offsets import admin_client, partition_offsets
+from materializer.contract.status import MapView, map_view
 
 WaitOption = Annotated[
     bool, typer.Option("--wait/--no-wait", help="Return once the materializer obeyed.")

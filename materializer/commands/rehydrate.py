@@ -29,9 +29,10 @@ from materializer.commands.common import (
     out,
     redis_client,
 )
-from materializer.layout import Watermark
+from materializer.contract.redis_layout import Watermark
 from materializer.ops import rehydrate as ops
-from materializer.ops.changelog_tail import Tail
+from materializer.recovery.changelog_tail import Tail
+from materializer.recovery.expected_state import ExpectedState
 
 GenerationOption = Annotated[
     int | None,
@@ -79,7 +80,7 @@ def rehydrate(
     ) as progress:
         task = progress.add_task(f"rehydrating {map_name}", total=None)
 
-        def started(state: ops.ExpectedState) -> None:
+        def started(state: ExpectedState) -> None:
             progress.update(task, total=state.source_rows)
 
         def advanced(rows: int) -> None:

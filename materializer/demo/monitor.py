@@ -18,9 +18,9 @@ import grpc
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from materializer.contract.redis_layout import MapReport, Watermark, meta_key, status_key
 from materializer.demo.domain import TOPIC_OF_MAP, USER_EVENTS, USER_ORDERS, USERS
 from materializer.demo.producer import DeliveryLog
-from materializer.layout import MapReport, Watermark, meta_key, status_key
 from query_service.client import MaterializerClient
 
 SAMPLE_USERS = 5

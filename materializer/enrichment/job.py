@@ -20,7 +20,13 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from materializer import record_columns as c
 from materializer.config import KAFKA_KEY, AppConfig, EnrichmentConfig
+from materializer.contract.join_plan import JoinPlan, LookupStep, OnMiss, plan_rounds
+from materializer.contract.kafka_clients import librdkafka
+from materializer.contract.redis_client import connect, get_many
+from materializer.contract.redis_layout import generation_key, parse_generation, physical_name
+from materializer.contract.table_layout import table_path
 from materializer.enrichment.outputs import KafkaOutput, TransactionalOutput
 from materializer.enrichment.partition_join import (
     DEAD,
@@ -31,26 +37,15 @@ from materializer.enrichment.partition_join import (
     output_schema,
 )
 from materializer.errors import ConfigError
-from materializer.joins.plan import JoinPlan, LookupStep, OnMiss, plan_rounds
-from materializer.kafka_clients import librdkafka
-from materializer.layout import generation_key, parse_generation, physical_name
-from materializer.paths import checkpoint_path, table_path
-from materializer.pipeline import columns as c
 from materializer.pipeline.checkpoint import Checkpoint
 from materializer.pipeline.decode import decode
-from materializer.pipeline.job import (
-    MAP_GROUP,
-    MapQueries,
-    Projector,
-    producer_options,
-    report_rows_out,
-)
+from materializer.pipeline.job import MapQueries, Projector, producer_options, report_rows_out
 from materializer.pipeline.metrics import BatchMetrics
 from materializer.pipeline.progress import BatchLog
 from materializer.pipeline.source import read_source
 from materializer.pipeline.topics import ensure_topic
 from materializer.pipeline.transforms import apply_transforms
-from materializer.redis_client import connect, get_many
+from materializer.resources import MAP_GROUP, checkpoint_path
 from materializer.sinks.base import Sink
 from materializer.sinks.encoding import entity_json
 from materializer.sinks.group_offsets import GroupOffsetsSink

@@ -2,8 +2,8 @@
 
 Each batch of a partition costs one Redis round trip per round of the join
 (an MGET per map, pipelined), through the one client its executor process
-keeps per Redis URL. The join's rules are ``materializer.joins``', the same
-as the query service's Enrich, so an event enriched either way comes out the
+keeps per Redis URL. The join's rules are ``materializer.contract.join_rounds``, the
+same as the query service's Enrich, so an event enriched either way comes out the
 same. In ``delta`` mode the entities arrive as columns of the batch instead
 (Spark joined the tables), and only the assembly happens here.
 
@@ -22,13 +22,20 @@ from typing import TYPE_CHECKING, Any
 import orjson
 import pyarrow as pa
 
+from materializer import record_columns as c
 from materializer.config import RedisConfig
-from materializer.joins.apply import EventState, Found, apply_round, key_of, kind, round_keys
-from materializer.joins.plan import JoinPlan, LookupStep
-from materializer.layout import entity_key
-from materializer.pipeline import columns as c
+from materializer.contract.join_plan import JoinPlan, LookupStep
+from materializer.contract.join_rounds import (
+    EventState,
+    Found,
+    apply_round,
+    key_of,
+    kind,
+    round_keys,
+)
+from materializer.contract.redis_client import queue_gets
+from materializer.contract.redis_layout import entity_key
 from materializer.pipeline.dead_letter import ERROR_HEADERS
-from materializer.redis_client import queue_gets
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType

@@ -2,7 +2,7 @@
 
 The live copy keeps serving throughout. Steps:
 
-1. a new generation ``g`` (``materializer.layout.physical_name``) gets its own
+1. a new generation ``g`` (``materializer.contract.redis_layout.physical_name``) gets its own
    Redis keys, Delta table, changelog topic and checkpoints; leftovers of an
    earlier rebuild that never switched are removed first;
 2. the map's fold and Delta queries run into it from the earliest offsets
@@ -27,8 +27,10 @@ from typing import TYPE_CHECKING
 import pyarrow.fs as pafs
 
 from materializer.config import AppConfig
-from materializer.errors import MaterializerError
-from materializer.layout import (
+from materializer.contract.control import MapControl
+from materializer.contract.kafka_offsets import admin_client, partition_offsets
+from materializer.contract.redis_client import Client, connect
+from materializer.contract.redis_layout import (
     CONTROL_SUFFIX,
     GENERATION_SUFFIX,
     STATUS_SUFFIX,
@@ -36,12 +38,11 @@ from materializer.layout import (
     marker_key,
     physical_name,
 )
-from materializer.ops.control import MapControl
-from materializer.ops.kafka_offsets import admin_client, partition_offsets
-from materializer.paths import checkpoint_path, table_path
-from materializer.pipeline.job import MapQueries, changelog_topic, start_map
-from materializer.redis_client import Client, connect
-from materializer.sinks.redis_fold import state_keys_pattern
+from materializer.contract.table_layout import table_path
+from materializer.errors import MaterializerError
+from materializer.pipeline.job import MapQueries, start_map
+from materializer.pipeline.redis_functions import state_keys_pattern
+from materializer.resources import changelog_topic, checkpoint_path
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

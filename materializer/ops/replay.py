@@ -17,12 +17,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from materializer.config import AppConfig
-from materializer.layout import physical_name
-from materializer.ops.control import MapControl
+from materializer.contract.control import MapControl
+from materializer.contract.redis_client import Client
+from materializer.contract.redis_layout import physical_name
 from materializer.ops.rebuild import Progress, catch_up, drop_copy, replay_config
 from materializer.ops.rehydrate import redis_digests
 from materializer.pipeline.job import start_map
-from materializer.redis_client import Client
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from materializer.recovery.checkpoint_files import parse_offsets_log
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -42,19 +44,3 @@ class Checkpoint:
     def end_offsets(self, batch_id: int) -> dict[str, dict[int, int]]:
         """Per topic and partition, the next offset after ``batch_id`` (exclusive end)."""
         return parse_offsets_log(self._read(f"offsets/{batch_id}"))
-
-
-def parse_offsets_log(text: str) -> dict[str, dict[int, int]]:
-    """One ``offsets/<batch_id>`` file: per topic and partition, the batch's end offsets.
-
-    Line 0 is the log version, line 1 the batch metadata, then one line per
-    source (``-`` for a source without offsets yet).
-    """
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    offsets: dict[str, dict[int, int]] = {}
-    for line in lines[2:]:
-        if line == "-":
-            continue
-        for topic, partitions in orjson.loads(line).items():
-            offsets.setdefault(topic, {}).update({int(p): int(o) for p, o in partitions.items()})
-    return offsets

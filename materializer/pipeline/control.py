@@ -16,7 +16,8 @@ from collections.abc import Sequence
 import redis
 
 from materializer.config import RedisConfig
-from materializer.layout import (
+from materializer.contract.redis_client import connect
+from materializer.contract.redis_layout import (
     Control,
     MapReport,
     control_key,
@@ -24,7 +25,6 @@ from materializer.layout import (
     parse_generation,
     status_key,
 )
-from materializer.redis_client import connect
 
 log = logging.getLogger(__name__)
 

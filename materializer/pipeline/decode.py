@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from materializer import record_columns as c
 from materializer.config import MapConfig
 from materializer.errors import ConfigError
-from materializer.pipeline import columns as c
 from materializer.pipeline.formats.avro_file import avro_schema, decode_avro_file
 from materializer.pipeline.formats.avro_registry import decode_avro_registry
 from materializer.pipeline.formats.json import decode_json, json_schema

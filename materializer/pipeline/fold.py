@@ -4,7 +4,7 @@ Spark decodes, transforms and keys each micro-batch without any state of its
 own. Each record leaves it as an *event*: its key, its *order* (text whose
 byte order is the order the fold applies events in) and its *payload* (text;
 null for a delete), with an optional mode-specific ``aux`` text. The fold's
-state lives in Redis beside each entity (``materializer.sinks.redis_fold``):
+state lives in Redis beside each entity (``materializer.pipeline.redis_fold``):
 
 - ``latest`` keeps the winning order only. A record applies when its order is
   greater than the stored one, which Redis compares itself, so each key sends
@@ -14,16 +14,17 @@ state lives in Redis beside each entity (``materializer.sinks.redis_fold``):
   Redis stores the new state and entity together if the state is still the
   one read.
 
-The modes' semantics are in their own modules (``fold_merge``, ``fold_aggregate``).
+The modes' semantics are in their own modules (``fold_merge``, ``fold_aggregate``);
+``fold_modes`` picks a map's.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from materializer import record_columns as c
 from materializer.config import FoldConfig
 from materializer.errors import ConfigError
-from materializer.pipeline import columns as c
 from materializer.sinks.encoding import entity_json
 
 if TYPE_CHECKING:
@@ -92,21 +93,6 @@ class FoldMode:
     def folder(self, records: DataFrame) -> KeyFolder | None:
         """How a key's events fold into its state in Python; None: Redis orders them."""
         return None
-
-
-def fold_mode(fold: FoldConfig) -> FoldMode:
-    """The fold mode a map's config names."""
-    if fold.mode == "latest":
-        return FoldMode(fold)
-    if fold.mode == "merge":
-        from materializer.pipeline.fold_merge import MergeMode
-
-        return MergeMode(fold)
-    if fold.mode == "aggregate":
-        from materializer.pipeline.fold_aggregate import AggregateMode
-
-        return AggregateMode(fold)
-    raise ConfigError("", [f"fold.mode: unknown mode {fold.mode!r}"])
 
 
 def position() -> Column:

@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from materializer import record_columns as c
 from materializer.errors import ConfigError
-from materializer.pipeline import columns as c
 from materializer.pipeline.fold import Event, FoldMode, position
 from materializer.sinks.encoding import JSON_OPTIONS
 

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from materializer.pipeline import columns as c
+from materializer import record_columns as c
 from materializer.pipeline.fold import Event, FoldMode, order_column
 
 if TYPE_CHECKING:

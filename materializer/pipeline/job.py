@@ -28,13 +28,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from materializer.config import KAFKA_KEY, AppConfig
+from materializer import record_columns as c
+from materializer.config import KAFKA_KEY, AppConfig, is_inferred
+from materializer.contract.kafka_clients import java, librdkafka
+from materializer.contract.redis_layout import physical_name
+from materializer.contract.table_layout import history_path, table_path
 from materializer.errors import ConfigError
-from materializer.kafka_clients import java, librdkafka
-from materializer.layout import physical_name
-from materializer.ops.restore import ensure_whole
-from materializer.paths import checkpoint_path, history_path, table_path
-from materializer.pipeline import columns as c
 from materializer.pipeline.checkpoint import Checkpoint
 from materializer.pipeline.crash import CrashDrill
 from materializer.pipeline.decode import decode
@@ -43,25 +42,26 @@ from materializer.pipeline.formats.batch_typing import (
     changelog_entity,
     typed_batches,
 )
-from materializer.pipeline.formats.json_inferred import is_inferred
 from materializer.pipeline.keys import assign_keys
 from materializer.pipeline.metrics import BatchMetrics, observe_fold_input
 from materializer.pipeline.progress import BatchLog
+from materializer.pipeline.redis_fold import RedisFold, RedisFoldSink, producer_settings
+from materializer.pipeline.redis_functions import FoldTarget, load_library
+from materializer.pipeline.restore import ensure_whole
 from materializer.pipeline.source import kafka_options, read_source
 from materializer.pipeline.topics import ensure_changelog_topic, ensure_dead_letter_topic
 from materializer.pipeline.transforms import apply_transforms
+from materializer.resources import (
+    MAP_GROUP,
+    changelog_topic,
+    checkpoint_path,
+    dead_letter_topic,
+)
 from materializer.sinks.base import Batch, Sink
 from materializer.sinks.delta import DeltaSink
 from materializer.sinks.group_offsets import GroupOffsetsSink
 from materializer.sinks.history import HistorySink
 from materializer.sinks.redis import RedisSink, expiry_ms
-from materializer.sinks.redis_fold import (
-    FoldTarget,
-    RedisFold,
-    RedisFoldSink,
-    load_library,
-    producer_settings,
-)
 from materializer.sinks.retention import Retention
 
 if TYPE_CHECKING:
@@ -75,25 +75,6 @@ FINISH_BATCH_TIMEOUT = 120.0
 
 FOLD_POOL, DELTA_POOL = "fold", "delta"
 """The FAIR scheduler pools of the folds' jobs and of the Delta queries' jobs."""
-
-MAP_GROUP = "materializer.{map}"
-"""The consumer group a map's offsets are committed to; ``{map}`` stands for the map's name."""
-
-
-def dead_letter_topic(config: AppConfig, map_name: str) -> str:
-    """The configured dead-letter topic, or ``<map>.dlq``."""
-    dead_letter = config.map(map_name).dead_letter
-    return dead_letter.topic if dead_letter else f"{map_name}.dlq"
-
-
-def changelog_topic(config: AppConfig, map_name: str, generation: int = 0) -> str:
-    """The configured changelog topic, or ``<map>.changelog``; ``.g<n>`` for a rebuilt generation.
-
-    Each generation has its own, so a rebuild's replay never reaches the live table.
-    """
-    changelog = config.map(map_name).changelog
-    topic = changelog.topic if changelog else f"{map_name}.changelog"
-    return topic if generation == 0 else f"{topic}.g{generation}"
 
 
 class Projector:
@@ -339,7 +320,7 @@ def start_map(
     """Start the fold query of one map and its side queries.
 
     ``generation`` picks the copy of the map's data the fold and Delta queries
-    write (``materializer.layout.physical_name``): its Redis keys, table,
+    write (``materializer.contract.redis_layout.physical_name``): its Redis keys, table,
     changelog and checkpoints. Dead letters and history belong to the map
     itself, whatever the generation; ``side_queries=False`` leaves them out
     (a rebuild's replay must not send the map's dead letters twice).

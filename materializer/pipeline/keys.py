@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from materializer import record_columns as c
 from materializer.config import KAFKA_KEY, MapConfig
+from materializer.contract.redis_layout import RESERVED_KEYS
 from materializer.errors import ConfigError, first_line
-from materializer.layout import RESERVED_KEYS
-from materializer.pipeline import columns as c
 from materializer.pipeline.decode import with_error
 
 if TYPE_CHECKING:
@@ -60,17 +60,3 @@ def assign_keys(records: DataFrame, map_config: MapConfig) -> DataFrame:
         F.col(c.KEY).isin(*RESERVED_KEYS),
         F.lit("key is reserved by the Redis layout"),
     )
-
-
-def good(records: DataFrame) -> DataFrame:
-    """Records that fold: decoded (or tombstones) with a key."""
-    from pyspark.sql import functions as F
-
-    return records.where(F.col(c.ERROR_STAGE).isNull())
-
-
-def bad(records: DataFrame) -> DataFrame:
-    """Records the error policy handles."""
-    from pyspark.sql import functions as F
-
-    return records.where(F.col(c.ERROR_STAGE).isNotNull())

@@ -24,10 +24,10 @@ import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from pyspark.sql.streaming.listener import StreamingQueryListener
 
+from materializer import record_columns as c
 from materializer.config import MetricsConfig
+from materializer.contract.redis_layout import GENERATION_MARK
 from materializer.errors import SetupError
-from materializer.layout import GENERATION_MARK
-from materializer.pipeline import columns as c
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer

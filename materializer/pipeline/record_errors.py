@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from materializer.pipeline import columns as c
+from materializer import record_columns as c
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from materializer import record_columns as c
 from materializer.config import AppConfig, MapConfig
-from materializer.kafka_clients import java
-from materializer.pipeline import columns as c
+from materializer.contract.kafka_clients import java
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

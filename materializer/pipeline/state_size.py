@@ -1,7 +1,7 @@
 """How large each map's fold state is: keys and bytes, for status and metrics.
 
 The fold keeps one state key per entity it knows (``<map>\\0o:...``, see
-``materializer.sinks.redis_fold``), live or deleted within
+``materializer.pipeline.redis_fold``), live or deleted within
 ``fold.deleted_retention``. Whether that stays bounded under churn is what an
 operator wants to see, so the run counts the keys with ``SCAN`` (every
 master on a cluster) and estimates their memory from ``MEMORY USAGE`` of a
@@ -18,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from materializer.config import RedisConfig
-from materializer.redis_client import TRANSIENT_ERRORS, Client
+from materializer.contract.redis_client import TRANSIENT_ERRORS, Client
+from materializer.pipeline.redis_functions import state_keys_pattern
 from materializer.sinks.redis import client_for
-from materializer.sinks.redis_fold import state_keys_pattern
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]  # not re-expo
 from confluent_kafka.cimpl import NewTopic
 
 from materializer.config import AppConfig
+from materializer.contract.kafka_clients import librdkafka
 from materializer.errors import SetupError
-from materializer.kafka_clients import librdkafka
 
 log = logging.getLogger(__name__)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from materializer import record_columns as c
 from materializer.config import (
     CastTransform,
     ComputeTransform,
@@ -34,7 +35,6 @@ from materializer.config import (
     ValueToKeyTransform,
 )
 from materializer.errors import ConfigError, first_line
-from materializer.pipeline import columns as c
 from materializer.pipeline.record_errors import with_error
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ Redis writes. The topic is compacted, and it doubles as a change-data-capture
 stream for other consumers: the key is the entity key, the value the entity's
 compact JSON (as in Redis), null for a delete, and headers carry the batch id
 and app id. A key ``ttl.redis`` expired gets a null value too, with the header
-``x-expired: 1`` instead (``materializer.sinks.expiry``): the table drops its
+``x-expired: 1`` instead (``materializer.pipeline.expiry``): the table drops its
 row as for a delete.
 
 Replays: a batch written again after a crash sends each key's state as Redis

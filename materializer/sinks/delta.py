@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from materializer import record_columns as c
 from materializer.errors import MaterializerError
-from materializer.pipeline import columns as c
-from materializer.pipeline.columns import quote
+from materializer.record_columns import quote
 from materializer.sinks.base import Batch, Sink
 
 if TYPE_CHECKING:

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from materializer.kafka_clients import topic_partitions
+from materializer.contract.kafka_clients import topic_partitions
 from materializer.sinks.base import Batch, Sink
 
 log = logging.getLogger(__name__)

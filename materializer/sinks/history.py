@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from materializer.pipeline import columns as c
-from materializer.pipeline.keys import good
+from materializer import record_columns as c
 from materializer.sinks.base import Batch, Sink
 
 if TYPE_CHECKING:
@@ -55,7 +54,7 @@ class HistorySink(Sink):
         if batch.records is None:
             raise ValueError("the history sink needs the batch's records (a map folded in Redis)")
         (
-            history_events(good(batch.records))
+            history_events(_folding(batch.records))
             .write.format("delta")
             .mode("append")
             .option("mergeSchema", "true")
@@ -63,3 +62,11 @@ class HistorySink(Sink):
             .option("txnVersion", batch.batch_id)
             .save(self.path)
         )
+
+
+def _folding(records: DataFrame) -> DataFrame:
+    """The records that fold (decoded, or tombstones, with a key): the history keeps those;
+    the others are the dead letters'."""
+    from pyspark.sql import functions as F
+
+    return records.where(F.col(c.ERROR_STAGE).isNull())

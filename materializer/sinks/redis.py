@@ -24,8 +24,14 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from materializer.config import RedisConfig
-from materializer.layout import Watermark, change_entry, changes_key, entity_key, meta_key
-from materializer.redis_client import TRANSIENT_ERRORS, Client, connect
+from materializer.contract.redis_client import TRANSIENT_ERRORS, Client, connect
+from materializer.contract.redis_layout import (
+    Watermark,
+    change_entry,
+    changes_key,
+    entity_key,
+    meta_key,
+)
 from materializer.sinks.base import Batch, Sink
 
 if TYPE_CHECKING:

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
-from materializer.pipeline.columns import TABLE_UPDATED_AT, quote
+from materializer.contract.table_layout import TABLE_UPDATED_AT
+from materializer.record_columns import quote
 from materializer.sinks.base import Batch, Sink
 
 if TYPE_CHECKING:

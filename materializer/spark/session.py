@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from materializer.config import ObjectStoreConfig, SparkConfig
+from materializer.contract.logs import spark_log4j2
+from materializer.contract.object_store import hadoop_conf
 from materializer.jvm import jars
-from materializer.logs import spark_log4j2
-from materializer.object_store import hadoop_conf
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

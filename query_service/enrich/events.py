@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 
-from materializer.joins.apply import EventState, kind
+from materializer.contract.join_rounds import EventState, kind
 from query_service.errors import InvalidArgument
 
 

@@ -8,9 +8,9 @@ import time
 import grpc
 
 from materializer.config import AppConfig, validate_text
-from materializer.layout import MapReport
-from materializer.ops.status import effective_state, partition_lags, total_lag
-from materializer.paths import table_path
+from materializer.contract.redis_layout import MapReport
+from materializer.contract.status import effective_state, partition_lags, total_lag
+from materializer.contract.table_layout import table_path
 from materializer.v1 import admin_service_pb2 as pb
 from materializer.v1 import admin_service_pb2_grpc as pb_grpc
 from query_service.errors import InvalidArgument, MapNotFound
@@ -31,7 +31,7 @@ _STATES = {
 
 
 def map_state(report: MapReport | None, now_ms: int) -> pb.MapStatus.State:
-    """The state a report implies (``materializer.ops.status.effective_state``)."""
+    """The state a report implies (``materializer.contract.status.effective_state``)."""
     return _STATES.get(effective_state(report, now_ms), State.STATE_UNSPECIFIED)
 
 

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 import grpc
 
 from materializer.config import AppConfig
-from materializer.layout import RESERVED_KEYS, Watermark
+from materializer.contract.redis_layout import RESERVED_KEYS, Watermark
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc

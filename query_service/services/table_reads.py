@@ -15,8 +15,8 @@ import grpc
 from deltalake import DeltaTable
 
 from materializer.config import AppConfig
-from materializer.ops.entity_json import encode_rows
-from materializer.pipeline.columns import TABLE_KEY
+from materializer.contract.entity_json import encode_rows
+from materializer.contract.table_layout import TABLE_KEY
 from materializer.v1 import map_service_pb2 as pb
 from query_service.errors import InvalidArgument
 from query_service.filters import render_filter

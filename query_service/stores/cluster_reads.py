@@ -25,7 +25,7 @@ from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import AskError, ResponseError
 
-from materializer.layout import READ_FUNCTION
+from materializer.contract.redis_layout import READ_FUNCTION
 
 
 class MasterReads:

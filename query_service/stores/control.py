@@ -15,7 +15,10 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
 from materializer.config import KafkaConfig
-from materializer.layout import (
+from materializer.contract.control import control_fields
+from materializer.contract.kafka_offsets import admin_client, partition_offsets
+from materializer.contract.redis_client import AsyncClient, get_many_async, where
+from materializer.contract.redis_layout import (
     Control,
     MapReport,
     Watermark,
@@ -26,9 +29,6 @@ from materializer.layout import (
     physical_name,
     status_key,
 )
-from materializer.ops.control import control_fields
-from materializer.ops.kafka_offsets import admin_client, partition_offsets
-from materializer.redis_client import AsyncClient, get_many_async, where
 from query_service.stores.redis import unavailable_on_connection_errors
 
 log = logging.getLogger(__name__)

@@ -24,10 +24,9 @@ from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.schema import PrimitiveType
 
 from materializer.config import AppConfig
-from materializer.layout import physical_name
-from materializer.object_store import delta_rs_location
-from materializer.paths import table_path
-from materializer.pipeline.columns import table_meta
+from materializer.contract.object_store import delta_rs_location
+from materializer.contract.redis_layout import physical_name
+from materializer.contract.table_layout import table_meta, table_path
 from query_service.errors import InvalidArgument, OutOfRange, QueryServiceError, StoreUnavailable
 from query_service.filters.columns import Columns
 

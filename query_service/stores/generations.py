@@ -1,7 +1,7 @@
 """Which generation of each map's data readers use, kept in memory and refreshed often.
 
 A rebuild writes a new copy of a map under ``<map>~<n>`` and then points
-``<map>:__generation__`` at it (``materializer.layout``). Reading the pointer
+``<map>:__generation__`` at it (``materializer.contract.redis_layout``). Reading the pointer
 on every lookup would add a round trip to each one, so each process keeps it
 for ``REFRESH_SECONDS``: after a switch, a process goes on reading the old
 copy for at most that long, and the rebuild keeps the old copy in place for a
@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from materializer.layout import generation_key, parse_generation, physical_name
-from materializer.redis_client import AsyncClient
+from materializer.contract.redis_client import AsyncClient
+from materializer.contract.redis_layout import generation_key, parse_generation, physical_name
 
 REFRESH_SECONDS = 0.5
 
@@ -51,5 +51,5 @@ class Generations:
         return generation
 
     async def physical(self, map_name: str) -> str:
-        """Where the map's current data lives (``materializer.layout.physical_name``)."""
+        """Where the map's current data lives (``redis_layout.physical_name``)."""
         return physical_name(map_name, await self.generation(map_name))

@@ -1,4 +1,4 @@
-"""Maps read from the Redis layout the materializer writes (``materializer.layout``)."""
+"""Maps read from the Redis layout the materializer writes (``contract.redis_layout``)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,15 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from materializer.config import RedisConfig
-from materializer.layout import (
+from materializer.contract.redis_client import (
+    TRANSIENT_ERRORS,
+    AsyncClient,
+    connect_async,
+    markers,
+    queue_gets,
+    where,
+)
+from materializer.contract.redis_layout import (
     EXPIRE_OP,
     Watermark,
     changes_key,
@@ -24,14 +32,6 @@ from materializer.layout import (
     meta_key,
     physical_name,
     status_key,
-)
-from materializer.redis_client import (
-    TRANSIENT_ERRORS,
-    AsyncClient,
-    connect_async,
-    markers,
-    queue_gets,
-    where,
 )
 from query_service.errors import StoreUnavailable
 from query_service.stores.base import BatchLookup, Change, ChangeRead, Lookup, MapStore
@@ -179,7 +179,7 @@ class RedisMapStore(MapStore):
     async def get_across(self, keys_by_map: Mapping[str, Sequence[str]]) -> dict[str, BatchLookup]:
         """Per map ``HGETALL <map>:__meta__`` (unless read within ``WATERMARK_SECONDS``) then
         ``MGET`` of its keys, all in one pipeline (one ``GET`` per key on a Redis Cluster,
-        ``materializer.redis_client.queue_gets``)."""
+        ``materializer.contract.redis_client.queue_gets``)."""
         names = list(keys_by_map)
         physical = {name: await self._physical(name) for name in names}
         now = time.monotonic()
@@ -258,7 +258,7 @@ class RedisMapStore(MapStore):
         """Raise ``StoreUnavailable`` when a key is missing from a copy Redis lost.
 
         Every master holds the map's marker while its copy is whole
-        (``materializer.layout.marker_key``). A copy once seen whole here, or
+        (``materializer.contract.redis_layout.marker_key``). A copy once seen whole here, or
         whose materializer reports on it, and now without a marker was lost
         (a server restarted empty) and is being restored: its missing keys may
         exist, so they are UNAVAILABLE (clients retry), never NOT_FOUND. A map
@@ -374,7 +374,7 @@ def _entry_id(entries: list[tuple[bytes, Any]]) -> str | None:
 
 
 def _change(entry_id: bytes, fields: dict[bytes, bytes]) -> Change:
-    """One ``<map>:__changes__`` entry (``materializer.layout.change_entry``)."""
+    """One ``<map>:__changes__`` entry (``materializer.contract.redis_layout.change_entry``)."""
     op = fields[b"op"]
     return Change(
         change_id=entry_id.decode(),

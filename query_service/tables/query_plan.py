@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from materializer.layout import physical_name
-from materializer.pipeline.columns import TABLE_KEY
+from materializer.contract.redis_layout import physical_name
+from materializer.contract.table_layout import TABLE_KEY
 from materializer.v1 import map_service_pb2 as pb
 from query_service.errors import InvalidArgument
 from query_service.filters import sql

@@ -15,8 +15,8 @@ from datetime import UTC, datetime
 
 from deltalake import DeltaTable
 
-from materializer.ops.entity_json import encode_rows
-from materializer.pipeline.columns import TABLE_KEY
+from materializer.contract.entity_json import encode_rows
+from materializer.contract.table_layout import TABLE_KEY
 from query_service.errors import OutOfRange
 from query_service.filters import sql
 from query_service.stores.delta import (

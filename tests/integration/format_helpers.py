@@ -9,7 +9,9 @@ from confluent_kafka import Consumer, TopicPartition
 from slice_helpers import config, delta_map_rs, redis_map, slice_config
 
 from materializer.config import AppConfig
-from materializer.pipeline.job import dead_letter_topic, start_map, table_path
+from materializer.contract.table_layout import table_path
+from materializer.pipeline.job import start_map
+from materializer.resources import dead_letter_topic
 
 
 def format_config(

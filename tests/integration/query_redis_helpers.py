@@ -16,7 +16,7 @@ import redis
 from prometheus_client import REGISTRY
 
 from materializer.config import AppConfig, RedisConfig, parse_config
-from materializer.layout import Watermark
+from materializer.contract.redis_layout import Watermark
 from materializer.sinks.redis import RedisSink, write_partition
 from query_service.near_cache import NearCaches
 from query_service.server import create_server, create_servers

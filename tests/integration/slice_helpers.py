@@ -13,7 +13,7 @@ import redis
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from materializer.config import AppConfig, parse_config
-from materializer.layout import RESERVED_KEYS, Watermark, meta_key
+from materializer.contract.redis_layout import RESERVED_KEYS, Watermark, meta_key
 
 SCHEMA = "id STRING, name STRING, age INT, tags ARRAY<STRING>"
 FIELDS = ["id", "name", "age", "tags"]

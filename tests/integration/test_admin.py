@@ -18,7 +18,7 @@ import yaml
 from slice_helpers import SCHEMA
 
 from materializer.config import AppConfig, parse_config
-from materializer.layout import (
+from materializer.contract.redis_layout import (
     Control,
     MapReport,
     Watermark,

@@ -21,7 +21,7 @@ import redis
 import yaml
 from slice_helpers import delta_map_rs, group_offsets, redis_map, slice_config, wait_for
 
-from materializer.layout import MapReport, status_key
+from materializer.contract.redis_layout import MapReport, status_key
 from materializer.testing import KafkaBroker, create_topic, produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_aggregate

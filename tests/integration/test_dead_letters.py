@@ -8,7 +8,8 @@ import pytest
 from confluent_kafka import Consumer
 from slice_helpers import config, redis_map, slice_config, watermark
 
-from materializer.pipeline.job import dead_letter_topic, start_map
+from materializer.pipeline.job import start_map
+from materializer.resources import dead_letter_topic
 from materializer.testing import create_topic, produce
 
 pytestmark = pytest.mark.integration

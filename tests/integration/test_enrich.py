@@ -23,7 +23,7 @@ from query_redis_helpers import map_doc, run
 from slice_helpers import end_offsets, slice_config
 
 from materializer.config import AppConfig, parse_config
-from materializer.layout import Watermark, entity_key, meta_key
+from materializer.contract.redis_layout import Watermark, entity_key, meta_key
 from materializer.testing import free_port, produce
 from materializer.testing.reference import fold_latest
 from materializer.v1 import common_pb2 as common

@@ -26,9 +26,9 @@ from slice_helpers import (
     watermark,
 )
 
+from materializer import record_columns as c
 from materializer.config import RedisConfig
-from materializer.layout import Watermark, changes_key, meta_key
-from materializer.pipeline import columns as c
+from materializer.contract.redis_layout import Watermark, changes_key, meta_key
 from materializer.pipeline.crash import CRASH_ENV
 from materializer.sinks.base import Batch
 from materializer.sinks.delta import DeltaSink

@@ -10,7 +10,8 @@ import orjson
 import pytest
 from slice_helpers import config, delta_map_rs, delta_map_spark, redis_map, slice_config
 
-from materializer.pipeline.job import start_map, table_path
+from materializer.contract.table_layout import table_path
+from materializer.pipeline.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_aggregate, fold_merge, json_merge_patch
 

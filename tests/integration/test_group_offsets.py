@@ -12,9 +12,9 @@ import pytest
 from confluent_kafka import Consumer
 from slice_helpers import config, group_offsets, slice_config, wait_for, watermark
 
-from materializer.paths import checkpoint_path
 from materializer.pipeline.checkpoint import Checkpoint
 from materializer.pipeline.job import start_map
+from materializer.resources import checkpoint_path
 from materializer.sinks.base import Batch
 from materializer.sinks.group_offsets import GroupOffsetsSink
 from materializer.testing import KafkaBroker, create_topic, produce

@@ -13,7 +13,7 @@ import pytest
 import redis
 
 from materializer.config import parse_config
-from materializer.layout import Watermark, entity_key, meta_key
+from materializer.contract.redis_layout import Watermark, entity_key, meta_key
 from query_service.server import create_server
 from query_service.stores.redis import RedisMapStore
 

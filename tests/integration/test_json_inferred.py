@@ -9,8 +9,9 @@ import orjson
 import pytest
 from format_helpers import format_config, letters_of, stores
 
+from materializer.contract.table_layout import table_path
 from materializer.errors import ConfigError
-from materializer.pipeline.job import records, start_map, table_path
+from materializer.pipeline.job import records, start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 

@@ -1,6 +1,6 @@
 """``kafka.security`` against a broker that serves SASL_SSL (PLAIN, SCRAM) and mutual TLS.
 
-Every client the product runs takes its settings from ``materializer.kafka_clients``:
+Every client the product runs takes its settings from ``materializer.contract.kafka_clients``:
 librdkafka (admin, dead letters, changelog, group commits, status reads) and Kafka's
 Java client (Spark's source and writers). The tests' own set-up uses the broker's
 PLAINTEXT listener, so what they check was written or read through the secured one.
@@ -24,8 +24,8 @@ from confluent_kafka import Consumer, Producer
 from slice_helpers import FIELDS, delta_map_rs, group_offsets, redis_map, slice_config, wait_for
 
 from materializer.config import AppConfig, KafkaConfig
-from materializer.kafka_clients import librdkafka
-from materializer.ops.kafka_offsets import KafkaAccessError, check_access
+from materializer.contract.kafka_clients import librdkafka
+from materializer.contract.kafka_offsets import KafkaAccessError, check_access
 from materializer.pipeline.source import kafka_options
 from materializer.testing import produce
 from materializer.testing.kafka import create_topic

@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql.streaming.listener import StreamingQueryListener
 from slice_helpers import config, slice_config, wait_for
 
-from materializer.pipeline import columns as c
+from materializer import record_columns as c
 from materializer.pipeline.job import start_map
 from materializer.pipeline.metrics import BatchMetrics, observe_dead_letters, observe_fold_input
 from materializer.testing import produce

@@ -25,7 +25,7 @@ from query_redis_helpers import (
 )
 
 from materializer.config import AppConfig
-from materializer.layout import Watermark, changes_key, entity_key, meta_key
+from materializer.contract.redis_layout import Watermark, changes_key, entity_key, meta_key
 from materializer.testing import RedisServer
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import map_service_pb2 as pb

@@ -25,8 +25,8 @@ from query_redis_helpers import run as serve_and_run
 from slice_helpers import FIELDS, delta_map_rs, redis_map, slice_config, wait_for
 
 from materializer.config import AppConfig, parse_config
-from materializer.layout import entity_key
-from materializer.object_store import delta_rs_location
+from materializer.contract.object_store import delta_rs_location
+from materializer.contract.redis_layout import entity_key
 from materializer.pipeline.crash import CRASH_ENV
 from materializer.testing import produce
 from materializer.testing.object_store import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Server

@@ -25,8 +25,8 @@ from typer.testing import CliRunner
 
 from materializer.cli import app
 from materializer.config import AppConfig, parse_config
-from materializer.layout import Watermark, entity_key, generation_key, meta_key
-from materializer.ops.control import MapControl
+from materializer.contract.control import MapControl
+from materializer.contract.redis_layout import Watermark, entity_key, generation_key, meta_key
 from materializer.ops.rebuild import rebuild
 from materializer.testing import free_port, produce
 from materializer.testing.process import ManagedProcess

@@ -19,7 +19,7 @@ from slice_helpers import FIELDS, config, end_offsets, slice_config
 from test_slice import user_events
 
 from materializer.config import AppConfig
-from materializer.layout import Watermark, entity_key, meta_key
+from materializer.contract.redis_layout import Watermark, entity_key, meta_key
 from materializer.pipeline.job import start_map
 from materializer.testing import free_port, produce
 from materializer.testing.reference import fold_latest

@@ -9,7 +9,7 @@ import grpc
 import pytest
 import redis
 
-from materializer.layout import Watermark, entity_key, meta_key
+from materializer.contract.redis_layout import Watermark, entity_key, meta_key
 from materializer.testing import RedisServer
 from query_service.errors import StoreUnavailable
 from query_service.stores.redis import RedisMapStore

@@ -22,7 +22,14 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from query_redis_helpers import make_config, map_doc, run
 
 from materializer.config import AppConfig
-from materializer.layout import MapReport, Watermark, entity_key, marker_key, meta_key, status_key
+from materializer.contract.redis_layout import (
+    MapReport,
+    Watermark,
+    entity_key,
+    marker_key,
+    meta_key,
+    status_key,
+)
 from materializer.testing import free_port
 from materializer.v1 import common_pb2
 from materializer.v1 import map_service_pb2 as pb

@@ -19,8 +19,8 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from materializer.config import AppConfig, parse_config
+from materializer.contract.redis_layout import Watermark, entity_key, meta_key
 from materializer.errors import ConfigError
-from materializer.layout import Watermark, entity_key, meta_key
 from materializer.testing import RedisServer, free_port
 from materializer.v1 import admin_service_pb2 as admin_pb
 from materializer.v1 import admin_service_pb2_grpc as admin_grpc

@@ -26,8 +26,8 @@ from query_redis_helpers import run as serve_and_run
 from slice_helpers import config, slice_config
 
 from materializer.config import AppConfig
-from materializer.layout import entity_key
-from materializer.paths import table_path
+from materializer.contract.redis_layout import entity_key
+from materializer.contract.table_layout import table_path
 from materializer.pipeline.job import start_map
 from materializer.testing import create_topic, produce
 from materializer.testing.reference import fold_latest

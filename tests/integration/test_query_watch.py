@@ -17,11 +17,12 @@ from slice_helpers import FIELDS, config, slice_config, wait_for
 from test_redis_fold import apply
 
 from materializer.config import AppConfig, KafkaConfig, RedisConfig
-from materializer.layout import changes_key, entity_key
+from materializer.contract.redis_client import mark_whole
+from materializer.contract.redis_layout import changes_key, entity_key
+from materializer.pipeline.expiry import sweep_expired
 from materializer.pipeline.job import start_map
-from materializer.redis_client import mark_whole
-from materializer.sinks.expiry import sweep_expired
-from materializer.sinks.redis_fold import FoldTarget, _new_producer, load_library, producer_settings
+from materializer.pipeline.redis_fold import producer_settings
+from materializer.pipeline.redis_functions import FoldTarget, load_library, new_producer
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from materializer.v1 import map_service_pb2 as pb
@@ -350,7 +351,7 @@ def test_an_expiry_is_a_change_of_its_own(
     mark_whole(redis_client, map_name)
     apply(target, 0, [("a", "1", {"id": "a"})])
     wait_for("a to expire", lambda: not redis_client.exists(entity_key(map_name, "a")))
-    assert sweep_expired(target, _new_producer(target)) == 1
+    assert sweep_expired(target, new_producer(target)) == 1
 
     changes = watch(make_config(redis_url, map_name), map_name, 2, after_change_id="0")
 

@@ -13,8 +13,10 @@ import pytest
 from redis.crc import key_slot
 from slice_helpers import read_topic, wait_for
 
+from materializer import record_columns as c
 from materializer.config import KafkaConfig, RedisConfig
-from materializer.layout import (
+from materializer.contract.redis_client import mark_whole
+from materializer.contract.redis_layout import (
     EXPIRE_OP,
     changes_key,
     entity_key,
@@ -22,26 +24,24 @@ from materializer.layout import (
     expiry_index_key,
     marker_key,
 )
-from materializer.pipeline import columns as c
+from materializer.pipeline.expiry import sweep_expired
 from materializer.pipeline.fold import order_column
 from materializer.pipeline.fold_aggregate import AggregateFolder, Spec
-from materializer.pipeline.state_size import StateSize, measure
-from materializer.redis_client import mark_whole
-from materializer.sinks.changelog import APP_HEADER, BATCH_HEADER, EXPIRED_HEADER
-from materializer.sinks.expiry import sweep_expired
-from materializer.sinks.redis import client_for
-from materializer.sinks.redis_fold import (
+from materializer.pipeline.redis_fold import (
     EXPIRE,
     ORDER,
     CopyLost,
     FoldTarget,
-    _new_producer,
     apply_batches,
     load_library,
+    new_producer,
     producer_settings,
     state_key,
     state_keys_pattern,
 )
+from materializer.pipeline.state_size import StateSize, measure
+from materializer.sinks.changelog import APP_HEADER, BATCH_HEADER, EXPIRED_HEADER
+from materializer.sinks.redis import client_for
 
 pytestmark = pytest.mark.integration
 
@@ -80,7 +80,7 @@ def target(redis_url: str, kafka_bootstrap: str, new_topic) -> FoldTarget:
 
 
 def apply(target: FoldTarget, batch: int, rows: list[tuple[str, str, dict | None]]) -> int:
-    return apply_batches(target, batch, "app", records(rows), _new_producer(target)).keys
+    return apply_batches(target, batch, "app", records(rows), new_producer(target)).keys
 
 
 def entity(client, target: FoldTarget, key: str) -> dict | None:
@@ -172,7 +172,7 @@ def test_a_stateful_fold_skips_a_replay_and_folds_again_after_another_writer(
     folder = AggregateFolder([Spec("total", "sum", "int", 0), Spec("events", "count", "count", -1)])
     summed = replace(target, folder=folder)
     batch = stateful([("k", 0, 5), ("k", 1, 6), ("j", 2, 1), ("j", 3, None)])
-    done = apply_batches(summed, 0, "app", batch, _new_producer(summed))
+    done = apply_batches(summed, 0, "app", batch, new_producer(summed))
     assert done.keys == 2
     assert entity(redis_client, target, "k") == {"total": 11, "events": 2}
     assert entity(redis_client, target, "j") is None
@@ -180,7 +180,7 @@ def test_a_stateful_fold_skips_a_replay_and_folds_again_after_another_writer(
 
     # The same batch again: nothing folds twice, no second change entry, and the
     # changelog gets the state as Redis has it.
-    apply_batches(summed, 0, "app", batch, _new_producer(summed))
+    apply_batches(summed, 0, "app", batch, new_producer(summed))
     assert entity(redis_client, target, "k") == {"total": 11, "events": 2}
     assert len(changes(redis_client, target)) == 2
     last = {
@@ -191,7 +191,7 @@ def test_a_stateful_fold_skips_a_replay_and_folds_again_after_another_writer(
     # Another writer changes k's state between this fold's read and its write: the write
     # is refused and k is folded again from the state the other writer left.
     raced = replace(target, folder=Intruder(target, redis_client))
-    apply_batches(raced, 1, "app", stateful([("k", 4, 1)]), _new_producer(raced))
+    apply_batches(raced, 1, "app", stateful([("k", 4, 1)]), new_producer(raced))
     assert entity(redis_client, target, "k") == {"total": 112, "events": 4}
 
 
@@ -224,7 +224,7 @@ def test_an_expiry_reaches_the_change_stream_and_the_changelog_once(
     short = replace(target, ttl_ms=300)
     apply(replace(target, ttl_ms=600_000), 0, [("long", "1", {"v": 1})])
     apply(short, 1, [("a", "1", {"v": 1}), ("b", "1", {"v": 1}), ("c", "1", None)])
-    producer = _new_producer(short)
+    producer = new_producer(short)
     wait_for(
         "the keys to expire",
         lambda: not redis_client.exists(*(entity_key(short.map_name, k) for k in "ab")),
@@ -247,7 +247,7 @@ def test_a_key_written_again_before_the_sweep_does_not_expire(target, redis_clie
     assert redis_client.zscore(index, "a") > first
     # An early score (as rehydrate's clock may write) is scored again, not expired.
     redis_client.zadd(index, {"a": 0})
-    assert sweep_expired(long, _new_producer(long)) == 0
+    assert sweep_expired(long, new_producer(long)) == 0
     assert redis_client.zscore(index, "a") > first
     assert entity(redis_client, long, "a") == {"v": 2}
 
@@ -272,7 +272,7 @@ def test_expiries_found_but_not_sent_go_with_the_next_sweep(target, redis_client
     )
     assert found == [b"a"]
     assert _tombstones(kafka_bootstrap, short.changelog_topic) == []
-    assert sweep_expired(short, _new_producer(short)) == 1
+    assert sweep_expired(short, new_producer(short)) == 1
     assert _tombstones(kafka_bootstrap, short.changelog_topic) == ["a"]
     assert redis_client.scard(expired_key(short.map_name)) == 0
 
@@ -282,7 +282,7 @@ def test_a_sweep_refuses_a_server_that_lost_the_map(target, redis_client):
     apply(short, 0, [("a", "1", {"v": 1})])
     redis_client.delete(marker_key(short.map_name))
     with pytest.raises(CopyLost):
-        sweep_expired(short, _new_producer(short))
+        sweep_expired(short, new_producer(short))
 
 
 def test_a_deleted_entitys_state_stays_for_its_retention_and_goes_with_the_next_write(
@@ -434,7 +434,7 @@ def test_dead_letters_keep_their_headers_null_values_included(target, kafka_boot
             "__dl_headers": pa.array([orjson.dumps(headers).decode()], pa.string()),
         }
     )
-    done = apply_batches(letters, 0, "app", [batch], _new_producer(letters))
+    done = apply_batches(letters, 0, "app", [batch], new_producer(letters))
     assert (done.keys, done.dead_letters) == (0, 1)
     [msg] = read_topic(kafka_bootstrap, letters.dead_letter_topic)
     assert (msg.key(), msg.value()) == (b"k", b"{broken")
@@ -446,6 +446,6 @@ def test_an_entity_restored_without_its_state_is_folded_on_not_started_over(targ
     folder = AggregateFolder([Spec("total", "sum", "int", 0), Spec("events", "count", "count", -1)])
     summed = replace(target, folder=folder)
     redis_client.set(entity_key(target.map_name, "k"), b'{"total":40,"events":4}')
-    apply_batches(summed, 7, "app", stateful([("k", 9, 2)]), _new_producer(summed))
+    apply_batches(summed, 7, "app", stateful([("k", 9, 2)]), new_producer(summed))
     assert entity(redis_client, target, "k") == {"total": 42, "events": 5}
     assert redis_client.exists(state_key(target.map_name, "k"))

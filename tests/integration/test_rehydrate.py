@@ -17,9 +17,15 @@ from slice_helpers import FIELDS, config, delta_map_rs, slice_config
 from typer.testing import CliRunner
 
 from materializer.cli import app
-from materializer.layout import RESERVED_KEYS, Watermark, changes_key, entity_key, meta_key
-from materializer.ops.entity_json import encode_rows
-from materializer.paths import table_path
+from materializer.contract.entity_json import encode_rows
+from materializer.contract.redis_layout import (
+    RESERVED_KEYS,
+    Watermark,
+    changes_key,
+    entity_key,
+    meta_key,
+)
+from materializer.contract.table_layout import table_path
 from materializer.pipeline.job import start_map
 from materializer.testing import RedisServer, produce
 from materializer.testing.reference import fold_latest

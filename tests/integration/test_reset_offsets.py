@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 
 from materializer.cli import app
 from materializer.config import parse_config
-from materializer.layout import MapReport, status_key
-from materializer.ops.checkpoint_files import CheckpointFiles
-from materializer.paths import checkpoint_path
+from materializer.contract.redis_layout import MapReport, status_key
 from materializer.pipeline.job import start_map
+from materializer.recovery.checkpoint_files import CheckpointFiles
+from materializer.resources import checkpoint_path
 from materializer.testing import produce
 from materializer.testing.reference import fold_aggregate
 

@@ -19,7 +19,9 @@ from slice_helpers import FIELDS, config, delta_map_rs, end_offsets, redis_map, 
 from slice_helpers import watermark as read_watermark
 from test_slice import user_events
 
-from materializer.pipeline.job import changelog_topic, start_map, table_path
+from materializer.contract.table_layout import table_path
+from materializer.pipeline.job import start_map
+from materializer.resources import changelog_topic
 from materializer.testing import produce
 from materializer.testing.kafka import KafkaCluster, create_topic
 from materializer.testing.reference import fold_latest

@@ -35,7 +35,7 @@ from test_enrich import SPECS, Maps, random_events, request, seed_maps, split
 from test_enrich import assert_answers as assert_enriched
 from test_query_get import query_service_command
 
-from materializer.layout import Watermark
+from materializer.contract.redis_layout import Watermark
 from materializer.testing import free_port
 from materializer.testing.process import ManagedProcess
 from materializer.v1 import common_pb2 as common

@@ -36,21 +36,16 @@ from test_redis_fold import records
 from test_slice import user_events
 
 from materializer.config import AppConfig, KafkaConfig, RedisConfig
+from materializer.contract.redis_client import mark_whole, per_master
+from materializer.contract.redis_layout import EXPIRE_OP, changes_key, entity_key, expiry_index_key
 from materializer.enrichment.job import start_enrichment
-from materializer.layout import EXPIRE_OP, changes_key, entity_key, expiry_index_key
 from materializer.ops.rehydrate import Comparison, Differences, rehydrate, verify
+from materializer.pipeline.expiry import sweep_expired
 from materializer.pipeline.job import start_map
-from materializer.redis_client import mark_whole, per_master
+from materializer.pipeline.redis_fold import apply_batches, producer_settings
+from materializer.pipeline.redis_functions import FoldTarget, load_library, new_producer
 from materializer.sinks.changelog import EXPIRED_HEADER
-from materializer.sinks.expiry import sweep_expired
 from materializer.sinks.redis import client_for
-from materializer.sinks.redis_fold import (
-    FoldTarget,
-    _new_producer,
-    apply_batches,
-    load_library,
-    producer_settings,
-)
 from materializer.testing import RedisCluster, produce
 from materializer.testing.reference import fold_latest
 from materializer.v1 import enrich_service_pb2 as enrich_pb
@@ -232,7 +227,7 @@ def test_expiries_on_a_cluster_reach_the_change_stream_and_the_changelog(
     mark_whole(client, name)
     keys = [f"k{i}" for i in range(30)]
     rows = [(k, "1", {"id": k}) for k in keys]
-    apply_batches(target, 0, "app", records(rows), _new_producer(target))
+    apply_batches(target, 0, "app", records(rows), new_producer(target))
     # The keys spread over the masters, each scored in its own master's index.
     indexes = per_master(client, name, expiry_index_key)
     assert len(indexes) == 3
@@ -242,7 +237,7 @@ def test_expiries_on_a_cluster_reach_the_change_stream_and_the_changelog(
     wait_for(
         "the keys to expire", lambda: not any(client.exists(entity_key(name, k)) for k in keys)
     )
-    assert sweep_expired(target, _new_producer(target)) == len(keys)
+    assert sweep_expired(target, new_producer(target)) == len(keys)
 
     entries = client.xrange(changes_key(name))
     assert sorted(

@@ -28,7 +28,7 @@ from slice_helpers import (
 )
 from test_slice import user_events
 
-from materializer.paths import table_path
+from materializer.contract.table_layout import table_path
 from materializer.pipeline.job import start_map
 from materializer.testing import free_port, produce
 from materializer.testing.process import ManagedProcess

@@ -26,7 +26,7 @@ from redis.cluster import RedisCluster as ClusterClient
 from slice_helpers import delta_map_rs, redis_map, slice_config, wait_for
 
 from materializer.config import parse_config
-from materializer.layout import MapReport, status_key
+from materializer.contract.redis_layout import MapReport, status_key
 from materializer.testing import produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.redis import RedisCluster, RedisServer

@@ -23,14 +23,10 @@ from slice_helpers import (
     watermark,
 )
 
-from materializer.layout import changes_key
-from materializer.pipeline.job import (
-    changelog_topic,
-    dead_letter_topic,
-    history_path,
-    start_map,
-    table_path,
-)
+from materializer.contract.redis_layout import changes_key
+from materializer.contract.table_layout import table_path
+from materializer.pipeline.job import history_path, start_map
+from materializer.resources import changelog_topic, dead_letter_topic
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from materializer.v1 import map_service_pb2 as pb

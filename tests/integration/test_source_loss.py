@@ -24,13 +24,13 @@ from typer.testing import CliRunner
 
 from materializer.cli import app
 from materializer.config import parse_config
-from materializer.layout import Control, physical_name
-from materializer.ops.checkpoint_files import CheckpointFiles
+from materializer.contract.redis_layout import Control, physical_name
 from materializer.ops.rebuild import rebuild
-from materializer.paths import checkpoint_path
 from materializer.pipeline.job import start_map
 from materializer.pipeline.progress import BatchLog
-from materializer.pipeline.runner import Supervisor, _Map
+from materializer.recovery.checkpoint_files import CheckpointFiles
+from materializer.resources import checkpoint_path
+from materializer.run import Supervisor, _Map
 from materializer.testing import create_topic, produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import Event, fold_latest
@@ -139,7 +139,7 @@ def test_a_fold_spark_fails_over_deleted_records_is_reported_then_reset_or_rebui
     m = _Map(name, state="running", queries=queries)
     wait_for("Spark to fail the fold", lambda: not queries.fold.isActive)
     assert "failOnDataLoss" in str(queries.fold.exception())
-    with caplog.at_level(logging.ERROR, logger="materializer.pipeline.runner"):
+    with caplog.at_level(logging.ERROR, logger="materializer.run"):
         supervisor.step(m, Control())
     expected = (
         f"map {name} cannot read on from its checkpoint: topic {topic} partition 0: offsets 10 "

@@ -19,11 +19,13 @@ from slice_helpers import (
     slice_config,
 )
 
+from materializer import record_columns as c
 from materializer.config import parse_config
+from materializer.contract.table_layout import table_path
 from materializer.errors import ConfigError
-from materializer.pipeline import columns as c
-from materializer.pipeline.job import dead_letter_topic, records, start_map, table_path
+from materializer.pipeline.job import records, start_map
 from materializer.pipeline.transforms import apply_transforms
+from materializer.resources import dead_letter_topic
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 

@@ -24,12 +24,19 @@ from slice_helpers import (
     watermark,
 )
 
-from materializer.layout import EXPIRE_OP, changes_key, entity_key, expiry_index_key, meta_key
+from materializer.contract.redis_layout import (
+    EXPIRE_OP,
+    changes_key,
+    entity_key,
+    expiry_index_key,
+    meta_key,
+)
+from materializer.contract.table_layout import table_path
 from materializer.ops.rehydrate import rehydrate, verify
 from materializer.ops.replay import replay_digests
-from materializer.paths import table_path
-from materializer.pipeline.job import changelog_topic, start_map
+from materializer.pipeline.job import start_map
 from materializer.pipeline.topics import ensure_changelog_topic
+from materializer.resources import changelog_topic
 from materializer.sinks.changelog import EXPIRED_HEADER
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest

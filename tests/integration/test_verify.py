@@ -11,7 +11,7 @@ from test_rehydrate import FoldedMap, run_map
 from typer.testing import CliRunner
 
 from materializer.cli import app
-from materializer.layout import entity_key, meta_key
+from materializer.contract.redis_layout import entity_key, meta_key
 from materializer.testing import RedisServer, create_topic
 
 pytestmark = pytest.mark.integration

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from materializer.contract.redis_layout import MapReport, Watermark
 from materializer.demo.domain import ORDERS, USER_EVENTS, USER_ORDERS, USERS
 from materializer.demo.monitor import folded_users, progress
 from materializer.demo.producer import Delivery, DeliveryLog
-from materializer.layout import MapReport, Watermark
 
 NOW_MS = 1_750_000_100_000
 

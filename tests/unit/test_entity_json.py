@@ -11,7 +11,7 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from materializer.ops.entity_json import encode_rows, java_number
+from materializer.contract.entity_json import encode_rows, java_number
 
 
 @pytest.mark.parametrize(

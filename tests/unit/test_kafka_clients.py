@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from materializer.config import KafkaConfig, parse_config
+from materializer.contract.kafka_clients import java, librdkafka
 from materializer.errors import ConfigError
-from materializer.kafka_clients import java, librdkafka
 
 
 def kafka(tmp_path: Path, **security: object) -> KafkaConfig:

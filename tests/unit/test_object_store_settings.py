@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from materializer.config import ObjectStoreConfig, SparkConfig, parse_config
+from materializer.contract.object_store import delta_rs_location, hadoop_conf
 from materializer.errors import ConfigError
-from materializer.object_store import delta_rs_location, hadoop_conf
 from materializer.spark.session import spark_conf
 
 STORE = {

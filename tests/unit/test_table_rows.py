@@ -10,7 +10,7 @@ import orjson
 import pyarrow as pa
 import pytest
 
-from materializer.ops.entity_json import encode_rows
+from materializer.contract.entity_json import encode_rows
 from materializer.v1 import map_service_pb2 as pb
 from query_service.errors import InvalidArgument
 from query_service.filters import Columns

@@ -18,13 +18,13 @@ from google.protobuf import descriptor_pb2
 from pyspark.sql import types as T
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from materializer.config import parse_config
+from materializer import record_columns as c
+from materializer.config import inferred_problems, parse_config
 from materializer.errors import ConfigError, SetupError
-from materializer.pipeline import columns as c
 from materializer.pipeline.formats.arrow_decode import ArrowDecode, DecodeFailure, ValueDecoder
 from materializer.pipeline.formats.avro_types import AvroSchemaError, converter, spark_type
 from materializer.pipeline.formats.batch_typing import ddl, parse_variant_schema, with_new_fields
-from materializer.pipeline.formats.json_inferred import field_path, inferred_problems
+from materializer.pipeline.formats.json_inferred import field_path
 from materializer.pipeline.formats.protobuf_file import ProtobufDecoder, read_descriptor_set
 from materializer.pipeline.formats.protobuf_pool import find_message
 from materializer.pipeline.formats.protobuf_registry import (

@@ -19,8 +19,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
+from materializer import record_columns as c
 from materializer.errors import ConfigError
-from materializer.pipeline import columns as c
 
 if TYPE_CHECKING:
     import pyarrow as pa

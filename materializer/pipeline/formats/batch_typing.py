@@ -28,8 +28,8 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING
 
-from materializer.pipeline import columns as c
-from materializer.pipeline.formats.json_inferred import DOCUMENT
+from materializer import record_columns as c
+from materializer.config import DOCUMENT
 from materializer.sinks.encoding import entity_from_json
 
 if TYPE_CHECKING:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from materializer import record_columns as c
 from materializer.config import MapConfig
 from materializer.errors import ConfigError
-from materializer.pipeline import columns as c
 from materializer.pipeline.formats.parsed import PARSED, spread_parsed
 from materializer.pipeline.record_errors import with_error, without_errors
 

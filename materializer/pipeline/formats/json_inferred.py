@@ -21,46 +21,16 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
-from materializer.config import KAFKA_KEY, MapConfig
+from materializer import record_columns as c
+from materializer.config import DOCUMENT, KAFKA_KEY, MapConfig, inferred_problems
 from materializer.errors import ConfigError
-from materializer.pipeline import columns as c
 from materializer.pipeline.record_errors import with_error, without_errors
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-DOCUMENT = "_document"
-"""The VARIANT column holding each decoded JSON object until the batch types it."""
 
-_NEEDS_SCHEMA = (
-    "needs source.schema: json without a schema has typed fields only after the fold, "
-    "one micro-batch at a time"
-)
 _PLAIN_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
-def is_inferred(map_config: MapConfig) -> bool:
-    """Whether the map's values are JSON without a declared schema."""
-    return map_config.source.format == "json" and map_config.source.schema_ is None
-
-
-def inferred_problems(map_config: MapConfig) -> list[str]:
-    """What a map of schemaless JSON declares that needs typed fields, by key path."""
-    problems = []
-    if map_config.transforms:
-        problems.append(f"transforms: {_NEEDS_SCHEMA}")
-    fold = map_config.fold
-    if fold.mode in ("aggregate", "merge"):
-        problems.append(f"fold.mode: {fold.mode} {_NEEDS_SCHEMA}")
-    if fold.event_time is not None:
-        problems.append(f"fold.event_time: {_NEEDS_SCHEMA}")
-    if fold.delete_when is not None:
-        problems.append(f"fold.delete_when: {_NEEDS_SCHEMA}")
-    if map_config.key == DOCUMENT or c.is_internal(map_config.key):
-        problems.append(f"key: {map_config.key!r} is a name the pipeline keeps for its own")
-    elif map_config.key != KAFKA_KEY and "'" in map_config.key and '"' in map_config.key:
-        problems.append("key: a field name may hold either quote character, not both")
-    return problems
 
 
 def field_path(name: str) -> str:

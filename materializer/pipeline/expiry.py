@@ -34,14 +34,14 @@ from typing import TYPE_CHECKING, Any
 
 from redis.cluster import RedisCluster
 
-from materializer.layout import (
+from materializer.contract.redis_client import markers, per_master
+from materializer.contract.redis_layout import (
     EXPIRE_OP,
     changes_key,
     entity_key,
     expired_key,
     expiry_index_key,
 )
-from materializer.redis_client import markers, per_master
 from materializer.sinks.changelog import EXPIRED_HEADER
 from materializer.sinks.redis import client_for
 
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
     from confluent_kafka import Producer
 
-    from materializer.sinks.redis_fold import FoldTarget
+    from materializer.pipeline.redis_functions import FoldTarget
 
 log = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ SWEEP_INTERVAL_S = 1.0
 def sweep_expired(target: FoldTarget, producer: Producer) -> int:
     """Find the keys Redis expired and send them to the change stream and the changelog;
     how many tombstones were sent. The caller holds the fold's lock."""
-    from materializer.sinks.redis_fold import EXPIRE, Deliveries, call_function
+    from materializer.pipeline.redis_functions import EXPIRE, Deliveries, call_function
 
     client = client_for(target.redis)
     name = target.map_name
@@ -160,7 +160,7 @@ class ExpirySweeper:
             self._thread.join()
 
     def _run(self) -> None:
-        from materializer.sinks.redis_fold import CopyLost
+        from materializer.pipeline.redis_functions import CopyLost
 
         while not self._stop.wait(SWEEP_INTERVAL_S):
             try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from materializer.layout import (
+from materializer.contract.redis_layout import (
     EXPIRE_OP,
     RESERVED_KEYS,
     Control,

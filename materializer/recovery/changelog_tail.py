@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from materializer.config import KafkaConfig
+from materializer.contract.kafka_clients import librdkafka
 from materializer.errors import MaterializerError
-from materializer.kafka_clients import librdkafka
 from materializer.sinks.changelog import EXPIRED_HEADER
 
 POLL_SECONDS = 1.0

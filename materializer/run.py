@@ -26,20 +26,20 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from materializer.config import AppConfig
+from materializer.contract.kafka_offsets import KafkaAccessError, check_access
+from materializer.contract.redis_client import TRANSIENT_ERRORS, is_whole
+from materializer.contract.redis_layout import Control, MapReport, generation_key, physical_name
 from materializer.enrichment.job import start_enrichment
 from materializer.errors import MaterializerError
-from materializer.layout import Control, MapReport, generation_key, physical_name
-from materializer.ops.kafka_offsets import KafkaAccessError, check_access
-from materializer.ops.restore import ensure_whole
-from materializer.ops.source_loss import SourceDataLoss, check_source, explain_failure
 from materializer.pipeline.control import ControlChannel
 from materializer.pipeline.job import MapQueries, start_map
 from materializer.pipeline.metrics import BatchMetrics, serve_metrics
 from materializer.pipeline.progress import BatchLog
+from materializer.pipeline.redis_functions import CopyLost
+from materializer.pipeline.restore import ensure_whole
 from materializer.pipeline.state_size import StateSize, StateSizes
-from materializer.redis_client import TRANSIENT_ERRORS, is_whole
+from materializer.recovery.source_loss import SourceDataLoss, check_source, explain_failure
 from materializer.sinks.redis import client_for
-from materializer.sinks.redis_fold import CopyLost
 from materializer.spark.session import build_spark_session
 
 if TYPE_CHECKING:

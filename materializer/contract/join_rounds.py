@@ -17,8 +17,8 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from materializer.joins.plan import LookupStep
-from materializer.layout import RESERVED_KEYS
+from materializer.contract.join_plan import LookupStep
+from materializer.contract.redis_layout import RESERVED_KEYS
 
 
 class BadKey(NamedTuple):

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from materializer.config import KafkaConfig
+from materializer.contract.kafka_clients import librdkafka, topic_partitions
 from materializer.errors import MaterializerError
-from materializer.kafka_clients import librdkafka, topic_partitions
 
 KAFKA_TIMEOUT_SECONDS = 5.0
 

@@ -21,9 +21,8 @@ import orjson
 import pyarrow.fs as pafs
 
 from materializer.config import OBJECT_STORE_SCHEMES, ObjectStoreConfig
+from materializer.contract.object_store import arrow_filesystem
 from materializer.errors import MaterializerError
-from materializer.object_store import arrow_filesystem
-from materializer.pipeline.checkpoint import parse_offsets_log
 
 
 class CheckpointError(MaterializerError):
@@ -160,3 +159,19 @@ class CheckpointFiles:
         crc = self._path("offsets", f".{batch_id}.crc")
         if self._fs.get_file_info(crc).type == pafs.FileType.File:
             self._fs.delete_file(crc)
+
+
+def parse_offsets_log(text: str) -> dict[str, dict[int, int]]:
+    """One ``offsets/<batch_id>`` file: per topic and partition, the batch's end offsets.
+
+    Line 0 is the log version, line 1 the batch metadata, then one line per
+    source (``-`` for a source without offsets yet).
+    """
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    offsets: dict[str, dict[int, int]] = {}
+    for line in lines[2:]:
+        if line == "-":
+            continue
+        for topic, partitions in orjson.loads(line).items():
+            offsets.setdefault(topic, {}).update({int(p): int(o) for p, o in partitions.items()})
+    return offsets

@@ -32,11 +32,15 @@ from typing import TYPE_CHECKING, Any, Literal
 from confluent_kafka import KafkaError, KafkaException
 
 from materializer.config import AppConfig
+from materializer.contract.kafka_offsets import (
+    KAFKA_TIMEOUT_SECONDS,
+    admin_client,
+    partition_offsets,
+)
+from materializer.contract.redis_layout import physical_name
 from materializer.errors import MaterializerError
-from materializer.layout import physical_name
-from materializer.ops.checkpoint_files import CheckpointFiles
-from materializer.ops.kafka_offsets import KAFKA_TIMEOUT_SECONDS, admin_client, partition_offsets
-from materializer.paths import checkpoint_path
+from materializer.recovery.checkpoint_files import CheckpointFiles
+from materializer.resources import checkpoint_path
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery

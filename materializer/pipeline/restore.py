@@ -30,13 +30,14 @@ import time
 from dataclasses import dataclass
 
 from materializer.config import AppConfig
-from materializer.layout import meta_key, physical_name
-from materializer.ops.checkpoint_files import CheckpointFiles
-from materializer.ops.rehydrate import ExpectedState, fold_watermark
-from materializer.paths import checkpoint_path
-from materializer.redis_client import is_whole, mark_whole
+from materializer.contract.redis_client import is_whole, mark_whole
+from materializer.contract.redis_layout import meta_key, physical_name
+from materializer.pipeline.redis_fold import fill
+from materializer.pipeline.redis_functions import load_library
+from materializer.recovery.checkpoint_files import CheckpointFiles
+from materializer.recovery.expected_state import ExpectedState, fold_watermark
+from materializer.resources import checkpoint_path
 from materializer.sinks.redis import client_for
-from materializer.sinks.redis_fold import fill, load_library
 
 log = logging.getLogger(__name__)
 

@@ -8,12 +8,14 @@ starts with ``__``. The fold's output (one row per key per batch) carries
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from materializer.config import INTERNAL_PREFIX
 
-if TYPE_CHECKING:
-    from materializer.config import MapConfig
+# The table's own columns are part of the contract with the query service.
+from materializer.contract.table_layout import TABLE_KEY as TABLE_KEY
+from materializer.contract.table_layout import TABLE_UPDATED_AT as TABLE_UPDATED_AT
+from materializer.contract.table_layout import table_meta as table_meta
 
-PREFIX = "__"
+PREFIX = INTERNAL_PREFIX
 
 # Spark's kafka source columns, renamed on read.
 KAFKA_KEY = "__kafka_key"
@@ -42,18 +44,6 @@ DELETED = "__deleted"
 ENTITY = "__entity"
 ERROR_STAGE = "__error_stage"
 ERROR_MESSAGE = "__error_message"
-
-TABLE_KEY = "_key"
-"""The key column of a map's Delta table."""
-TABLE_UPDATED_AT = "_updated_at"
-"""When a table row last changed (its changelog record's Kafka timestamp, UTC). Only tables of
-maps with ``ttl.delta`` have it: the retention cleanup deletes rows by it. Not an entity field."""
-
-
-def table_meta(map_config: MapConfig) -> tuple[str, ...]:
-    """The columns of a map's table that are not entity fields, which readers leave out."""
-    ttl = map_config.ttl
-    return (TABLE_KEY, TABLE_UPDATED_AT) if ttl and ttl.delta else (TABLE_KEY,)
 
 
 def is_internal(name: str) -> bool:

@@ -1,6 +1,6 @@
 """Operators' side of a map from the command line: its state, requests, and a hold on it.
 
-The same keys as the query service's AdminService (``materializer.layout``):
+The same keys as the query service's AdminService (``materializer.contract.redis_layout``):
 requests go to ``<map>:__control__``, the running materializer obeys within one
 loop and reports in ``<map>:__status__``.
 """
@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from materializer.errors import MaterializerError
-from materializer.layout import (
+from materializer.contract.redis_client import Client
+from materializer.contract.redis_layout import (
     Control,
     MapReport,
     Watermark,
@@ -25,8 +25,8 @@ from materializer.layout import (
     physical_name,
     status_key,
 )
-from materializer.ops.status import effective_state
-from materializer.redis_client import Client
+from materializer.contract.status import effective_state
+from materializer.errors import MaterializerError
 
 OBEY_TIMEOUT_SECONDS = 180.0
 """A pause waits for the batch in flight; a slow batch on a busy cluster may take minutes."""

@@ -26,8 +26,8 @@ import pyarrow.compute as pc
 import redis
 from redis.cluster import RedisCluster
 
-from materializer.layout import RESERVED_KEYS
-from materializer.redis_client import Client, get_many
+from materializer.contract.redis_client import Client, get_many
+from materializer.contract.redis_layout import RESERVED_KEYS
 
 PAIRS_PER_COMMAND = 4096
 """Entities per MSET: large enough that Redis's per-command cost vanishes, small enough that

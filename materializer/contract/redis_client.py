@@ -27,7 +27,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import ClusterPipeline, RedisCluster
 
 from materializer.config import RedisConfig
-from materializer.layout import CLUSTER_SLOTS, marker_key, slot_tag
+from materializer.contract.redis_layout import CLUSTER_SLOTS, marker_key, slot_tag
 
 Client: TypeAlias = "redis.Redis | RedisCluster"
 

@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from materializer.layout import MapReport, Watermark
+from materializer.contract.redis_layout import MapReport, Watermark
 
 STALE_REPORT_MS = 15_000
 """A running materializer reports every half second; silence this long means it is gone."""
