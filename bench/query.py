@@ -64,8 +64,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from materializer.contract.redis_layout import Watermark, entity_key, meta_key
 from materializer.testing import RedisServer, free_port
-from materializer.testing.ports import wait_until
 from materializer.testing.process import ManagedProcess
+from materializer.testing.waiting import wait_until
 from materializer.v1 import enrich_service_pb2 as enrich_pb
 from materializer.v1 import enrich_service_pb2_grpc as enrich_grpc
 from materializer.v1 import map_service_pb2 as map_pb
@@ -592,7 +592,7 @@ def start_query_service(work: Path, config: Path, port: int, http_port: int = 0)
                 reply = health.Check(health_pb2.HealthCheckRequest(), timeout=1)
                 return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
 
-            wait_until("query-service", serving, 60, proc.alive)
+            wait_until("query-service", serving, 60, proc.alive, retry_errors=True)
     except Exception as exc:
         proc.stop()
         raise RuntimeError(f"query-service did not start: {exc}\n{proc.tail()}") from exc
@@ -607,7 +607,9 @@ def start_echo_server(work: Path, port: int, response_bytes: int) -> ManagedProc
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             echo = channel.unary_unary(ECHO)
-            wait_until("echo server", lambda: bool(echo(b"", timeout=1)), 60, proc.alive)
+            wait_until(
+                "echo server", lambda: bool(echo(b"", timeout=1)), 60, proc.alive, retry_errors=True
+            )
     except Exception as exc:
         proc.stop()
         raise RuntimeError(f"echo server did not start: {exc}\n{proc.tail()}") from exc
@@ -628,7 +630,7 @@ def start_bare_http(work: Path, port: int, body_bytes: int) -> ManagedProcess:
             return bool(r.status == 200)
 
     try:
-        wait_until("bare HTTP server", answers, 60, proc.alive)
+        wait_until("bare HTTP server", answers, 60, proc.alive, retry_errors=True)
     except Exception as exc:
         proc.stop()
         raise RuntimeError(f"bare HTTP server did not start: {exc}\n{proc.tail()}") from exc

@@ -24,8 +24,9 @@ from confluent_kafka.cimpl import NewTopic, Producer
 
 from materializer.errors import SetupError
 from materializer.jvm import jars
-from materializer.testing.ports import free_port, port_open, wait_until
+from materializer.testing.ports import free_port, port_open
 from materializer.testing.process import ManagedProcess
+from materializer.testing.waiting import wait_until
 
 _LOG4J2 = """\
 status = error
@@ -293,6 +294,7 @@ class KafkaCluster:
             lambda: all(port_open(n.port) for n in self.nodes.values()),
             timeout,
             alive,
+            retry_errors=True,
         )
         admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
         wait_until(
@@ -300,6 +302,7 @@ class KafkaCluster:
             lambda: len(admin.list_topics(timeout=2).brokers) == len(self.nodes),
             timeout,
             alive,
+            retry_errors=True,
         )
 
     def kill(self, node_id: int) -> None:
@@ -394,7 +397,12 @@ def create_topic(
     )
     futures[topic].result(30)
     # The controller has made the topic; every broker learns it a little later.
-    wait_until("topic " + topic, lambda: _led(admin, topic, partitions), 30, lambda: True)
+    wait_until(
+        "topic " + topic,
+        lambda: _led(admin, topic, partitions),
+        30,
+        retry_errors=True,
+    )
     return topic
 
 

@@ -12,7 +12,8 @@ from typing import Any, Self
 
 from materializer.jvm import jars
 from materializer.testing.java_server import JavaServer
-from materializer.testing.ports import free_port, port_open, wait_until
+from materializer.testing.ports import free_port, port_open
+from materializer.testing.waiting import wait_until
 
 ACCESS_KEY_ID = "materializer-test"
 SECRET_ACCESS_KEY = "materializer-test-secret"
@@ -63,5 +64,7 @@ class S3Server(JavaServer):
             )
         )
         proc = self._launch("-jar", str(jar), "--properties", str(properties))
-        wait_until("S3 server", lambda: port_open(self.port), timeout, proc.alive)
+        wait_until(
+            "S3 server", lambda: port_open(self.port), timeout, proc.alive, retry_errors=True
+        )
         return self

@@ -13,8 +13,9 @@ from types import TracebackType
 import redis
 
 from materializer.errors import SetupError
-from materializer.testing.ports import free_port, wait_until
+from materializer.testing.ports import free_port
 from materializer.testing.process import ManagedProcess
+from materializer.testing.waiting import wait_until
 
 
 class RedisServer:
@@ -66,7 +67,9 @@ class RedisServer:
         self._proc = ManagedProcess(args, self._workdir / "redis.log")
         client = redis.Redis.from_url(self.url, socket_timeout=1)
         try:
-            wait_until("redis-server", lambda: bool(client.ping()), 20, self._proc.alive)
+            wait_until(
+                "redis-server", lambda: bool(client.ping()), 20, self._proc.alive, retry_errors=True
+            )
         except Exception:
             self._proc.stop()
             self._proc = None
@@ -170,6 +173,7 @@ class RedisCluster:
                     lambda: all(c.cluster("INFO")["cluster_state"] == "ok" for c in clients),
                     30,
                     lambda: all(node.alive() for node in self.nodes),
+                    retry_errors=True,
                 )
             finally:
                 for client in clients:

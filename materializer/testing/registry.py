@@ -22,7 +22,8 @@ import orjson
 
 from materializer.jvm import jars
 from materializer.testing.java_server import JavaServer
-from materializer.testing.ports import free_port, wait_until
+from materializer.testing.ports import free_port
+from materializer.testing.waiting import wait_until
 
 CONFLUENT_API = "/apis/ccompat/v7"
 JSON = "application/vnd.schemaregistry.v1+json"
@@ -49,7 +50,7 @@ class ApicurioRegistry(JavaServer):
             "-jar",
             str(jar),
         )
-        wait_until("schema registry", self._answers, timeout, proc.alive)
+        wait_until("schema registry", self._answers, timeout, proc.alive, retry_errors=True)
         return self
 
     def _answers(self) -> bool:

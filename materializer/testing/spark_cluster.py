@@ -18,8 +18,9 @@ from typing import Any
 import orjson
 
 from materializer.errors import SetupError
-from materializer.testing.ports import free_port, wait_until
+from materializer.testing.ports import free_port
 from materializer.testing.process import ManagedProcess
+from materializer.testing.waiting import wait_until
 
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
@@ -106,7 +107,13 @@ class SparkStandalone:
                 env=env,
             )
             self._procs.append(master)
-            wait_until("spark master", lambda: "status" in self.state(), timeout, master.alive)
+            wait_until(
+                "spark master",
+                lambda: "status" in self.state(),
+                timeout,
+                master.alive,
+                retry_errors=True,
+            )
             for i in range(self.workers):
                 worker_dir = work / f"worker-{i}"
                 worker_dir.mkdir(exist_ok=True)
@@ -137,6 +144,7 @@ class SparkStandalone:
                 lambda: len(self.alive_workers()) == self.workers,
                 timeout,
                 lambda: all(p.alive() for p in self._procs),
+                retry_errors=True,
             )
         except Exception as exc:
             tails = "\n".join(f"--- {p.log_path.name}\n{p.tail(20)}" for p in self._procs)

@@ -3,19 +3,15 @@ real ``materializer run`` that obeys pause, resume and restart."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
 
 import grpc
 import pytest
 import redis
 import yaml
-from slice_helpers import SCHEMA
 
 from materializer.config import AppConfig, parse_config
 from materializer.contract.redis_layout import (
@@ -29,38 +25,10 @@ from materializer.contract.redis_layout import (
 from materializer.testing import free_port, produce
 from materializer.testing.process import ManagedProcess
 from materializer.v1 import admin_service_pb2 as pb
-from materializer.v1 import admin_service_pb2_grpc as pb_grpc
-from query_service.server import create_server
-from query_service.stores.redis import RedisMapStore
+from tests.helpers.admin import call
+from tests.helpers.slices import SCHEMA
 
-pytestmark = pytest.mark.integration
-
-T = TypeVar("T")
 State = pb.MapStatus.State
-
-
-def admin(config: AppConfig, body: Callable[[pb_grpc.AdminServiceStub], Awaitable[T]]) -> T:
-    """Run ``body`` against a freshly started server on a real channel."""
-
-    async def main() -> T:
-        store = RedisMapStore.from_url(config.redis.url)
-        server, port = await create_server(config, store=store)
-        await server.start()
-        try:
-            async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-                return await body(pb_grpc.AdminServiceStub(channel))
-        finally:
-            await server.stop(None)
-            await store.close()
-
-    return asyncio.run(main())
-
-
-def call(config: AppConfig, method: str, request: Any) -> Any:
-    async def body(stub: pb_grpc.AdminServiceStub) -> Any:
-        return await getattr(stub, method)(request, timeout=30)
-
-    return admin(config, body)
 
 
 def two_maps(kafka: str, redis_url: str, topic_a: str, topic_b: str) -> AppConfig:

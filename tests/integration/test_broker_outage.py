@@ -19,14 +19,13 @@ import orjson
 import pytest
 import redis
 import yaml
-from slice_helpers import delta_map_rs, group_offsets, redis_map, slice_config, wait_for
 
 from materializer.contract.redis_layout import MapReport, status_key
 from materializer.testing import KafkaBroker, create_topic, produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_aggregate
-
-pytestmark = pytest.mark.integration
+from materializer.testing.waiting import wait_until
+from tests.helpers.slices import delta_map_rs, group_offsets, redis_map, slice_config
 
 AGGREGATES = {"events": {"fn": "count"}, "age_total": {"fn": "sum", "field": "age"}}
 REFERENCE = {name: (a["fn"], a.get("field")) for name, a in AGGREGATES.items()}
@@ -104,10 +103,10 @@ class LiveRun:
 
     def check_every_event_folded_once(self) -> None:
         """Redis and Delta catch up with the reference fold; the run still runs the map."""
-        wait_for("every event in Redis, once", self.folded, timeout=300)
+        wait_until("every event in Redis, once", self.folded, timeout=300)
         reference = fold_aggregate(self.produced, "id", REFERENCE)
         table = self.tmp_path / "warehouse" / self.name
-        wait_for("every event in Delta, once", lambda: delta_map_rs(table) == reference)
+        wait_until("every event in Delta, once", lambda: delta_map_rs(table) == reference)
         assert self.proc.alive(), self.proc.tail()
         report = MapReport.from_hash(self.client.hgetall(status_key(self.name)))
         assert report is not None and report.state == "running", self.proc.tail()
@@ -121,7 +120,7 @@ def test_a_broker_restarted_under_a_live_run_loses_and_repeats_nothing(
         run = LiveRun(broker, redis_url, redis_client, tmp_path)
         try:
             run.send(200)
-            wait_for("the first events in Redis", run.folded)
+            wait_until("the first events in Redis", run.folded)
             broker.restart()
             run.send(200)
             run.check_every_event_folded_once()
@@ -137,12 +136,12 @@ def test_a_broker_stalled_under_a_live_run_loses_and_repeats_nothing(
         run = LiveRun(broker, redis_url, redis_client, tmp_path)
         try:
             run.send(200)
-            wait_for("the first events in Redis", run.folded)
+            wait_until("the first events in Redis", run.folded)
             # Most often the first batch is still on its way: its changelog and its consumer
             # group's first commit (a client not connected yet) meet a broker that does not
             # answer.
             run.stall(100)
-            wait_for("the batches so far wholly done", run.settled)
+            wait_until("the batches so far wholly done", run.settled)
             # A batch on its way when the broker stops answering, from connected clients.
             run.send(100)
             run.stall(200)

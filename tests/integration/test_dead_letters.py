@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 from confluent_kafka import Consumer
-from slice_helpers import config, redis_map, slice_config, watermark
 
 from materializer.pipeline.job import start_map
 from materializer.resources import dead_letter_topic
 from materializer.testing import create_topic, produce
-
-pytestmark = pytest.mark.integration
+from tests.helpers.slices import config, redis_map, slice_config, watermark
 
 BIG = 4 * 1024 * 1024
 

@@ -37,8 +37,6 @@ from materializer.testing import free_port
 from materializer.testing.reference import Event, fold_aggregate, fold_merge
 from query_service.client import MaterializerClient
 
-pytestmark = pytest.mark.integration
-
 SEED = 7
 RATE = 100
 DURATION = 8

@@ -15,26 +15,23 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 from confluent_kafka import Consumer, TopicPartition
-from slice_helpers import (
-    FIELDS,
-    delta_map_rs,
-    end_offsets,
-    read_committed,
-    redis_map,
-    slice_config,
-    wait_for,
-    watermark,
-)
 
 from materializer.config import parse_config
 from materializer.enrichment.job import start_enrichment
 from materializer.pipeline.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
-
-pytestmark = pytest.mark.integration
+from materializer.testing.waiting import wait_until
+from tests.helpers.slices import (
+    FIELDS,
+    delta_map_rs,
+    end_offsets,
+    read_committed,
+    redis_map,
+    slice_config,
+    watermark,
+)
 
 USERS = 40
 LOOKUPS = [
@@ -176,7 +173,7 @@ def test_enrichments_match_a_reference_join_from_redis_and_from_delta(
 
     queries = [start_map(spark, cfg, "users", side_queries=False)]
     try:
-        wait_for(
+        wait_until(
             "the users folded into Redis and Delta",
             lambda: (
                 (w := watermark(redis_client, "users")) is not None
@@ -193,7 +190,7 @@ def test_enrichments_match_a_reference_join_from_redis_and_from_delta(
         queries += [start_enrichment(spark, cfg, name) for name in ("live", "backfill")]
 
         for name, topic in outputs.items():
-            wait_for(
+            wait_until(
                 f"{name}'s output",
                 lambda topic=topic: len(read_committed(kafka_bootstrap, topic)) >= len(enriched),
             )
@@ -214,7 +211,7 @@ def test_enrichments_match_a_reference_join_from_redis_and_from_delta(
                 assert stage == (b"decode" if m.key() in (b"bad", b"array") else b"enrich")
                 assert m.value() == dict(orders)[m.key()]  # the original record
             # The batches' end offsets went to the group: with the transactions for "live".
-            wait_for(
+            wait_until(
                 f"{name}'s group offsets",
                 lambda name=name: (
                     group_offsets(kafka_bootstrap, f"materializer.{name}", orders_topic)

@@ -14,17 +14,6 @@ import orjson
 import pytest
 import yaml
 from deltalake.exceptions import TableNotFoundError
-from slice_helpers import (
-    FIELDS,
-    delta_map_rs,
-    delta_map_spark,
-    end_offsets,
-    read_committed,
-    redis_map,
-    slice_config,
-    wait_for,
-    watermark,
-)
 
 from materializer import record_columns as c
 from materializer.config import RedisConfig
@@ -36,8 +25,17 @@ from materializer.sinks.redis import RedisSink
 from materializer.testing import produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_aggregate, fold_latest
-
-pytestmark = pytest.mark.integration
+from materializer.testing.waiting import wait_until
+from tests.helpers.slices import (
+    FIELDS,
+    delta_map_rs,
+    delta_map_spark,
+    end_offsets,
+    read_committed,
+    redis_map,
+    slice_config,
+    watermark,
+)
 
 
 def _latest_version(spark, path: str) -> int:
@@ -216,7 +214,7 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
                 for a, b in zip(after, before, strict=True)
             )
 
-        wait_for("a new batch of every map", advanced, timeout=300)
+        wait_until("a new batch of every map", advanced, timeout=300)
 
     producer = threading.Thread(target=keep_producing, daemon=True)
     producer.start()
@@ -241,7 +239,7 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
         producer.join(30)
         with produced_lock:
             expected_ends = end_offsets(positions)
-        wait_for(
+        wait_until(
             "the restarted run to catch up",
             lambda: all(
                 (w := watermark(redis_client, m)) is not None
@@ -265,7 +263,7 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
             except TableNotFoundError:
                 return False  # its first commit is still to come
 
-        wait_for("the Delta tables to catch up", tables_caught_up, timeout=300)
+        wait_until("the Delta tables to catch up", tables_caught_up, timeout=300)
 
         # Each order's output once for read_committed consumers; at least once otherwise.
         def enriched(guarantee: str) -> list[str]:
@@ -275,7 +273,7 @@ def test_kill_9_mid_stream_then_restart_matches_reference(
             ]
 
         for guarantee in outputs:
-            wait_for(
+            wait_until(
                 f"every order enriched ({guarantee})",
                 lambda guarantee=guarantee: set(enriched(guarantee)) == set(orders),
                 timeout=300,

@@ -8,14 +8,12 @@ from typing import Any
 
 import orjson
 import pytest
-from slice_helpers import config, delta_map_rs, delta_map_spark, redis_map, slice_config
 
 from materializer.contract.table_layout import table_path
 from materializer.pipeline.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_aggregate, fold_merge, json_merge_patch
-
-pytestmark = pytest.mark.integration
+from tests.helpers.slices import config, delta_map_rs, delta_map_spark, redis_map, slice_config
 
 Records = list[tuple[bytes | None, bytes | None]]
 

@@ -8,15 +8,12 @@ from pathlib import Path
 
 import fastavro
 import orjson
-import pytest
-from slice_helpers import config, delta_map_rs, redis_map
 
 from materializer.contract.table_layout import table_path
 from materializer.pipeline.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
-
-pytestmark = pytest.mark.integration
+from tests.helpers.slices import config, delta_map_rs, redis_map
 
 AVRO_SCHEMA = {
     "type": "record",

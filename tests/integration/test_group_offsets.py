@@ -10,7 +10,6 @@ from pathlib import Path
 import orjson
 import pytest
 from confluent_kafka import Consumer
-from slice_helpers import config, group_offsets, slice_config, wait_for, watermark
 
 from materializer.pipeline.checkpoint import Checkpoint
 from materializer.pipeline.job import start_map
@@ -18,8 +17,8 @@ from materializer.resources import checkpoint_path
 from materializer.sinks.base import Batch
 from materializer.sinks.group_offsets import GroupOffsetsSink
 from materializer.testing import KafkaBroker, create_topic, produce
-
-pytestmark = pytest.mark.integration
+from materializer.testing.waiting import wait_until
+from tests.helpers.slices import config, group_offsets, slice_config, watermark
 
 
 def latest_committed_batch(spark, location: str) -> int:
@@ -110,7 +109,7 @@ def test_a_failed_commit_leaves_the_batch_alone_and_the_next_one_mends_the_group
     )
     member.subscribe([topic])
     try:
-        wait_for("the member's assignment", lambda: bool(member.poll(0.5) or member.assignment()))
+        wait_until("the member's assignment", lambda: bool(member.poll(0.5) or member.assignment()))
         with caplog.at_level(logging.INFO, logger="materializer.sinks.group_offsets"):
             sink.write(_batch(1))  # no exception: the batch goes on
             sink.write(_batch(2))
@@ -155,7 +154,7 @@ def test_a_commit_the_stalled_broker_left_unanswered_ends_well_when_it_answers_a
                 sink.write(_batch(1))
                 return group_offsets(bootstrap, group, topic) == checkpoint[1]
 
-            wait_for("a later batch's commit", mended)
+            wait_until("a later batch's commit", mended)
         finally:
             broker.resume()
             sink.close()

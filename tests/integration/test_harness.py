@@ -10,8 +10,6 @@ import redis
 from materializer.testing import KafkaBroker, RedisServer
 from materializer.testing.ports import port_open
 
-pytestmark = pytest.mark.integration
-
 
 def _gone(pid: int) -> bool:
     try:

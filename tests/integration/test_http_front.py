@@ -15,7 +15,6 @@ import orjson
 import pytest
 import redis
 import yaml
-from query_redis_helpers import Front, fresh_map, make_config, serve_http, write_batch
 
 from materializer.config import parse_config
 from materializer.v1 import admin_service_pb2 as admin_pb
@@ -26,8 +25,7 @@ from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
 from query_service.http import shapes
 from query_service.http.routes import ENDPOINTS
-
-pytestmark = pytest.mark.integration
+from tests.helpers.query_redis import Front, fresh_map, make_config, serve_http, write_batch
 
 READER = "reader-token-0123456789"
 ADMIN = "admin-token-0123456789"

@@ -9,15 +9,12 @@ import uuid
 from pathlib import Path
 
 import orjson
-import pytest
 import redis
 
 from materializer.config import parse_config
 from materializer.contract.redis_layout import Watermark, entity_key, meta_key
 from query_service.server import create_server
 from query_service.stores.redis import RedisMapStore
-
-pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 INTEROP = ROOT / "tests" / "interop"

@@ -7,15 +7,13 @@ from pathlib import Path
 
 import orjson
 import pytest
-from format_helpers import format_config, letters_of, stores
 
 from materializer.contract.table_layout import table_path
 from materializer.errors import ConfigError
 from materializer.pipeline.job import records, start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
-
-pytestmark = pytest.mark.integration
+from tests.helpers.formats import format_config, letters_of, stores
 
 Records = list[tuple[bytes | None, bytes | None]]
 

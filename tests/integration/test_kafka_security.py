@@ -21,7 +21,6 @@ import orjson
 import pytest
 import yaml
 from confluent_kafka import Consumer, Producer
-from slice_helpers import FIELDS, delta_map_rs, group_offsets, redis_map, slice_config, wait_for
 
 from materializer.config import AppConfig, KafkaConfig
 from materializer.contract.kafka_clients import librdkafka
@@ -32,8 +31,8 @@ from materializer.testing.kafka import create_topic
 from materializer.testing.kafka_security import PLAIN_USERS, SCRAM_USERS, SecuredBroker
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_latest
-
-pytestmark = pytest.mark.integration
+from materializer.testing.waiting import wait_until
+from tests.helpers.slices import FIELDS, delta_map_rs, group_offsets, redis_map, slice_config
 
 
 @pytest.fixture(scope="module")
@@ -139,15 +138,15 @@ def test_a_run_over_sasl_ssl_folds_exactly_with_every_client_secured(
     args = [sys.executable, "-m", "materializer", "run", "-c", str(config_file)]
     proc = ManagedProcess(args, tmp_path / "run.log", env=env)
     try:
-        wait_for(
+        wait_until(
             "Redis to hold every entity", lambda: redis_map(redis_client, "secure") == reference
         )
-        wait_for(
+        wait_until(
             "Delta to hold every entity",
             lambda: delta_map_rs(tmp_path / "warehouse" / "secure") == reference,
         )
         ends = {p: o + 1 for p, o in positions}
-        wait_for(
+        wait_until(
             "the group's commit of the last batch",
             lambda: (
                 group_offsets(secured.bootstrap_servers, "materializer.secure", topic)

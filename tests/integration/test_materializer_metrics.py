@@ -15,14 +15,13 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from pyspark.sql.streaming.listener import StreamingQueryListener
-from slice_helpers import config, slice_config, wait_for
 
 from materializer import record_columns as c
 from materializer.pipeline.job import start_map
 from materializer.pipeline.metrics import BatchMetrics, observe_dead_letters, observe_fold_input
 from materializer.testing import produce
-
-pytestmark = pytest.mark.integration
+from materializer.testing.waiting import wait_until
+from tests.helpers.slices import config, slice_config
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -74,7 +73,9 @@ class Listening:
         """The metrics once the stopped ``queries`` have had every batch reported."""
         for query in queries:
             query.stop()
-        wait_for("the queries' last events", lambda: {str(q.id) for q in queries} <= self.ended.ids)
+        wait_until(
+            "the queries' last events", lambda: {str(q.id) for q in queries} <= self.ended.ids
+        )
         return scrape(self.metrics)
 
 

@@ -7,15 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
-from slice_helpers import config, delta_map_rs, redis_map, slice_config
 
 from materializer.contract.table_layout import table_path
 from materializer.pipeline.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_merge
-
-pytestmark = pytest.mark.integration
+from tests.helpers.slices import config, delta_map_rs, redis_map, slice_config
 
 SCHEMA = "id STRING, name STRING, email STRING, address STRUCT<city: STRING, zip: STRING>, ts LONG"
 

@@ -14,25 +14,23 @@ import grpc
 import orjson
 import pytest
 import redis
-from query_redis_helpers import (
+
+from materializer.config import AppConfig
+from materializer.contract.redis_layout import Watermark, changes_key, entity_key, meta_key
+from materializer.testing import RedisServer
+from materializer.testing.waiting import eventually
+from materializer.v1 import common_pb2 as common
+from materializer.v1 import map_service_pb2 as pb
+from materializer.v1 import map_service_pb2_grpc as pb_grpc
+from query_service.stores.redis import WATERMARK_SECONDS
+from tests.helpers.query_redis import (
     DEADLINE,
-    eventually,
     fresh_map,
     lookups,
     make_config,
     serving,
     write_batch,
 )
-
-from materializer.config import AppConfig
-from materializer.contract.redis_layout import Watermark, changes_key, entity_key, meta_key
-from materializer.testing import RedisServer
-from materializer.v1 import common_pb2 as common
-from materializer.v1 import map_service_pb2 as pb
-from materializer.v1 import map_service_pb2_grpc as pb_grpc
-from query_service.stores.redis import WATERMARK_SECONDS
-
-pytestmark = pytest.mark.integration
 
 
 @pytest.fixture()

@@ -21,8 +21,6 @@ import orjson
 import pytest
 import yaml
 from deltalake.exceptions import TableNotFoundError
-from query_redis_helpers import run as serve_and_run
-from slice_helpers import FIELDS, delta_map_rs, redis_map, slice_config, wait_for
 
 from materializer.config import AppConfig, parse_config
 from materializer.contract.object_store import delta_rs_location
@@ -32,10 +30,11 @@ from materializer.testing import produce
 from materializer.testing.object_store import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Server
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_aggregate, fold_latest
+from materializer.testing.waiting import wait_until
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
-
-pytestmark = pytest.mark.integration
+from tests.helpers.query_redis import run as serve_and_run
+from tests.helpers.slices import FIELDS, delta_map_rs, redis_map, slice_config
 
 AGGREGATES = {"events": {"fn": "count"}, "age_total": {"fn": "sum", "field": "age"}}
 KEYS = {"TEST_S3_KEY": ACCESS_KEY_ID, "TEST_S3_SECRET": SECRET_ACCESS_KEY}
@@ -117,7 +116,7 @@ def test_maps_on_s3_fold_once_across_a_crash_then_serve_reads_and_rehydrate(
 
     proc = run()
     try:
-        wait_for(
+        wait_until(
             "Redis to hold both maps",
             lambda: (
                 redis_map(redis_client, "lake") == reference
@@ -125,7 +124,7 @@ def test_maps_on_s3_fold_once_across_a_crash_then_serve_reads_and_rehydrate(
             ),
             timeout=600,
         )
-        wait_for(
+        wait_until(
             "the tables in the bucket to catch up",
             lambda: _table(cfg, "lake") == reference and _table(cfg, "lake_agg") == counts,
             timeout=600,

@@ -15,12 +15,9 @@ from typing import Any
 
 import grpc
 import orjson
-import pytest
 import redis
 import yaml
 from confluent_kafka.admin import AdminClient
-from slice_helpers import FIELDS, delta_map_rs, end_offsets, redis_map, slice_config, wait_for
-from test_admin import call
 from typer.testing import CliRunner
 
 from materializer.cli import app
@@ -31,13 +28,14 @@ from materializer.ops.rebuild import rebuild
 from materializer.testing import free_port, produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_latest
+from materializer.testing.waiting import wait_until
 from materializer.v1 import admin_service_pb2 as admin_pb
 from materializer.v1 import map_service_pb2 as map_pb
 from materializer.v1 import map_service_pb2_grpc as map_grpc
 from query_service.server import create_server
 from query_service.stores.redis import RedisMapStore
-
-pytestmark = pytest.mark.integration
+from tests.helpers.admin import call
+from tests.helpers.slices import FIELDS, delta_map_rs, end_offsets, redis_map, slice_config
 
 KEYS = 60
 
@@ -81,7 +79,7 @@ class Readers:
 
     def __enter__(self) -> Readers:
         self._thread.start()
-        wait_for("the reader's first lookups", lambda: self.reads > 20 or bool(self.errors))
+        wait_until("the reader's first lookups", lambda: self.reads > 20 or bool(self.errors))
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -141,20 +139,20 @@ def test_operate_a_running_map_and_rebuild_it_under_reads(
         tmp_path / "r.log",
     )
     try:
-        wait_for("the first events folded", lambda: folded(name))
-        wait_for("running reported", lambda: _status(config_file, name)["state"] == "running")
+        wait_until("the first events folded", lambda: folded(name))
+        wait_until("running reported", lambda: _status(config_file, name)["state"] == "running")
         status = _status(config_file, name)
         assert status["total_lag"] == 0
         assert status["generation"] == 0
         assert {(p["partition"], p["lag"]) for p in status["partitions"]} == {(0, 0), (1, 0)}
         # The run serves its metrics: the fold read every record there was.
         rows_in = f'materializer_rows_in_total{{map="{name}",query="fold"}} 300.0'
-        wait_for("the fold's rows on /metrics", lambda: rows_in in _scrape(metrics_port))
+        wait_until("the fold's rows on /metrics", lambda: rows_in in _scrape(metrics_port))
         # The fold's state: one key per entity, counted by the run for status and metrics.
-        wait_for("the state measured", lambda: _status(config_file, name)["state_keys"] == KEYS)
+        wait_until("the state measured", lambda: _status(config_file, name)["state_keys"] == KEYS)
         assert _status(config_file, name)["state_bytes"] > 0
         state_keys = f'materializer_state_keys{{map="{name}"}} {float(KEYS)}'
-        wait_for("the state on /metrics", lambda: state_keys in _scrape(metrics_port))
+        wait_until("the state on /metrics", lambda: state_keys in _scrape(metrics_port))
         statuses = call(cfg, "GetStatus", admin_pb.GetStatusRequest(map=name)).maps
         assert statuses[0].state_keys == KEYS and statuses[0].state_bytes > 0
 
@@ -167,11 +165,11 @@ def test_operate_a_running_map_and_rebuild_it_under_reads(
         more = _records(300, 40)
         positions += produce(kafka_bootstrap, topic, more)
         records += more
-        wait_for("lag seen while paused", lambda: _status(config_file, name)["total_lag"] == 40)
+        wait_until("lag seen while paused", lambda: _status(config_file, name)["total_lag"] == 40)
         assert redis_client.hget(meta_key(name), "offsets") == held
         resumed = _cli("resume", name, "-c", c)
         assert resumed.exit_code == 0, resumed.output
-        wait_for("the paused events folded", lambda: folded(name))
+        wait_until("the paused events folded", lambda: folded(name))
         assert redis_map(redis_client, name) == expected()
 
         # Rehydrate under a live run: the map is held still for the load, then resumed.
@@ -211,7 +209,7 @@ def test_operate_a_running_map_and_rebuild_it_under_reads(
                 stop_producing.set()
                 producer.join(30)
             reads_at_switch = readers.reads
-            wait_for("reads after the switch", lambda: readers.reads > reads_at_switch + 50)
+            wait_until("reads after the switch", lambda: readers.reads > reads_at_switch + 50)
         for pos, batch in produced:
             positions += pos
             records += batch
@@ -222,11 +220,11 @@ def test_operate_a_running_map_and_rebuild_it_under_reads(
         assert redis_client.get(generation_key(name)) == b"1"
 
         new = f"{name}~1"
-        wait_for("the resumed map folding into the new copy", lambda: folded(new))
+        wait_until("the resumed map folding into the new copy", lambda: folded(new))
         assert redis_map(redis_client, new) == expected()
         assert redis_map(redis_client, name) == {}  # the old copy's entities are gone
         assert not (tmp_path / "warehouse" / name).exists()
-        wait_for(
+        wait_until(
             "the new table caught up",
             lambda: (
                 (tmp_path / "warehouse" / new).exists()
@@ -245,7 +243,7 @@ def test_operate_a_running_map_and_rebuild_it_under_reads(
         later = _records(10_000, 20)
         positions += produce(kafka_bootstrap, topic, later)
         records += later
-        wait_for("events after the restart folded", lambda: folded(new))
+        wait_until("events after the restart folded", lambda: folded(new))
         assert redis_map(redis_client, new) == expected()
         assert "restart requested" in proc.log()
     finally:

@@ -11,19 +11,16 @@ from typing import Any
 
 import grpc_tools
 import orjson
-import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient, record_subject_name_strategy
 from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from format_helpers import fold_all, format_config, letters_of, stores
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from materializer.pipeline.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from materializer.testing.registry import register, serialized_descriptor, wire_value
-
-pytestmark = pytest.mark.integration
+from tests.helpers.formats import fold_all, format_config, letters_of, stores
 
 ORDER_V1 = """
 syntax = "proto3";

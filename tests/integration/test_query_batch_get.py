@@ -14,9 +14,6 @@ import grpc
 import orjson
 import pytest
 import redis
-from query_redis_helpers import DEADLINE, fresh_map, make_config, run, serving
-from slice_helpers import FIELDS, config, end_offsets, slice_config
-from test_slice import user_events
 
 from materializer.config import AppConfig
 from materializer.contract.redis_layout import Watermark, entity_key, meta_key
@@ -26,8 +23,8 @@ from materializer.testing.reference import fold_latest
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
-
-pytestmark = pytest.mark.integration
+from tests.helpers.query_redis import DEADLINE, fresh_map, make_config, run, serving
+from tests.helpers.slices import FIELDS, config, end_offsets, slice_config, user_events
 
 ANN = b'{"id":"a","name":"Ann"}'
 BOB = b'{"id":"b","name":"Bob"}'

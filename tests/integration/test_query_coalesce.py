@@ -6,15 +6,12 @@ import asyncio
 import uuid
 
 import grpc
-import pytest
 import redis
 
 from materializer.contract.redis_layout import Watermark, entity_key, meta_key
 from materializer.testing import RedisServer
 from query_service.errors import StoreUnavailable
 from query_service.stores.redis import RedisMapStore
-
-pytestmark = pytest.mark.integration
 
 
 def _mgets(client: redis.Redis) -> int:

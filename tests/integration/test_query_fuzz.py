@@ -28,8 +28,6 @@ from materializer.v1 import map_service_pb2 as pb
 from query_service.server import create_server
 from query_service.stores.redis import RedisMapStore
 
-pytestmark = pytest.mark.integration
-
 MAP = f"fz{uuid.uuid4().hex[:8]}"
 DELIBERATE = set(grpc.StatusCode) - {grpc.StatusCode.UNKNOWN, grpc.StatusCode.INTERNAL}
 FUZZ = settings(

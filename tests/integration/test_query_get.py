@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -19,7 +18,6 @@ import redis
 import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
-from query_redis_helpers import make_config, map_doc, run
 
 from materializer.config import AppConfig
 from materializer.contract.redis_layout import (
@@ -35,8 +33,7 @@ from materializer.v1 import common_pb2
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
 from query_service.interceptors import INTERNAL_DETAILS
-
-pytestmark = pytest.mark.integration
+from tests.helpers.query_redis import make_config, map_doc, query_service_command, run
 
 ENTITY = b'{"id":"u1","name":"Ann"}'
 DEADLINE = 10.0
@@ -316,13 +313,6 @@ def test_reflection_lists_the_map_service(redis_url: str, map_name: str) -> None
 
 
 # --- the command line: `query-service serve` as a real process ---------------------------
-
-
-def query_service_command() -> list[str]:
-    script = Path(sys.executable).with_name("query-service")
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-c", "from query_service.cli import app; app()"]
 
 
 def test_cli_serve_answers_then_stops_gracefully_on_sigterm(

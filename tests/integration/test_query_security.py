@@ -32,8 +32,6 @@ from query_service.client import MaterializerClient
 from query_service.server import create_server
 from query_service.stores.redis import RedisMapStore
 
-pytestmark = pytest.mark.integration
-
 T = TypeVar("T")
 READER = "reader-token-0123456789"
 ADMIN = "admin-token-0123456789ab"

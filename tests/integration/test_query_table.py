@@ -21,9 +21,6 @@ import pytest
 import redis
 from deltalake import DeltaTable
 from google.protobuf.timestamp_pb2 import Timestamp
-from query_redis_helpers import Front, serve_http
-from query_redis_helpers import run as serve_and_run
-from slice_helpers import config, slice_config
 
 from materializer.config import AppConfig
 from materializer.contract.redis_layout import entity_key
@@ -33,8 +30,9 @@ from materializer.testing import create_topic, produce
 from materializer.testing.reference import fold_latest
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
-
-pytestmark = pytest.mark.integration
+from tests.helpers.query_redis import Front, serve_http
+from tests.helpers.query_redis import run as serve_and_run
+from tests.helpers.slices import config, slice_config
 
 T = TypeVar("T")
 MAP = f"people{uuid.uuid4().hex[:8]}"

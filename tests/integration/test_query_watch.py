@@ -12,9 +12,6 @@ import grpc
 import orjson
 import pytest
 import redis
-from query_redis_helpers import DEADLINE, eventually, fresh_map, make_config, serving, write_batch
-from slice_helpers import FIELDS, config, slice_config, wait_for
-from test_redis_fold import apply
 
 from materializer.config import AppConfig, KafkaConfig, RedisConfig
 from materializer.contract.redis_client import mark_whole
@@ -25,10 +22,12 @@ from materializer.pipeline.redis_fold import producer_settings
 from materializer.pipeline.redis_functions import FoldTarget, load_library, new_producer
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
+from materializer.testing.waiting import eventually, wait_until
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
-
-pytestmark = pytest.mark.integration
+from tests.helpers.query_redis import DEADLINE, fresh_map, make_config, serving, write_batch
+from tests.helpers.redis_fold import apply
+from tests.helpers.slices import FIELDS, config, slice_config
 
 UPSERT, DELETE = pb.Change.UPSERT, pb.Change.DELETE
 
@@ -350,7 +349,7 @@ def test_an_expiry_is_a_change_of_its_own(
     load_library(target.redis)
     mark_whole(redis_client, map_name)
     apply(target, 0, [("a", "1", {"id": "a"})])
-    wait_for("a to expire", lambda: not redis_client.exists(entity_key(map_name, "a")))
+    wait_until("a to expire", lambda: not redis_client.exists(entity_key(map_name, "a")))
     assert sweep_expired(target, new_producer(target)) == 1
 
     changes = watch(make_config(redis_url, map_name), map_name, 2, after_change_id="0")

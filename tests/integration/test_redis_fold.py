@@ -11,7 +11,6 @@ import orjson
 import pyarrow as pa
 import pytest
 from redis.crc import key_slot
-from slice_helpers import read_topic, wait_for
 
 from materializer import record_columns as c
 from materializer.config import KafkaConfig, RedisConfig
@@ -27,42 +26,22 @@ from materializer.contract.redis_layout import (
 from materializer.pipeline.expiry import sweep_expired
 from materializer.pipeline.fold import order_column
 from materializer.pipeline.fold_aggregate import AggregateFolder, Spec
-from materializer.pipeline.redis_fold import (
+from materializer.pipeline.redis_fold import ORDER, apply_batches, producer_settings
+from materializer.pipeline.redis_functions import (
     EXPIRE,
-    ORDER,
     CopyLost,
     FoldTarget,
-    apply_batches,
     load_library,
     new_producer,
-    producer_settings,
     state_key,
     state_keys_pattern,
 )
 from materializer.pipeline.state_size import StateSize, measure
 from materializer.sinks.changelog import APP_HEADER, BATCH_HEADER, EXPIRED_HEADER
 from materializer.sinks.redis import client_for
-
-pytestmark = pytest.mark.integration
-
-
-def records(rows: list[tuple[str, str, dict | None]]) -> list[pa.RecordBatch]:
-    """(key, order, entity or None for a delete) as the columns ``arrow_columns`` selects."""
-    return [
-        pa.RecordBatch.from_pydict(
-            {
-                c.KEY: [k for k, _, _ in rows],
-                ORDER: [o for _, o, _ in rows],
-                "__value": pa.array(
-                    [None if e is None else orjson.dumps(e) for _, _, e in rows], pa.binary()
-                ),
-                "__aux": pa.array([None] * len(rows), pa.string()),
-                "__dl_key": pa.array([None] * len(rows), pa.binary()),
-                "__dl_value": pa.array([None] * len(rows), pa.binary()),
-                "__dl_headers": pa.array([None] * len(rows), pa.string()),
-            }
-        )
-    ]
+from materializer.testing.waiting import wait_until
+from tests.helpers.redis_fold import apply
+from tests.helpers.slices import read_topic
 
 
 @pytest.fixture()
@@ -77,10 +56,6 @@ def target(redis_url: str, kafka_bootstrap: str, new_topic) -> FoldTarget:
         changelog_topic=new_topic(2),
         producer=producer_settings(KafkaConfig(bootstrap_servers=kafka_bootstrap), 1_048_576),
     )
-
-
-def apply(target: FoldTarget, batch: int, rows: list[tuple[str, str, dict | None]]) -> int:
-    return apply_batches(target, batch, "app", records(rows), new_producer(target)).keys
 
 
 def entity(client, target: FoldTarget, key: str) -> dict | None:
@@ -225,7 +200,7 @@ def test_an_expiry_reaches_the_change_stream_and_the_changelog_once(
     apply(replace(target, ttl_ms=600_000), 0, [("long", "1", {"v": 1})])
     apply(short, 1, [("a", "1", {"v": 1}), ("b", "1", {"v": 1}), ("c", "1", None)])
     producer = new_producer(short)
-    wait_for(
+    wait_until(
         "the keys to expire",
         lambda: not redis_client.exists(*(entity_key(short.map_name, k) for k in "ab")),
     )
@@ -255,7 +230,9 @@ def test_a_key_written_again_before_the_sweep_does_not_expire(target, redis_clie
 def test_expiries_found_but_not_sent_go_with_the_next_sweep(target, redis_client, kafka_bootstrap):
     short = replace(target, ttl_ms=200)
     apply(short, 0, [("a", "1", {"v": 1})])
-    wait_for("the key to expire", lambda: not redis_client.exists(entity_key(short.map_name, "a")))
+    wait_until(
+        "the key to expire", lambda: not redis_client.exists(entity_key(short.map_name, "a"))
+    )
     # A sweep that stopped after Redis moved the key and before Kafka had its tombstone.
     found = redis_client.execute_command(
         "FCALL",
@@ -327,7 +304,7 @@ def test_keys_that_come_and_go_leave_the_state_bounded(target, redis_client):
     def bounded() -> bool:
         return len(list(redis_client.scan_iter(match=states, count=1000))) == len(alive)
 
-    wait_for("the deleted keys' states to go", bounded, timeout=30)
+    wait_until("the deleted keys' states to go", bounded, timeout=30)
     held = {k: entity(redis_client, churn, k) for k in alive}
     assert held == alive
     assert all(

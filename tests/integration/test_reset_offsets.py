@@ -9,10 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
 import redis
 import yaml
-from slice_helpers import end_offsets, group_offsets, redis_map, slice_config
 from typer.testing import CliRunner
 
 from materializer.cli import app
@@ -23,8 +21,7 @@ from materializer.recovery.checkpoint_files import CheckpointFiles
 from materializer.resources import checkpoint_path
 from materializer.testing import produce
 from materializer.testing.reference import fold_aggregate
-
-pytestmark = pytest.mark.integration
+from tests.helpers.slices import end_offsets, group_offsets, redis_map, slice_config
 
 AGGREGATES = {"events": ("count", None), "total": ("sum", "age")}
 Event = tuple[int, int, bytes | None, bytes | None]

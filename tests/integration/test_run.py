@@ -8,23 +8,13 @@ import sys
 from pathlib import Path
 
 import orjson
-import pytest
 import yaml
-from slice_helpers import (
-    FIELDS,
-    SCHEMA,
-    delta_map_rs,
-    redis_map,
-    slice_config,
-    wait_for,
-    watermark,
-)
 
 from materializer.testing import produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_latest
-
-pytestmark = pytest.mark.integration
+from materializer.testing.waiting import wait_until
+from tests.helpers.slices import FIELDS, SCHEMA, delta_map_rs, redis_map, slice_config, watermark
 
 
 def test_failed_map_is_reported_the_others_keep_going_and_sigterm_exits(
@@ -45,12 +35,14 @@ def test_failed_map_is_reported_the_others_keep_going_and_sigterm_exits(
     args = [sys.executable, "-m", "materializer", "run", "-c", str(config_file)]
     proc = ManagedProcess(args, tmp_path / "run.log")
     try:
-        wait_for("the good map's first batch", lambda: watermark(redis_client, "runok") is not None)
-        wait_for("the failing map to be reported", lambda: "map runfail failed" in proc.log())
+        wait_until(
+            "the good map's first batch", lambda: watermark(redis_client, "runok") is not None
+        )
+        wait_until("the failing map to be reported", lambda: "map runfail failed" in proc.log())
         # The good map goes on after the other failed.
         more = produce(kafka_bootstrap, good_topic, [(b"b", orjson.dumps({"id": "b", "age": 2}))])
         assert more[0][1] > first[0][1]
-        wait_for(
+        wait_until(
             "the good map to fold the later record",
             lambda: redis_map(redis_client, "runok").keys() == {"a", "b"},
         )
@@ -89,7 +81,7 @@ def test_sigterm_right_after_redis_shows_every_entity_leaves_delta_equal_to_it(
         positions = produce(kafka_bootstrap, topic, records)
         events = [(p, o, k, v) for (p, o), (k, v) in zip(positions, records, strict=True)]
         reference = fold_latest(events, "id", FIELDS)
-        wait_for(
+        wait_until(
             "Redis to hold every entity", lambda: redis_map(redis_client, "stopme") == reference
         )
         proc.proc.send_signal(signal.SIGTERM)
@@ -118,7 +110,7 @@ def test_json_logs_give_one_object_per_line_with_batch_fields_spark_included(
     args = [sys.executable, "-m", "materializer", "--log-format", "json", "run"]
     proc = ManagedProcess([*args, "-c", str(config_file)], tmp_path / "run.log")
     try:
-        wait_for("the first batch", lambda: watermark(redis_client, "jsonlog") is not None)
+        wait_until("the first batch", lambda: watermark(redis_client, "jsonlog") is not None)
         proc.proc.send_signal(signal.SIGTERM)
         proc.proc.wait(150)
     finally:

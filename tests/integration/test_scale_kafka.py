@@ -15,9 +15,6 @@ import pytest
 import redis
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
-from slice_helpers import FIELDS, config, delta_map_rs, end_offsets, redis_map, slice_config
-from slice_helpers import watermark as read_watermark
-from test_slice import user_events
 
 from materializer.contract.table_layout import table_path
 from materializer.pipeline.job import start_map
@@ -25,8 +22,16 @@ from materializer.resources import changelog_topic
 from materializer.testing import produce
 from materializer.testing.kafka import KafkaCluster, create_topic
 from materializer.testing.reference import fold_latest
-
-pytestmark = pytest.mark.integration
+from tests.helpers.slices import (
+    FIELDS,
+    config,
+    delta_map_rs,
+    end_offsets,
+    redis_map,
+    slice_config,
+    user_events,
+)
+from tests.helpers.slices import watermark as read_watermark
 
 MAP = "brokerloss"
 NODES = 3

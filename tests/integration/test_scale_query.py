@@ -30,10 +30,6 @@ import yaml
 from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
-from query_redis_helpers import map_doc
-from test_enrich import SPECS, Maps, random_events, request, seed_maps, split
-from test_enrich import assert_answers as assert_enriched
-from test_query_get import query_service_command
 
 from materializer.contract.redis_layout import Watermark
 from materializer.testing import free_port
@@ -43,8 +39,9 @@ from materializer.v1 import enrich_service_pb2 as epb
 from materializer.v1 import enrich_service_pb2_grpc as epb_grpc
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
-
-pytestmark = pytest.mark.integration
+from tests.helpers.enrich import SPECS, Maps, random_events, request, seed_maps, split
+from tests.helpers.enrich import assert_answers as assert_enriched
+from tests.helpers.query_redis import map_doc, query_service_command
 
 DEADLINE = 30.0
 START_SECONDS = 120.0

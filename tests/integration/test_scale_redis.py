@@ -21,19 +21,6 @@ import orjson
 import pytest
 import redis
 from redis.cluster import RedisCluster as ClusterClient
-from slice_helpers import (
-    FIELDS,
-    config,
-    delta_map_rs,
-    end_offsets,
-    read_topic,
-    redis_map,
-    slice_config,
-    wait_for,
-    watermark,
-)
-from test_redis_fold import records
-from test_slice import user_events
 
 from materializer.config import AppConfig, KafkaConfig, RedisConfig
 from materializer.contract.redis_client import mark_whole, per_master
@@ -48,14 +35,25 @@ from materializer.sinks.changelog import EXPIRED_HEADER
 from materializer.sinks.redis import client_for
 from materializer.testing import RedisCluster, produce
 from materializer.testing.reference import fold_latest
+from materializer.testing.waiting import wait_until
 from materializer.v1 import enrich_service_pb2 as enrich_pb
 from materializer.v1 import enrich_service_pb2_grpc as enrich_grpc
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
 from query_service.server import create_server
 from query_service.stores.redis import RedisMapStore
-
-pytestmark = pytest.mark.integration
+from tests.helpers.redis_fold import records
+from tests.helpers.slices import (
+    FIELDS,
+    config,
+    delta_map_rs,
+    end_offsets,
+    read_topic,
+    redis_map,
+    slice_config,
+    user_events,
+    watermark,
+)
 
 
 @pytest.fixture(scope="module")
@@ -234,7 +232,7 @@ def test_expiries_on_a_cluster_reach_the_change_stream_and_the_changelog(
     assert sum(client.zcard(index) for index in indexes.values()) == len(keys)
     assert all(client.zcard(index) for index in indexes.values())
 
-    wait_for(
+    wait_until(
         "the keys to expire", lambda: not any(client.exists(entity_key(name, k)) for k in keys)
     )
     assert sweep_expired(target, new_producer(target)) == len(keys)

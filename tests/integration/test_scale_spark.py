@@ -15,18 +15,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import redis
 import yaml
-from slice_helpers import (
-    FIELDS,
-    config,
-    delta_map_rs,
-    delta_map_spark,
-    end_offsets,
-    redis_map,
-    slice_config,
-    wait_for,
-    watermark,
-)
-from test_slice import user_events
 
 from materializer.contract.table_layout import table_path
 from materializer.pipeline.job import start_map
@@ -34,11 +22,22 @@ from materializer.testing import free_port, produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_latest
 from materializer.testing.spark_cluster import SparkStandalone, get_json
+from materializer.testing.waiting import wait_until
+from tests.helpers.slices import (
+    FIELDS,
+    config,
+    delta_map_rs,
+    delta_map_spark,
+    end_offsets,
+    redis_map,
+    slice_config,
+    user_events,
+    watermark,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-pytestmark = pytest.mark.integration
 
 # Several batches per run, so that each fold state is loaded back from its checkpoint.
 MAX_OFFSETS_PER_TRIGGER = 400
@@ -57,14 +56,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkStandalon
 def _wait_running(proc: ManagedProcess, what: str, condition: Callable[[], bool]) -> None:
     """Wait for ``condition`` while the run is up; a store not written yet counts as not yet."""
 
-    def ready() -> bool:
+    def alive() -> bool:
         assert proc.alive(), f"materializer run exited while waiting for {what}:\n{proc.tail()}"
-        try:
-            return condition()
-        except Exception:
-            return False
+        return True
 
-    wait_for(what, ready, timeout=600)
+    wait_until(what, condition, 600, alive, retry_errors=True)
 
 
 def _executor_tasks(ui_port: int, app_id: str) -> dict[str, int]:

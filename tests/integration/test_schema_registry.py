@@ -19,15 +19,13 @@ from confluent_kafka.schema_registry import (
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from format_helpers import fold_all, format_config, letters_of, stores
 
 from materializer.errors import SetupError
 from materializer.pipeline.job import records, start_map
 from materializer.testing import free_port, produce
 from materializer.testing.reference import fold_latest
 from materializer.testing.registry import ApicurioRegistry, register, wire_value
-
-pytestmark = pytest.mark.integration
+from tests.helpers.formats import fold_all, format_config, letters_of, stores
 
 V1 = {
     "type": "record",

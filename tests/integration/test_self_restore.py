@@ -21,9 +21,7 @@ import orjson
 import pytest
 import redis
 import yaml
-from query_redis_helpers import serving
 from redis.cluster import RedisCluster as ClusterClient
-from slice_helpers import delta_map_rs, redis_map, slice_config, wait_for
 
 from materializer.config import parse_config
 from materializer.contract.redis_layout import MapReport, status_key
@@ -31,10 +29,11 @@ from materializer.testing import produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.redis import RedisCluster, RedisServer
 from materializer.testing.reference import fold_aggregate
+from materializer.testing.waiting import wait_until
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
-
-pytestmark = pytest.mark.integration
+from tests.helpers.query_redis import serving
+from tests.helpers.slices import delta_map_rs, redis_map, slice_config
 
 KEYS = [f"k{i}" for i in range(100)]
 AGGREGATES = {"events": {"fn": "count"}, "age_total": {"fn": "sum", "field": "age"}}
@@ -137,7 +136,9 @@ def test_redis_restarted_empty_under_a_live_run_restores_itself_exactly_once(
         proc = ManagedProcess(args, tmp_path / "run.log")
         lookups = _Lookups(parse_config(doc))
         try:
-            wait_for("every key in Redis", lambda: len(redis_map(client, "restored")) == len(KEYS))
+            wait_until(
+                "every key in Redis", lambda: len(redis_map(client, "restored")) == len(KEYS)
+            )
             lookups.thread.start()
             rng = random.Random(11)
             for round_ in range(40):
@@ -150,11 +151,11 @@ def test_redis_restarted_empty_under_a_live_run_restores_itself_exactly_once(
             def restored_and_caught_up() -> bool:
                 return redis_map(client, "restored") == reference
 
-            wait_for("Redis to hold the reference fold again", restored_and_caught_up)
+            wait_until("Redis to hold the reference fold again", restored_and_caught_up)
             lookups.stop.set()
             lookups.thread.join(30)
             table = tmp_path / "warehouse" / "restored"
-            wait_for("the Delta table to hold it", lambda: _delta(table) == reference)
+            wait_until("the Delta table to hold it", lambda: _delta(table) == reference)
             report = MapReport.from_hash(client.hgetall(status_key("restored")))
             assert report is not None and report.state == "running"
         finally:

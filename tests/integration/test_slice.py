@@ -3,25 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import random
 from pathlib import Path
 from typing import Any
 
 import grpc
 import orjson
-import pytest
 from confluent_kafka import Consumer
-from slice_helpers import (
-    FIELDS,
-    config,
-    delta_map_rs,
-    delta_map_spark,
-    end_offsets,
-    read_topic,
-    redis_map,
-    slice_config,
-    watermark,
-)
 
 from materializer.contract.redis_layout import changes_key
 from materializer.contract.table_layout import table_path
@@ -33,26 +20,18 @@ from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
 from query_service.server import create_server
 from query_service.stores.redis import RedisMapStore
-
-pytestmark = pytest.mark.integration
-
-
-def user_events(n: int, keys: int, seed: int) -> list[tuple[bytes | None, bytes | None]]:
-    """Upserts over ``keys`` ids with some tombstones, keyed by id."""
-    rng = random.Random(seed)
-    out: list[tuple[bytes | None, bytes | None]] = []
-    for i in range(n):
-        uid = f"u{rng.randrange(keys)}"
-        if rng.random() < 0.1:
-            out.append((uid.encode(), None))
-            continue
-        doc = {"id": uid, "name": f"name-{i}", "age": rng.randrange(100)}
-        if rng.random() < 0.3:
-            doc["tags"] = [f"t{rng.randrange(5)}"]
-        if rng.random() < 0.1:
-            doc["name"] = None
-        out.append((uid.encode(), orjson.dumps(doc)))
-    return out
+from tests.helpers.slices import (
+    FIELDS,
+    config,
+    delta_map_rs,
+    delta_map_spark,
+    end_offsets,
+    read_topic,
+    redis_map,
+    slice_config,
+    user_events,
+    watermark,
+)
 
 
 def test_slice_matches_reference_in_redis_and_delta(

@@ -18,8 +18,6 @@ import redis
 import yaml
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
-from slice_helpers import FIELDS, SCHEMA, redis_map, slice_config, wait_for
-from test_admin import call
 from typer.testing import CliRunner
 
 from materializer.cli import app
@@ -34,9 +32,10 @@ from materializer.run import Supervisor, _Map
 from materializer.testing import create_topic, produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import Event, fold_latest
+from materializer.testing.waiting import wait_until
 from materializer.v1 import admin_service_pb2 as admin_pb
-
-pytestmark = pytest.mark.integration
+from tests.helpers.admin import call
+from tests.helpers.slices import FIELDS, SCHEMA, redis_map, slice_config
 
 RESET_OR_REBUILD = (
     "To go on, skip them with `materializer reset-offsets {m} --to earliest` (what the map "
@@ -82,7 +81,7 @@ def _recreate(kafka: str, topic: str, partitions: int) -> None:
             return False
         return True
 
-    wait_for(f"topic {topic} created again", created)
+    wait_until(f"topic {topic} created again", created)
 
 
 def _fold_available(spark: Any, cfg: Any, name: str) -> None:
@@ -137,7 +136,7 @@ def test_a_fold_spark_fails_over_deleted_records_is_reported_then_reset_or_rebui
     supervisor = Supervisor(spark, cfg, BatchLog())
     queries = start_map(spark, cfg, name)
     m = _Map(name, state="running", queries=queries)
-    wait_for("Spark to fail the fold", lambda: not queries.fold.isActive)
+    wait_until("Spark to fail the fold", lambda: not queries.fold.isActive)
     assert "failOnDataLoss" in str(queries.fold.exception())
     with caplog.at_level(logging.ERROR, logger="materializer.run"):
         supervisor.step(m, Control())
@@ -227,8 +226,8 @@ def test_a_run_names_what_is_gone_in_log_and_status_and_goes_on_after_the_way_ou
     args = [sys.executable, "-m", "materializer", "run", "-c", c]
     proc = ManagedProcess(args, tmp_path / "run.log")
     try:
-        wait_for("the other map running", lambda: redis_map(redis_client, other) != {})
-        wait_for(
+        wait_until("the other map running", lambda: redis_map(redis_client, other) != {})
+        wait_until(
             "both maps reported failed",
             lambda: (
                 _status(config_file, lost)["state"] == "failed"
@@ -255,7 +254,7 @@ def test_a_run_names_what_is_gone_in_log_and_status_and_goes_on_after_the_way_ou
         assert restarted.exit_code == 0, restarted.output
         later = _produce(kafka_bootstrap, lost_topic, 1, ["k1", "late"], "c")
         expected = fold_latest(a0 + a1 + kept + later, "id", FIELDS)
-        wait_for("the map to fold on", lambda: redis_map(redis_client, lost) == expected)
+        wait_until("the map to fold on", lambda: redis_map(redis_client, lost) == expected)
         assert _status(config_file, lost)["state"] == "running"
         assert _status(config_file, lost)["error"] == ""
 
@@ -270,7 +269,7 @@ def test_a_run_names_what_is_gone_in_log_and_status_and_goes_on_after_the_way_ou
         new += _produce(kafka_bootstrap, recreated_topic, 0, ["r1", "r9"], "newer")
         physical = physical_name(recreated, 1)
         expected = fold_latest(new, "id", FIELDS)
-        wait_for(
+        wait_until(
             "the rebuilt map to fold on", lambda: redis_map(redis_client, physical) == expected
         )
         assert _status(config_file, recreated)["state"] == "running"

@@ -10,14 +10,6 @@ from typing import Any
 
 import orjson
 import pytest
-from slice_helpers import (
-    config,
-    delta_map_rs,
-    delta_map_spark,
-    read_topic,
-    redis_map,
-    slice_config,
-)
 
 from materializer import record_columns as c
 from materializer.config import parse_config
@@ -28,8 +20,14 @@ from materializer.pipeline.transforms import apply_transforms
 from materializer.resources import dead_letter_topic
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
-
-pytestmark = pytest.mark.integration
+from tests.helpers.slices import (
+    config,
+    delta_map_rs,
+    delta_map_spark,
+    read_topic,
+    redis_map,
+    slice_config,
+)
 
 EVENT_SCHEMA = (
     "type STRING, user STRUCT<id: STRING, first: STRING, ssn: STRING, age: STRING,"

@@ -12,17 +12,6 @@ from typing import Any
 
 import orjson
 import pyarrow as pa
-import pytest
-from slice_helpers import (
-    FIELDS,
-    config,
-    delta_map_rs,
-    read_topic,
-    redis_map,
-    slice_config,
-    wait_for,
-    watermark,
-)
 
 from materializer.contract.redis_layout import (
     EXPIRE_OP,
@@ -40,12 +29,20 @@ from materializer.resources import changelog_topic
 from materializer.sinks.changelog import EXPIRED_HEADER
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
+from materializer.testing.waiting import wait_until
 from materializer.v1 import map_service_pb2 as pb
 from query_service.services.table_reads import TableReads
 from query_service.stores.delta import DeltaTables
 from query_service.tables.time_travel import entity_as_of
-
-pytestmark = pytest.mark.integration
+from tests.helpers.slices import (
+    FIELDS,
+    config,
+    delta_map_rs,
+    read_topic,
+    redis_map,
+    slice_config,
+    watermark,
+)
 
 REDIS_TTL_MS = 6_000
 MINUTE_MS = 60_000
@@ -115,27 +112,27 @@ def test_redis_keys_expire_unless_written_again_and_the_expiries_reach_changes_a
                 for k, n in expected.items()
             )
 
-        wait_for("the keys in Redis", lambda: written({k: f"{k}-wave1" for k in keys}))
+        wait_until("the keys in Redis", lambda: written({k: f"{k}-wave1" for k in keys}))
         assert {k: orjson.loads(v) for k, (v, _) in seen.items() if v} == reference
         assert all(0 < ttl <= REDIS_TTL_MS for _, ttl in seen.values()), seen
 
         # A key written again gets a fresh expiry: later than a key written with it at first.
         produce(kafka_bootstrap, topic, upserts(["u0"], 2))
-        wait_for("the update in Redis", lambda: written({"u0": "u0-wave2"}, "u1"))
+        wait_until("the update in Redis", lambda: written({"u0": "u0-wave2"}, "u1"))
         rewritten, untouched = seen["u0"][1], seen["u1"][1]
         assert 0 < rewritten <= REDIS_TTL_MS
         assert rewritten > untouched  # untouched: less time left, or gone already (-2)
 
         # Each expiry is a change: once in the change stream, a tombstone in the changelog,
         # and the table drops the row (it has no ttl.delta of its own).
-        wait_for(
+        wait_until(
             "every key's expiry in the change stream",
             lambda: sorted(_expired(redis_client, name)) == sorted(keys),
             timeout=60,
         )
         assert not any(redis_client.exists(entity_key(name, k)) for k in keys)
         changelog = changelog_topic(cfg, name)
-        wait_for(
+        wait_until(
             "every key's tombstone in the changelog",
             lambda: sorted(_tombstones(kafka_bootstrap, changelog)) == sorted(keys),
         )
@@ -153,8 +150,8 @@ def test_redis_keys_expire_unless_written_again_and_the_expiries_reach_changes_a
 
         # Written again after its expiry, a key is back, after its tombstone in the changelog.
         produce(kafka_bootstrap, topic, upserts(["u3"], 3))
-        wait_for("u3 in Redis again", lambda: written({"u3": "u3-wave3"}))
-        wait_for(
+        wait_until("u3 in Redis again", lambda: written({"u3": "u3-wave3"}))
+        wait_until(
             "u3 in the changelog again",
             lambda: len(_records(kafka_bootstrap, changelog, "u3")) >= 3,
         )

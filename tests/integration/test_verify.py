@@ -7,14 +7,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from test_rehydrate import FoldedMap, run_map
 from typer.testing import CliRunner
 
 from materializer.cli import app
 from materializer.contract.redis_layout import entity_key, meta_key
 from materializer.testing import RedisServer, create_topic
-
-pytestmark = pytest.mark.integration
+from tests.helpers.folded_maps import FoldedMap, run_map
 
 runner = CliRunner()
 

@@ -1,10 +1,10 @@
-"""Shared helpers of the pipeline tests: config, reading stores back, waiting."""
+"""Shared helpers of the pipeline tests: one-map configs, events, reading the stores back."""
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -95,16 +95,6 @@ def delta_map_spark(spark: Any, path: Path) -> dict[str, Any]:
 
 def watermark(client: redis.Redis, map_name: str) -> Watermark | None:
     return Watermark.from_hash(client.hgetall(meta_key(map_name)))
-
-
-def wait_for(what: str, condition: Callable[[], bool], timeout: float = 180.0) -> None:
-    """Poll until ``condition`` holds; a bounded wait, not a timing assertion."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def end_offsets(positions: list[tuple[int, int]]) -> dict[int, int]:
@@ -217,3 +207,21 @@ def group_offsets(bootstrap: str, group: str, topic: str) -> dict[str, dict[int,
     # Partitions without a commit report OFFSET_INVALID.
     found = {tp.partition: tp.offset for tp in held if tp.offset >= 0}
     return {topic: found} if found else {}
+
+
+def user_events(n: int, keys: int, seed: int) -> list[tuple[bytes | None, bytes | None]]:
+    """Upserts over ``keys`` ids with some tombstones, keyed by id."""
+    rng = random.Random(seed)
+    out: list[tuple[bytes | None, bytes | None]] = []
+    for i in range(n):
+        uid = f"u{rng.randrange(keys)}"
+        if rng.random() < 0.1:
+            out.append((uid.encode(), None))
+            continue
+        doc = {"id": uid, "name": f"name-{i}", "age": rng.randrange(100)}
+        if rng.random() < 0.3:
+            doc["tags"] = [f"t{rng.randrange(5)}"]
+        if rng.random() < 0.1:
+            doc["name"] = None
+        out.append((uid.encode(), orjson.dumps(doc)))
+    return out

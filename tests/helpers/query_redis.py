@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
@@ -16,7 +18,9 @@ import redis
 from prometheus_client import REGISTRY
 
 from materializer.config import AppConfig, RedisConfig, parse_config
-from materializer.contract.redis_layout import Watermark
+from materializer.contract.redis_layout import (
+    Watermark,
+)
 from materializer.sinks.redis import RedisSink, write_partition
 from query_service.near_cache import NearCaches
 from query_service.server import create_server, create_servers
@@ -111,18 +115,6 @@ def write_batch(
     sink.commit(mark, [(k, v is None) for k, v in entities.items()])
 
 
-async def eventually(
-    what: str, condition: Callable[[], Awaitable[bool]], timeout: float = 30.0
-) -> None:
-    """Poll ``condition`` until it holds; a bounded wait, not a timing assertion."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if await condition():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def lookups(map_name: str, result: str) -> float:
     """``materializer_query_near_cache_lookups_total`` of one map and result, in this process."""
     value = REGISTRY.get_sample_value(
@@ -174,3 +166,10 @@ def serve_http(config: AppConfig, body: Callable[[Front], Awaitable[T]]) -> T:
             return await body(f)
 
     return asyncio.run(main())
+
+
+def query_service_command() -> list[str]:
+    script = Path(sys.executable).with_name("query-service")
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-c", "from query_service.cli import app; app()"]

@@ -6,12 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
-from slice_helpers import config, delta_map_rs, redis_map, slice_config
 
 from materializer.config import AppConfig
 from materializer.contract.table_layout import table_path
 from materializer.pipeline.job import start_map
 from materializer.resources import dead_letter_topic
+from tests.helpers.slices import config, delta_map_rs, redis_map, slice_config
 
 
 def format_config(
