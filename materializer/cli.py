@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from materializer.commands import maps, offsets, rebuild, rehydrate
-from materializer.commands.common import ConfigOption, err, load
+from materializer.commands.cli_support import ConfigOption, err, load
 from materializer.config import config_problems
 from materializer.contract.logs import LogFormat, LogLevel, configure_logging
 from materializer.errors import ConfigError, MaterializerError

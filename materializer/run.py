@@ -32,9 +32,10 @@ from materializer.contract.redis_layout import Control, MapReport, generation_ke
 from materializer.enrichment.job import start_enrichment
 from materializer.errors import MaterializerError
 from materializer.pipeline.control import ControlChannel
-from materializer.pipeline.job import MapQueries, start_map
+from materializer.pipeline.job import start_map
 from materializer.pipeline.metrics import BatchMetrics, serve_metrics
 from materializer.pipeline.progress import BatchLog
+from materializer.pipeline.query_group import MapQueries
 from materializer.pipeline.redis_functions import CopyLost
 from materializer.pipeline.restore import ensure_whole
 from materializer.pipeline.state_size import StateSize, StateSizes

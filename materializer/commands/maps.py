@@ -15,7 +15,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from materializer.commands.common import (
+from materializer.commands.cli_support import (
     ConfigOption,
     MapArgument,
     exits_on_errors,

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeElapsedColumn
 
-from materializer.commands.common import (
+from materializer.commands.cli_support import (
     ConfigOption,
     MapArgument,
     exits_on_errors,

@@ -20,7 +20,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from materializer.commands.common import (
+from materializer.commands.cli_support import (
     ConfigOption,
     MapArgument,
     err,

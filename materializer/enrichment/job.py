@@ -39,9 +39,11 @@ from materializer.enrichment.partition_join import (
 from materializer.errors import ConfigError
 from materializer.pipeline.checkpoint import Checkpoint
 from materializer.pipeline.decode import decode
-from materializer.pipeline.job import MapQueries, Projector, producer_options, report_rows_out
+from materializer.pipeline.job import producer_options
 from materializer.pipeline.metrics import BatchMetrics
 from materializer.pipeline.progress import BatchLog
+from materializer.pipeline.projector import Projector, report_rows_out
+from materializer.pipeline.query_group import MapQueries
 from materializer.pipeline.source import read_source
 from materializer.pipeline.topics import ensure_topic
 from materializer.pipeline.transforms import apply_transforms

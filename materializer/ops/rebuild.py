@@ -40,7 +40,8 @@ from materializer.contract.redis_layout import (
 )
 from materializer.contract.table_layout import table_path
 from materializer.errors import MaterializerError
-from materializer.pipeline.job import MapQueries, start_map
+from materializer.pipeline.job import start_map
+from materializer.pipeline.query_group import MapQueries
 from materializer.pipeline.redis_functions import state_keys_pattern
 from materializer.resources import changelog_topic, checkpoint_path
 

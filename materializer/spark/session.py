@@ -30,7 +30,7 @@ POOLS = """<?xml version="1.0"?>
   </pool>
 </allocations>
 """
-"""Spark's FAIR pools (``pipeline.job.FOLD_POOL``, ``DELTA_POOL``): below its minimum share
+"""Spark's FAIR pools (``pipeline.projector.FOLD_POOL``, ``DELTA_POOL``): below its minimum share
 a pool gets the next free slot, so the folds' tasks go before the Delta queries'."""
 
 

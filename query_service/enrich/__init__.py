@@ -1,8 +1,10 @@
-"""Enrichment joins: events joined with map entities by key (``EnrichService``).
+"""Enrich's lookup joins: events joined with map entities by key (``EnrichService``).
 
-``plan`` turns a join spec into rounds of lookups, ``join`` applies looked-up
-entities to parsed events (pure, no store), ``batch`` reads the entities of
-many requests in one store round trip per round, ``inbox`` reads a stream's
-requests ahead of processing, and ``reference`` is the plain
-one-lookup-at-a-time join that tests compare with.
+The join's semantics are the materializer's (``materializer.contract.join_plan``,
+``join_rounds``), so an event enriched here comes out as an enrichment job
+would write it. Here: ``plan`` validates a request's lookups into those rounds,
+``events`` parses a request's events for the join, ``batch`` reads the entities of many
+requests in one store round trip per round, ``inbox`` reads a stream's requests
+ahead of processing, ``errors`` names what a request got wrong, and
+``reference`` is the plain one-lookup-at-a-time join that tests compare with.
 """

@@ -11,8 +11,8 @@ import orjson
 from confluent_kafka import Consumer
 
 from materializer.contract.redis_layout import changes_key
-from materializer.contract.table_layout import table_path
-from materializer.pipeline.job import history_path, start_map
+from materializer.contract.table_layout import history_path, table_path
+from materializer.pipeline.job import start_map
 from materializer.resources import changelog_topic, dead_letter_topic
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
