@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 from materializer import record_columns as c
 from materializer.config import KAFKA_KEY, AppConfig, EnrichmentConfig
+from materializer.config.durations import processing_time
 from materializer.contract.join_plan import JoinPlan, LookupStep, OnMiss, plan_rounds
 from materializer.contract.kafka_clients import librdkafka
 from materializer.contract.redis_client import connect, get_many
@@ -238,7 +239,7 @@ def start_enrichment(
         events(spark, config, name)
         .writeStream.queryName(f"{name}.{ENRICH_QUERY}")
         .option("checkpointLocation", location)
-        .trigger(processingTime=config.spark.trigger_interval)
+        .trigger(processingTime=processing_time(config.spark.trigger_interval))
         .foreachBatch(projector)
         .start()
     )

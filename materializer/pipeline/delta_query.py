@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from materializer import record_columns as c
 from materializer.config import AppConfig, is_inferred
+from materializer.config.durations import processing_time
 from materializer.contract.redis_layout import physical_name
 from materializer.contract.table_layout import table_path
 from materializer.pipeline.checkpoint import Checkpoint
@@ -109,7 +110,7 @@ def start_delta_query(
     if catch_up:
         writer = writer.trigger(availableNow=True)
     else:
-        writer = writer.trigger(processingTime=config.delta.trigger_interval)
+        writer = writer.trigger(processingTime=processing_time(config.delta.trigger_interval))
     return writer.foreachBatch(
         typed_batches(projector, table, inferred, c.table_meta(map_config))
     ).start()

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from materializer import record_columns as c
 from materializer.config import KAFKA_KEY, AppConfig, is_inferred
+from materializer.config.durations import processing_time
 from materializer.contract.kafka_clients import java, librdkafka
 from materializer.contract.redis_layout import physical_name
 from materializer.contract.table_layout import history_path, table_path
@@ -208,7 +209,7 @@ def start_map(
     fold_query = (
         events.writeStream.queryName(f"{physical}.fold")
         .option("checkpointLocation", checkpoint.location)
-        .trigger(processingTime=config.spark.trigger_interval)
+        .trigger(processingTime=processing_time(config.spark.trigger_interval))
         .foreachBatch(projector)
         .start()
     )

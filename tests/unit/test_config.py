@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from materializer.config import load_config, parse_config
+from materializer.config.durations import processing_time
 from materializer.errors import ConfigError
 
 MAP = {"source": {"topics": ["user-events"], "schema": "id STRING, name STRING"}, "key": "id"}
@@ -43,9 +44,28 @@ def test_bad_map_name_and_unknown_map():
 def test_environment_overrides_connection_settings(monkeypatch):
     monkeypatch.setenv("MATERIALIZER_REDIS_URL", "redis://elsewhere:6380/1")
     monkeypatch.setenv("MATERIALIZER_KAFKA_BOOTSTRAP_SERVERS", "k1:9092,k2:9092")
-    cfg = parse_config({"redis": {"url": "redis://localhost"}, "maps": {"users": MAP}})
+    doc = {"redis": {"url": "redis://localhost"}, "maps": {"users": MAP}}
+    cfg = parse_config(doc)
     assert cfg.redis.url == "redis://elsewhere:6380/1"
     assert cfg.kafka.bootstrap_servers == "k1:9092,k2:9092"
+    # The caller's document is left as it was: a template reused by several tests, say.
+    assert doc == {"redis": {"url": "redis://localhost"}, "maps": {"users": MAP}}
+
+
+def test_trigger_intervals_are_durations_and_reach_spark_as_milliseconds():
+    cfg = parse_config(
+        {"spark": {"trigger_interval": "1.5 s"}, "delta": {"trigger_interval": 10}, "maps": {}}
+    )
+    assert cfg.spark.trigger_interval == timedelta(seconds=1.5)
+    assert processing_time(cfg.spark.trigger_interval) == "1500 milliseconds"
+    assert processing_time(cfg.delta.trigger_interval) == "10000 milliseconds"
+    assert processing_time(parse_config({}).spark.trigger_interval) == "100 milliseconds"
+    with pytest.raises(ConfigError) as bad:
+        parse_config({"spark": {"trigger_interval": "soon"}})
+    assert bad.value.problems == [
+        'spark.trigger_interval: must be a duration such as "30 minutes", "500 ms", '
+        '"1.5 hours" or a number of seconds (units: ms, s, m, h, d, or their words)'
+    ]
 
 
 def test_load_config_reports_unreadable_and_invalid_yaml(tmp_path: Path):

@@ -1,0 +1,136 @@
+"""The YAML configuration: one file declares the connections and the maps.
+
+Every model forbids unknown keys, so a typo is an error that names its key path
+rather than a setting silently ignored.
+
+The models live in modules by section; this package re-exports every public name, so
+``from materializer.config import AppConfig`` keeps working.
+"""
+
+from __future__ import annotations
+
+from materializer.config.app import AppConfig
+from materializer.config.base import INTERNAL_PREFIX, KAFKA_KEY
+from materializer.config.connections import (
+    OBJECT_STORE_SCHEMES,
+    DeltaConfig,
+    KafkaConfig,
+    KafkaSecurity,
+    ObjectStoreConfig,
+    RedisConfig,
+    SaslConfig,
+    Secret,
+    SparkConfig,
+    read_config_file,
+)
+from materializer.config.durations import Duration, PositiveDuration
+from materializer.config.enrichments import (
+    EnrichmentConfig,
+    EnrichmentLookupConfig,
+    EnrichmentOutputConfig,
+)
+from materializer.config.loading import (
+    ENV_OVERRIDES,
+    config_problems,
+    load_config,
+    parse_config,
+    parse_config_text,
+    validate_text,
+)
+from materializer.config.maps import (
+    DOCUMENT,
+    AggregateSpec,
+    ChangelogConfig,
+    ChangesConfig,
+    DeadLetterConfig,
+    FoldConfig,
+    MapConfig,
+    SourceConfig,
+    TtlConfig,
+    inferred_problems,
+    is_inferred,
+)
+from materializer.config.query import (
+    AuthConfig,
+    EnrichProfileConfig,
+    LookupConfig,
+    MetricsConfig,
+    NearCacheConfig,
+    QueryConfig,
+    TlsConfig,
+)
+from materializer.config.transforms import (
+    TRANSFORM_TYPES,
+    CastTransform,
+    ComputeTransform,
+    DropTransform,
+    ExtractFieldTransform,
+    FilterTransform,
+    FlattenTransform,
+    InsertFieldTransform,
+    KeepTransform,
+    MaskTransform,
+    RenameTransform,
+    TimestampConvertTransform,
+    Transform,
+    ValueToKeyTransform,
+)
+
+__all__ = [
+    "AggregateSpec",
+    "AppConfig",
+    "AuthConfig",
+    "CastTransform",
+    "ChangelogConfig",
+    "ChangesConfig",
+    "ComputeTransform",
+    "DOCUMENT",
+    "DeadLetterConfig",
+    "DeltaConfig",
+    "DropTransform",
+    "Duration",
+    "ENV_OVERRIDES",
+    "EnrichProfileConfig",
+    "EnrichmentConfig",
+    "EnrichmentLookupConfig",
+    "EnrichmentOutputConfig",
+    "ExtractFieldTransform",
+    "FilterTransform",
+    "FlattenTransform",
+    "FoldConfig",
+    "INTERNAL_PREFIX",
+    "InsertFieldTransform",
+    "KAFKA_KEY",
+    "KafkaConfig",
+    "KafkaSecurity",
+    "KeepTransform",
+    "LookupConfig",
+    "MapConfig",
+    "MaskTransform",
+    "MetricsConfig",
+    "NearCacheConfig",
+    "OBJECT_STORE_SCHEMES",
+    "ObjectStoreConfig",
+    "PositiveDuration",
+    "QueryConfig",
+    "RedisConfig",
+    "RenameTransform",
+    "SaslConfig",
+    "Secret",
+    "SourceConfig",
+    "SparkConfig",
+    "TRANSFORM_TYPES",
+    "TimestampConvertTransform",
+    "TlsConfig",
+    "Transform",
+    "TtlConfig",
+    "ValueToKeyTransform",
+    "config_problems",
+    "inferred_problems",
+    "is_inferred",
+    "load_config",
+    "parse_config",
+    "parse_config_text",
+    "read_config_file",
+    "validate_text",
+]

@@ -1,0 +1,23 @@
+"""The base of every config model, and the names the pipeline reserves."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+)
+
+INTERNAL_PREFIX = "__"
+"""Column names the pipeline adds start with it; no entity field or key may."""
+
+
+KAFKA_KEY = "$kafka_key"
+
+
+_MAP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
