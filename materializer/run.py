@@ -35,7 +35,7 @@ from materializer.pipeline.control import ControlChannel
 from materializer.pipeline.job import start_map
 from materializer.pipeline.metrics import BatchMetrics, serve_metrics
 from materializer.pipeline.progress import BatchLog
-from materializer.pipeline.query_group import MapQueries
+from materializer.pipeline.query_group import QueryGroup
 from materializer.pipeline.redis_functions import CopyLost
 from materializer.pipeline.restore import ensure_whole
 from materializer.pipeline.state_size import StateSize, StateSizes
@@ -63,7 +63,7 @@ class _Map:
 
     name: str
     state: str = "stopped"
-    queries: MapQueries | None = None
+    queries: QueryGroup | None = None
     error: str = ""
     restart_id: str = ""
     generation: int = 0

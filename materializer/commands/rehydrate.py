@@ -30,7 +30,9 @@ from materializer.commands.cli_support import (
     redis_client,
 )
 from materializer.contract.redis_layout import Watermark
-from materializer.ops import rehydrate as ops
+from materializer.ops.rehydrate import rehydrate as rehydrate_map
+from materializer.ops.verify import Comparison
+from materializer.ops.verify import verify as verify_map
 from materializer.recovery.changelog_tail import Tail
 from materializer.recovery.expected_state import ExpectedState
 
@@ -88,7 +90,7 @@ def rehydrate(
 
         try:
             with exits_on_errors():
-                report = ops.rehydrate(
+                report = rehydrate_map(
                     cfg,
                     map_name,
                     client,
@@ -155,7 +157,7 @@ def verify(
                 def replayer(until: dict[str, dict[int, int]]) -> dict[str, bytes]:
                     return replay_digests(session, cfg, map_name, until, client)
 
-            report = ops.verify(
+            report = verify_map(
                 cfg, map_name, client, generation=generation, show=show, replay=replayer
             )
     finally:
@@ -192,7 +194,7 @@ def verify(
     out.print(f"[green]identical[/green]: {report.expected} entities and the watermark")
 
 
-def _print_differences(found: ops.Comparison, against: str) -> None:
+def _print_differences(found: Comparison, against: str) -> None:
     for label, keys in (
         ("missing in Redis", found.missing),
         ("extra in Redis", found.extra),

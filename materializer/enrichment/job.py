@@ -44,7 +44,7 @@ from materializer.pipeline.job import producer_options
 from materializer.pipeline.metrics import BatchMetrics
 from materializer.pipeline.progress import BatchLog
 from materializer.pipeline.projector import Projector, report_rows_out
-from materializer.pipeline.query_group import MapQueries
+from materializer.pipeline.query_group import QueryGroup
 from materializer.pipeline.source import read_source
 from materializer.pipeline.topics import ensure_topic
 from materializer.pipeline.transforms import apply_transforms
@@ -197,7 +197,7 @@ def start_enrichment(
     batch_log: BatchLog | None = None,
     *,
     metrics: BatchMetrics | None = None,
-) -> MapQueries:
+) -> QueryGroup:
     """Start the enrichment's query; problems of its topics or config raise before it starts."""
     spec = config.enrichments[name]
     output = spec.output
@@ -243,4 +243,4 @@ def start_enrichment(
         .foreachBatch(projector)
         .start()
     )
-    return MapQueries(name=name, fold=query, projectors=[projector])
+    return QueryGroup(name=name, fold=query, projectors=[projector])

@@ -41,7 +41,7 @@ from materializer.contract.redis_layout import (
 from materializer.contract.table_layout import table_path
 from materializer.errors import MaterializerError
 from materializer.pipeline.job import start_map
-from materializer.pipeline.query_group import MapQueries
+from materializer.pipeline.query_group import QueryGroup
 from materializer.pipeline.redis_functions import state_keys_pattern
 from materializer.resources import changelog_topic, checkpoint_path
 
@@ -222,7 +222,7 @@ def catch_up(
     generation: int,
     target: dict[str, dict[int, int]],
     report: Report,
-    queries: MapQueries,
+    queries: QueryGroup,
     phase: str = "replaying",
 ) -> None:
     """Wait until the new copy's watermark reaches ``target``; a failed query ends the wait."""

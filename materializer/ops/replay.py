@@ -21,7 +21,7 @@ from materializer.contract.control import MapControl
 from materializer.contract.redis_client import Client
 from materializer.contract.redis_layout import physical_name
 from materializer.ops.rebuild import Progress, catch_up, drop_copy, replay_config
-from materializer.ops.rehydrate import redis_digests
+from materializer.ops.verify import redis_digests
 from materializer.pipeline.job import start_map
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ Each map runs two queries, each with its own checkpoint under
   trigger or so, without ever slowing the fold down (``delta_query``).
 
 Each batch goes through a ``Projector`` (``projector``), and the two queries run,
-stop and fail as one ``MapQueries`` (``query_group``).
+stop and fail as one ``QueryGroup`` (``query_group``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from materializer.pipeline.keys import assign_keys
 from materializer.pipeline.metrics import BatchMetrics, observe_fold_input
 from materializer.pipeline.progress import BatchLog
 from materializer.pipeline.projector import Projector, report_rows_out
-from materializer.pipeline.query_group import MapQueries
+from materializer.pipeline.query_group import QueryGroup
 from materializer.pipeline.redis_fold import RedisFold, RedisFoldSink, producer_settings
 from materializer.pipeline.redis_functions import FoldTarget, load_library
 from materializer.pipeline.restore import ensure_whole
@@ -124,7 +124,7 @@ def start_map(
     metrics: BatchMetrics | None = None,
     offsets_group: str | None = MAP_GROUP,
     until: dict[str, dict[int, int]] | None = None,
-) -> MapQueries:
+) -> QueryGroup:
     """Start the fold query of one map and its side queries.
 
     ``generation`` picks the copy of the map's data the fold and Delta queries
@@ -214,7 +214,7 @@ def start_map(
         .start()
     )
     delta = start_delta_query(spark, config, map_name, entity, rows_out, generation)
-    return MapQueries(
+    return QueryGroup(
         name=map_name,
         fold=fold_query,
         side=[delta],

@@ -23,10 +23,11 @@ FINISH_BATCH_TIMEOUT = 120.0
 
 
 @dataclass
-class MapQueries:
-    """The running queries of one map: the fold, then its side queries (Delta, dead letters...).
+class QueryGroup:
+    """The running queries of one map (its fold, then its Delta query) or of one enrichment,
+    started, stopped and watched together.
 
-    The Delta query comes first among them: it takes what the fold wrote.
+    The Delta query comes first among the side queries: it takes what the fold wrote.
     """
 
     name: str

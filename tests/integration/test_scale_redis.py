@@ -26,7 +26,8 @@ from materializer.config import AppConfig, KafkaConfig, RedisConfig
 from materializer.contract.redis_client import mark_whole, per_master
 from materializer.contract.redis_layout import EXPIRE_OP, changes_key, entity_key, expiry_index_key
 from materializer.enrichment.job import start_enrichment
-from materializer.ops.rehydrate import Comparison, Differences, rehydrate, verify
+from materializer.ops.rehydrate import rehydrate
+from materializer.ops.verify import Comparison, Differences, verify
 from materializer.pipeline.expiry import sweep_expired
 from materializer.pipeline.job import start_map
 from materializer.pipeline.redis_fold import apply_batches, producer_settings

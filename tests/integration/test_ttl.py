@@ -21,8 +21,9 @@ from materializer.contract.redis_layout import (
     meta_key,
 )
 from materializer.contract.table_layout import table_path
-from materializer.ops.rehydrate import rehydrate, verify
+from materializer.ops.rehydrate import rehydrate
 from materializer.ops.replay import replay_digests
+from materializer.ops.verify import verify
 from materializer.pipeline.job import start_map
 from materializer.pipeline.topics import ensure_changelog_topic
 from materializer.resources import changelog_topic
