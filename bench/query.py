@@ -21,8 +21,8 @@ All in one run, on one ``redis-server`` (no Kafka, no Spark):
   enrich       ONE bidirectional Enrich stream, requests of 500 events each joined
                with one entity of the map (left join), several requests in flight: events/s.
 
-The load generators are separate processes (spawned, each with its own event
-loop and channel) that send pre-serialized requests and take responses as raw
+The load generators (``load_generators.py``) are separate processes (spawned, each with
+its own event loop and channel) that send pre-serialized requests and take responses as raw
 bytes, with the same code for echo and Get, so the client's cost per call is the
 same on both sides and the ratio compares the servers. Every measured line also
 reports the CPU that the server, the generators and Redis used over its window
@@ -38,9 +38,7 @@ benchmark's map is written there and its keys deleted at the end.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import multiprocessing as mp
 import os
 import random
 import shutil
@@ -49,10 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
-import traceback
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from multiprocessing.connection import Connection
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +55,19 @@ import grpc
 import orjson
 import redis
 import yaml
+from baselines import ECHO, serve_bare_http, serve_echo
+from cpu_window import loadavg
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from load_generators import (
+    CALL_TIMEOUT,
+    CHANNEL_OPTIONS,
+    Load,
+    closed_line,
+    latency_line,
+    open_loads,
+    run_phase,
+    unary_loads,
+)
 
 from materializer.contract.redis_layout import Watermark, entity_key, meta_key
 from materializer.testing import RedisServer, free_port
@@ -84,444 +91,11 @@ LOAD_CHUNK = 2000
 GET = "/materializer.v1.MapService/Get"
 BATCH_GET = "/materializer.v1.MapService/BatchGet"
 ENRICH = "/materializer.v1.EnrichService/Enrich"
-ECHO_SERVICE = "materializer.bench.Echo"
-ECHO = f"/{ECHO_SERVICE}/Echo"
 
-CALL_TIMEOUT = 10.0
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-]
 TARGET_GET_OVER_ECHO = 0.8
 TARGET_HTTP_GET_OVER_BARE = 0.8
 TARGET_BATCH_KEYS_PER_S = 150_000
 TARGET_ENRICH_EVENTS_PER_S = 80_000
-
-
-# --- the echo server (baseline), run as its own process ---
-
-
-def serve_echo(port: int, response_bytes: int) -> None:
-    """A bare grpc.aio server with one unary method and no serializers, until SIGTERM.
-
-    Generic handlers with raw bytes need no generated code; the answer is a
-    fixed payload of a GetResponse's size, so the baseline moves the same bytes
-    as Get and does nothing else: no protobuf, no interceptor, no store.
-    """
-    response = b"\x00" * response_bytes
-
-    async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
-        return response
-
-    async def run() -> None:
-        server = grpc.aio.server()
-        handler = grpc.method_handlers_generic_handler(
-            ECHO_SERVICE, {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
-        )
-        server.add_generic_rpc_handlers((handler,))
-        if server.add_insecure_port(f"127.0.0.1:{port}") == 0:
-            raise SystemExit(f"echo server: cannot listen on port {port}")
-        await server.start()
-        stopping = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, stopping.set)
-        await stopping.wait()
-        await server.stop(0)
-
-    asyncio.run(run())
-
-
-def serve_bare_http(port: int, body_bytes: int) -> None:
-    """A bare aiohttp server answering the entity route with a fixed JSON body of the HTTP
-    front's answer size, until SIGTERM: the HTTP baseline, as ``serve_echo`` is gRPC's."""
-    from aiohttp import web
-
-    body = b'{"pad":"' + b"x" * max(0, body_bytes - 10) + b'"}'
-
-    async def entity(_: web.Request) -> web.Response:
-        return web.Response(body=body, content_type="application/json")
-
-    app = web.Application()
-    app.router.add_get("/v1/maps/{map}/entities/{key}", entity)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
-
-
-# --- load generators, each a spawned process ---
-
-
-@dataclass(frozen=True)
-class Load:
-    """What one generator process does; plain data, so it pickles into a spawned process.
-
-    ``mode`` is ``closed`` (``in_flight`` calls at all times, each sent as soon
-    as the previous one returned), ``open`` (calls started at ``rate`` per
-    second whatever the answers do) or ``stream`` (one bidirectional call,
-    ``first`` then ``requests`` in turn, at most ``in_flight`` unanswered).
-    """
-
-    target: str
-    method: str
-    mode: str
-    requests: list[bytes]
-    in_flight: int = 1
-    rate: float = 0.0
-    phase: float = 0.0
-    """Open loop: this process's offset into the shared schedule, in seconds, so the
-    generators' calls interleave instead of firing together."""
-    first: bytes = b""
-
-
-@dataclass(frozen=True)
-class Plan:
-    """When to warm up, measure and stop, on the machine-wide monotonic clock."""
-
-    warm: float
-    start: float
-    end: float
-
-
-def generator(load: Load, conn: Connection) -> None:
-    """Process entry: ready once connected, then the parent's plan, then the result."""
-    try:
-        conn.send(("result", asyncio.run(_generate(load, conn))))
-    except BaseException:
-        conn.send(("error", traceback.format_exc()))
-    finally:
-        conn.close()
-
-
-async def _generate(load: Load, conn: Connection) -> dict[str, Any]:
-    if load.mode == "http":
-        return await _http_closed_loop(load, conn)
-    async with grpc.aio.insecure_channel(load.target, options=CHANNEL_OPTIONS) as channel:
-        await asyncio.wait_for(channel.channel_ready(), 30)
-        conn.send(("ready", None))
-        plan: Plan = conn.recv()  # blocks the loop, but nothing is in flight yet
-        await asyncio.sleep(max(0.0, plan.warm - time.monotonic()))
-        if load.mode == "stream":
-            return await _stream(channel.stream_stream(load.method), load, plan)
-        call = channel.unary_unary(load.method)  # no serializers: bytes in, bytes out
-        if load.mode == "closed":
-            return await _closed_loop(call, load, plan)
-        return await _open_loop(call, load, plan)
-
-
-class _Tally:
-    """Calls answered and failed inside the measured window, and the first failure."""
-
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
-        self.calls = 0
-        self.errors = 0
-        self.first_error = ""
-        self.latencies: list[float] = []
-
-    def inside(self, moment: float) -> bool:
-        return self.plan.start <= moment < self.plan.end
-
-    def failed(self, exc: grpc.aio.AioRpcError, moment: float) -> None:
-        if self.inside(moment):
-            self.errors += 1
-        if not self.first_error:
-            self.first_error = f"{exc.code().name}: {exc.details()}"
-
-    def result(self) -> dict[str, Any]:
-        return {
-            "calls": self.calls,
-            "errors": self.errors,
-            "first_error": self.first_error,
-            "latencies": self.latencies,
-        }
-
-
-async def _closed_loop(call: Any, load: Load, plan: Plan) -> dict[str, Any]:
-    """``in_flight`` callers, each sending its next request as soon as one returns."""
-    tally = _Tally(plan)
-    requests, n = load.requests, len(load.requests)
-
-    async def caller(i: int) -> None:
-        while time.monotonic() < plan.end:
-            try:
-                await call(requests[i % n], timeout=CALL_TIMEOUT)
-            except grpc.aio.AioRpcError as exc:
-                tally.failed(exc, time.monotonic())
-            else:
-                if tally.inside(time.monotonic()):
-                    tally.calls += 1
-            i += load.in_flight
-
-    await asyncio.gather(*(caller(k) for k in range(load.in_flight)))
-    return tally.result()
-
-
-async def _http_closed_loop(load: Load, conn: Connection) -> dict[str, Any]:
-    """``in_flight`` HTTP/1.1 keep-alive connections, each sending its next request (raw
-    bytes, from ``requests``) as soon as the answer before it was read; a status other
-    than 200 is a failure."""
-    host, _, port = load.target.rpartition(":")
-    streams = [await asyncio.open_connection(host, int(port)) for _ in range(load.in_flight)]
-    conn.send(("ready", None))
-    plan: Plan = conn.recv()
-    await asyncio.sleep(max(0.0, plan.warm - time.monotonic()))
-    tally = _Tally(plan)
-    requests, n = load.requests, len(load.requests)
-
-    async def caller(i: int, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        while time.monotonic() < plan.end:
-            writer.write(requests[i % n])
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.split(b"\r\n"):
-                if line[:15].lower() == b"content-length:":
-                    length = int(line[15:])
-            await reader.readexactly(length)
-            moment = time.monotonic()
-            if head.startswith(b"HTTP/1.1 200"):
-                if tally.inside(moment):
-                    tally.calls += 1
-            else:
-                if tally.inside(moment):
-                    tally.errors += 1
-                tally.first_error = tally.first_error or head.split(b"\r\n", 1)[0].decode()
-            i += load.in_flight
-        writer.close()
-
-    await asyncio.gather(*(caller(k, r, w) for k, (r, w) in enumerate(streams)))
-    return tally.result()
-
-
-async def _open_loop(call: Any, load: Load, plan: Plan) -> dict[str, Any]:
-    """Calls started on a fixed schedule; latency counts from the scheduled start.
-
-    A call is never held back by the ones before it, so when the server (or the
-    generator's own event loop) falls behind, the wait shows up in the latency.
-    """
-    tally = _Tally(plan)
-    requests, n = load.requests, len(load.requests)
-    pending: set[asyncio.Task[None]] = set()
-    interval = 1.0 / load.rate
-
-    async def one(request: bytes, due: float) -> None:
-        try:
-            await call(request, timeout=CALL_TIMEOUT)
-        except grpc.aio.AioRpcError as exc:
-            tally.failed(exc, due)
-        else:
-            if tally.inside(due):
-                tally.calls += 1
-                tally.latencies.append(time.monotonic() - due)
-
-    due, sent = plan.warm + load.phase, 0
-    while due < plan.end:
-        while due <= time.monotonic() and due < plan.end:
-            task = asyncio.create_task(one(requests[sent % n], due))
-            pending.add(task)
-            task.add_done_callback(pending.discard)
-            sent += 1
-            due += interval
-        await asyncio.sleep(max(0.0, due - time.monotonic()))
-    if pending:
-        await asyncio.wait(pending, timeout=CALL_TIMEOUT + 1)
-    return tally.result()
-
-
-async def _stream(open_call: Any, load: Load, plan: Plan) -> dict[str, Any]:
-    """One bidirectional call: a writer keeps ``in_flight`` requests unanswered, a reader
-    counts the answers (one per request, in order) that arrive inside the window."""
-    tally = _Tally(plan)
-    requests, n = load.requests, len(load.requests)
-    call = open_call(timeout=plan.end - time.monotonic() + CALL_TIMEOUT)
-    window = asyncio.Semaphore(load.in_flight)
-
-    async def write() -> None:
-        await window.acquire()
-        await call.write(load.first)  # carries the join spec; later requests reuse it
-        i = 0
-        while time.monotonic() < plan.end:
-            await window.acquire()
-            await call.write(requests[i % n])
-            i += 1
-        await call.done_writing()
-
-    async def read() -> None:
-        while (response := await call.read()) is not grpc.aio.EOF:
-            window.release()
-            if response and tally.inside(time.monotonic()):
-                tally.calls += 1
-
-    try:
-        await asyncio.gather(write(), read())
-    except grpc.aio.AioRpcError as exc:
-        tally.failed(exc, time.monotonic())
-    return tally.result()
-
-
-# --- the parent: processes, phases, CPU accounting ---
-
-
-def cpu_seconds(pid: int) -> float | None:
-    """User + system CPU of one process (Linux ``/proc``); ``None`` when it cannot be read."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    except OSError:
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def machine_busy() -> float:
-    """Busy CPU seconds of the whole machine since boot (``/proc/stat``): with the
-    benchmark's own processes, it shows how much other work shared the cores."""
-    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    idle = ticks[3] + ticks[4]  # idle + iowait
-    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def sleep_until(moment: float) -> None:
-    time.sleep(max(0.0, moment - time.monotonic()))
-
-
-class CpuWindow:
-    """CPU used by groups of processes between ``begin`` and ``end``, in cores."""
-
-    def __init__(self, groups: dict[str, Sequence[int]]) -> None:
-        self.groups = groups
-
-    def _sample(self) -> dict[str, float | None]:
-        out: dict[str, float | None] = {}
-        for name, pids in self.groups.items():
-            seconds = [cpu_seconds(p) for p in pids]
-            out[name] = None if not pids or None in seconds else sum(s or 0 for s in seconds)
-        out["machine"] = machine_busy()
-        return out
-
-    def begin(self) -> None:
-        self._before, self._at = self._sample(), time.monotonic()
-
-    def end(self) -> dict[str, float | None]:
-        after, wall = self._sample(), time.monotonic() - self._at
-        cores: dict[str, float | None] = {}
-        for name, value in after.items():
-            before = self._before[name]
-            used = None if value is None or before is None else value - before
-            cores[f"{name}_cpu_cores"] = None if used is None else round(used / wall, 2)
-        cores["machine_busy_cores"] = cores.pop("machine_cpu_cores")
-        return cores
-
-
-def _expect(conn: Connection, what: str, timeout: float) -> Any:
-    if not conn.poll(timeout):
-        raise TimeoutError(f"a load generator sent no {what} within {timeout:.0f} s")
-    kind, payload = conn.recv()
-    if kind == "error":
-        raise RuntimeError(f"a load generator failed:\n{payload}")
-    if kind != what:
-        raise RuntimeError(f"a load generator sent {kind}, expected {what}")
-    return payload
-
-
-@contextlib.contextmanager
-def generators(loads: Sequence[Load]) -> Iterator[tuple[list[Connection], list[int]]]:
-    """Spawned generator processes; always stopped on the way out, even on error.
-
-    Spawned, not forked: a forked child would inherit the parent's gRPC state,
-    which gRPC does not support, and a fresh interpreter per generator is what
-    a separate client would be.
-    """
-    ctx = mp.get_context("spawn")
-    procs: list[Any] = []
-    conns: list[Connection] = []
-    try:
-        for load in loads:
-            mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=generator, args=(load, theirs), daemon=True)
-            proc.start()
-            theirs.close()
-            procs.append(proc)
-            conns.append(mine)
-        yield conns, [p.pid for p in procs]
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-        for proc in procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        for conn in conns:
-            conn.close()
-
-
-def run_phase(
-    loads: Sequence[Load], warmup: float, seconds: float, watch: dict[str, Sequence[int]]
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Start the generators, warm up together, measure together; the summed tallies and
-    the CPU each watched group (plus the generators) used over the measured window."""
-    with generators(loads) as (conns, pids):
-        for conn in conns:
-            _expect(conn, "ready", 60)
-        warm = time.monotonic() + 0.2
-        plan = Plan(warm=warm, start=warm + warmup, end=warm + warmup + seconds)
-        for conn in conns:
-            conn.send(plan)
-        cpu = CpuWindow({**watch, "generators": pids})
-        sleep_until(plan.start)
-        cpu.begin()
-        sleep_until(plan.end)
-        usage = cpu.end()
-        results = [_expect(conn, "result", CALL_TIMEOUT + 60) for conn in conns]
-    total: dict[str, Any] = {
-        "calls": sum(r["calls"] for r in results),
-        "errors": sum(r["errors"] for r in results),
-        "first_error": next((r["first_error"] for r in results if r["first_error"]), ""),
-        "latencies": [x for r in results for x in r["latencies"]],
-    }
-    return total, usage
-
-
-def unary_loads(
-    target: str, method: str, pools: Sequence[list[bytes]], in_flight: int
-) -> list[Load]:
-    """Closed loop: one generator per request pool, ``in_flight`` calls each."""
-    return [Load(target, method, "closed", pool, in_flight=in_flight) for pool in pools]
-
-
-def open_loads(target: str, method: str, pools: Sequence[list[bytes]], rate: float) -> list[Load]:
-    """Open loop: ``rate`` calls/s in all, shared by one generator per request pool."""
-    per = rate / len(pools)
-    return [
-        Load(target, method, "open", pool, rate=per, phase=i / rate) for i, pool in enumerate(pools)
-    ]
-
-
-def closed_line(total: dict[str, Any], seconds: float) -> dict[str, Any]:
-    """Calls/s of a closed-loop phase; a failed call fails the benchmark (no silent errors)."""
-    if total["errors"] or not total["calls"]:
-        raise RuntimeError(f"{total['errors']} failed calls, first: {total['first_error']}")
-    return {"calls": total["calls"], "calls_per_s": round(total["calls"] / seconds)}
-
-
-def latency_line(total: dict[str, Any], rate: float, seconds: float) -> dict[str, Any]:
-    """Percentiles of an open-loop phase, as ``harness.freshness`` computes them."""
-    ms = sorted(x * 1000 for x in total["latencies"])
-    if total["errors"] or len(ms) < 2:
-        raise RuntimeError(f"{total['errors']} failed calls, first: {total['first_error']}")
-    q = statistics.quantiles(ms, n=100)
-    return {
-        "offered_per_s": round(rate),
-        "achieved_per_s": round(len(ms) / seconds),
-        "samples": len(ms),
-        "p50_ms": round(q[49], 2),
-        "p90_ms": round(q[89], 2),
-        "p99_ms": round(q[98], 2),
-        "max_ms": round(ms[-1], 2),
-    }
-
-
-def loadavg() -> float:
-    return round(os.getloadavg()[0], 2)
 
 
 # --- data and services ---
