@@ -1,4 +1,4 @@
-"""Names of the internal columns that flow between the pipeline's stages.
+"""Names of the internal columns that flow between the pipeline's stages and into the sinks.
 
 Records keep the entity's fields as top-level columns, so that transforms and
 SQL conditions name fields as users write them; everything the pipeline adds

@@ -2,9 +2,9 @@
 every master, routing a call to the master holding its keys, the key that keeps each
 entity's fold state, and the producer that sends what a call changed.
 
-One library (``SOURCE``, Lua) holds every function, versioned by name
-(``materializer_<name>_v3``), so a new release's functions load beside an old
-release's during a rolling upgrade. A function that writes first checks the
+One library (``SOURCE``, Lua) holds every function (``materializer_<name>_v3``),
+loaded with ``FUNCTION LOAD REPLACE`` on every master before a map folds, and
+again by a call that finds it gone. A function that writes first checks the
 map's marker: a server restarted empty answers ``MATERIALIZER_LOST`` instead of
 writing onto a copy that is no longer whole (``CopyLost``).
 """
