@@ -29,7 +29,8 @@ COPY jvm/kafka/pom.xml jvm/kafka/
 COPY jvm/registry/pom.xml jvm/registry/
 COPY jvm/s3/pom.xml jvm/s3/
 COPY jvm/s3proxy/pom.xml jvm/s3proxy/
-# The schema registry and the S3 server (jvm/registry, jvm/s3proxy) serve the tests only.
+# The S3 server (jvm/s3proxy) serves the tests only; the schema registry (jvm/registry)
+# the tests and `materializer demo --schema-registry` in a checkout.
 RUN make jars JVM_MODULES=spark,kafka,s3
 
 COPY pyproject.toml README.md ./

@@ -34,6 +34,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)  # stable: the rest keep their order
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: absent under -p no:xdist
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     from xdist.scheduler import LoadFileScheduling
 

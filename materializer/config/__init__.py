@@ -23,7 +23,7 @@ from materializer.config.connections import (
     SparkConfig,
     read_config_file,
 )
-from materializer.config.durations import Duration, PositiveDuration
+from materializer.config.durations import Duration, NonNegativeDuration, PositiveDuration
 from materializer.config.enrichments import (
     EnrichmentConfig,
     EnrichmentLookupConfig,
@@ -109,6 +109,7 @@ __all__ = [
     "MaskTransform",
     "MetricsConfig",
     "NearCacheConfig",
+    "NonNegativeDuration",
     "OBJECT_STORE_SCHEMES",
     "ObjectStoreConfig",
     "PositiveDuration",

@@ -17,7 +17,7 @@ from pydantic import (
 )
 
 from materializer.config.base import _Model
-from materializer.config.durations import Duration
+from materializer.config.durations import NonNegativeDuration
 from materializer.errors import ConfigError
 
 
@@ -150,7 +150,7 @@ class DeltaConfig(_Model):
     """Where the Delta tables live: ``<root>/<map>``."""
 
     root: str = "./warehouse"
-    trigger_interval: Duration = timedelta(seconds=5)
+    trigger_interval: NonNegativeDuration = timedelta(seconds=5)
     """How often each map's table takes in the changelog: fewer, bigger MERGEs as it grows.
     Lookups never wait for it; Redis is written by the fold itself."""
 
@@ -192,14 +192,14 @@ class SparkConfig(_Model):
 
     master: str = "local[*]"
     checkpoint_root: str = "./checkpoints"
-    trigger_interval: Duration = timedelta(milliseconds=100)
+    trigger_interval: NonNegativeDuration = timedelta(milliseconds=100)
     """Cadence of the folds (and enrichments): a record waits up to this long for the batch
     that takes it, so it bounds freshness from below; an idle poll is one offsets request."""
-    side_trigger_interval: Duration = timedelta(seconds=5)
+    side_trigger_interval: NonNegativeDuration = timedelta(seconds=5)
     """Unused: dead letters and history are written by the fold's own query, at its cadence.
     Accepted so that configurations written for earlier versions still load."""
     shuffle_partitions: Annotated[int, Field(ge=1)] = 4
-    stop_timeout: Duration = timedelta(seconds=100)
+    stop_timeout: NonNegativeDuration = timedelta(seconds=100)
     """How long a stop (SIGTERM, Ctrl-C) may take: the folds finish their batches, then the
     Delta tables take in the changelog up to them. Within the chart's grace period (120 s);
     what the timeout cuts short is logged, and the next start replays it."""

@@ -3,6 +3,7 @@ triggers take them."""
 
 from __future__ import annotations
 
+import math
 import re
 from datetime import timedelta
 from typing import Annotated, Any
@@ -65,6 +66,18 @@ PositiveDuration = Annotated[Duration, AfterValidator(_positive)]
 """A ``Duration`` of more than nothing."""
 
 
+def _not_negative(value: timedelta) -> timedelta:
+    if value < timedelta(0):
+        raise ValueError("must be 0 or more")
+    return value
+
+
+NonNegativeDuration = Annotated[Duration, AfterValidator(_not_negative)]
+"""A ``Duration`` of nothing or more."""
+
+
 def processing_time(interval: timedelta) -> str:
     """A trigger interval as Spark's ``trigger(processingTime=...)`` takes it."""
-    return f"{round(interval.total_seconds() * 1000)} milliseconds"
+    millis = interval.total_seconds() * 1000
+    # Never rounded down to 0, which would make Spark trigger without a pause.
+    return f"{math.ceil(millis) if millis > 0 else 0} milliseconds"

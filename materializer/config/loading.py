@@ -62,11 +62,12 @@ def with_env_overrides(data: dict[str, Any]) -> dict[str, Any]:
     the caller's (a test's template, a parsed file kept for its text) is never changed."""
     out = dict(data)
     for var, (section, key) in ENV_OVERRIDES.items():
-        if var not in os.environ:
+        value = os.environ.get(var)
+        if not value:  # unset or empty: the file's setting stands
             continue
-        current = out.get(section, {})
+        current = out.get(section) or {}  # an empty section (``redis:``) is still one
         if isinstance(current, dict):
-            out[section] = {**current, key: os.environ[var]}
+            out[section] = {**current, key: value}
     return out
 
 

@@ -9,12 +9,11 @@ from typing import Annotated, Literal
 from pydantic import (
     ConfigDict,
     Field,
-    field_validator,
     model_validator,
 )
 
 from materializer.config.base import INTERNAL_PREFIX, KAFKA_KEY, _Model
-from materializer.config.durations import Duration, PositiveDuration
+from materializer.config.durations import NonNegativeDuration, PositiveDuration
 from materializer.config.transforms import Transform, ValueToKeyTransform
 
 
@@ -106,10 +105,14 @@ class SourceConfig(_Model):
             )
         if several and "schema_registry_url" not in given:
             raise ValueError("subject_name_strategy needs schema_registry_url")
-        if several != bool(self.record_types):
+        if several and not self.record_types:
             raise ValueError(
-                "record_types lists the record types of subject_name_strategy record or "
-                "topic_record, and only of those"
+                f"subject_name_strategy {self.subject_name_strategy} needs record_types: the "
+                "full names of the record types the topic carries"
+            )
+        if self.record_types and not several:
+            raise ValueError(
+                "record_types applies with subject_name_strategy record or topic_record only"
             )
         url = self.schema_registry_url
         if url is not None and not re.match(r"^https?://[^/\s]+", url):
@@ -182,15 +185,8 @@ class TtlConfig(_Model):
     """Rows of the table not updated for this long are deleted by the periodic cleanup."""
     cleanup_interval: PositiveDuration = timedelta(hours=1)
     """How often the Delta query runs the retention DELETE (and VACUUM) after its MERGE."""
-    vacuum_retention: Duration | None = timedelta(hours=168)
+    vacuum_retention: NonNegativeDuration | None = timedelta(hours=168)
     """VACUUM keeps data files removed this long ago: the time-travel window; null: no VACUUM."""
-
-    @field_validator("vacuum_retention")
-    @classmethod
-    def _not_negative(cls, value: timedelta | None) -> timedelta | None:
-        if value is not None and value < timedelta(0):
-            raise ValueError("must be 0 or more")
-        return value
 
     @model_validator(mode="after")
     def _something_expires(self) -> TtlConfig:

@@ -1,6 +1,5 @@
 """What the materializer writes and the query service reads: the only materializer code
-the query service imports, besides ``config``, ``errors``, ``redis_client`` and the
-generated ``v1``.
+the query service imports, besides ``config``, ``errors`` and the generated ``v1``.
 
 Both halves run as separate processes, often of different versions during a
 rolling upgrade, so everything they must agree on lives here and nowhere else:
@@ -20,6 +19,6 @@ rolling upgrade, so everything they must agree on lives here and nowhere else:
 - ``logs``: the one log line format of both processes.
 
 Nothing here imports Spark or the pipeline: a module of this package may
-import only ``config``, ``errors``, ``redis_client`` and its siblings, which
-``make lint`` checks (import-linter).
+import only ``config``, ``errors`` and its siblings, which ``make lint`` checks
+(import-linter).
 """

@@ -177,7 +177,11 @@ class EventProducer:
 
     def _send(self, producer: Producer, event: DemoEvent) -> None:
         callback = functools.partial(self._delivered, event.user_id, time.time())
-        value = self._encode(event)
+        try:
+            value = self._encode(event)
+        except Exception as exc:  # counted and shown as a failed delivery, never silent
+            self.log.failure(f"cannot encode an event of {event.topic}: {exc}")
+            return
         while True:
             try:
                 producer.produce(event.topic, key=event.key, value=value, on_delivery=callback)

@@ -153,10 +153,15 @@ class DemoStack:
         registry = ApicurioRegistry()
         with self._steps.step("starting the schema registry (Apicurio)"):
             self._on_close("the schema registry", registry.stop)
-            registry.start()
+            registry.started()
         with self._steps.step(f"registering the Avro schemas of {USER_EVENTS}, {ORDERS}") as notes:
             values = AvroValues(registry.url)
-            ids = values.register()
+            try:
+                ids = values.register()
+            except Exception as exc:  # the registry client raises its own and httpx's errors
+                raise SetupError(
+                    f"the schema registry at {registry.url} did not take the demo's schemas: {exc}"
+                ) from None
             notes.append(", ".join(f"{topic}-value id {i}" for topic, i in ids.items()))
         return values
 

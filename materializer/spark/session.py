@@ -50,6 +50,10 @@ def conf_file(name: str, content: str) -> Path:
     return path
 
 
+CLASS_PATHS = ("spark.driver.extraClassPath", "spark.executor.extraClassPath")
+"""The class paths ``spark.jars: installed`` sets, which a config's own entries extend."""
+
+
 def spark_conf(
     config: SparkConfig, object_store: ObjectStoreConfig | None = None
 ) -> dict[str, str]:
@@ -93,7 +97,13 @@ def spark_conf(
         conf["spark.jars"] = ",".join(str(p) for p in local_jars)
     if object_store is not None:
         conf.update(hadoop_conf(object_store))
+    own_paths = {k: conf[k] for k in CLASS_PATHS if k in conf}
     conf.update(config.conf)
+    for key, path in own_paths.items():
+        # A class path the config adds goes after the product's jars, not instead of them.
+        extra = config.conf.get(key)
+        if extra and extra != path:
+            conf[key] = f"{path}:{extra}"
     log4j2 = spark_log4j2()
     if log4j2 is not None:
         # Read as the driver's JVM starts. A -D the config sets comes after it and wins.

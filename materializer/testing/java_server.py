@@ -56,13 +56,18 @@ class JavaServer:
             self._tmp.cleanup()
             self._tmp = None
 
-    def __enter__(self) -> Self:
+    def started(self) -> Self:
+        """``start``; a server that does not come up is stopped and reported as a
+        ``SetupError`` carrying the end of its log (which goes with its folder)."""
         try:
             return self.start()
         except Exception:
             tail = self._proc.tail() if self._proc is not None else ""
             self.stop()
             raise SetupError(f"the {self.name} did not start:\n{tail}") from None
+
+    def __enter__(self) -> Self:
+        return self.started()
 
     def __exit__(
         self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None

@@ -1,10 +1,10 @@
 """Bounded waits for something another process does: a server starting, a map folding a
 topic, a stream catching up. They poll; they never assert how long it took.
 
-One synchronous and one asyncio form, with the same contract: return as soon as
-``condition`` holds; ``TimeoutError`` naming ``what`` after ``timeout`` seconds;
-``RuntimeError`` at once when ``alive`` says the process being waited on died, so a
-crash is reported as a crash rather than as a timeout minutes later.
+Both return as soon as ``condition`` holds and raise ``TimeoutError`` naming ``what``
+after ``timeout`` seconds. The synchronous form also takes ``alive``: ``RuntimeError``
+at once when the process being waited on died, so a crash is reported as a crash
+rather than as a timeout minutes later.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ def wait_until(
         try:
             if condition():
                 return
+            last = None  # answered: an earlier error no longer describes the wait
         except Exception as exc:
             if not retry_errors:
                 raise

@@ -50,6 +50,10 @@ def test_environment_overrides_connection_settings(monkeypatch):
     assert cfg.kafka.bootstrap_servers == "k1:9092,k2:9092"
     # The caller's document is left as it was: a template reused by several tests, say.
     assert doc == {"redis": {"url": "redis://localhost"}, "maps": {"users": MAP}}
+    # An empty section still takes the override; an empty variable overrides nothing.
+    assert parse_config({"redis": None, "maps": {}}).redis.url == "redis://elsewhere:6380/1"
+    monkeypatch.setenv("MATERIALIZER_REDIS_URL", "")
+    assert parse_config(doc).redis.url == "redis://localhost"
 
 
 def test_trigger_intervals_are_durations_and_reach_spark_as_milliseconds():
@@ -60,6 +64,10 @@ def test_trigger_intervals_are_durations_and_reach_spark_as_milliseconds():
     assert processing_time(cfg.spark.trigger_interval) == "1500 milliseconds"
     assert processing_time(cfg.delta.trigger_interval) == "10000 milliseconds"
     assert processing_time(parse_config({}).spark.trigger_interval) == "100 milliseconds"
+    assert processing_time(timedelta(microseconds=300)) == "1 milliseconds"  # never 0 by rounding
+    assert processing_time(timedelta(0)) == "0 milliseconds"
+    with pytest.raises(ConfigError, match=r"spark.trigger_interval: must be 0 or more"):
+        parse_config({"spark": {"trigger_interval": -5}})
     with pytest.raises(ConfigError) as bad:
         parse_config({"spark": {"trigger_interval": "soon"}})
     assert bad.value.problems == [
@@ -103,17 +111,21 @@ def test_format_options_are_checked_per_format():
     ) == ["maps.m.source: schema_registry_url does not apply to format json_schema"]
     registry = {"format": "avro", "schema_registry_url": "http://r"}
     assert problems({**registry, "subject_name_strategy": "record"}) == [
-        "maps.m.source: record_types lists the record types of subject_name_strategy record "
-        "or topic_record, and only of those"
+        "maps.m.source: subject_name_strategy record needs record_types: the full names of "
+        "the record types the topic carries"
     ]
-    assert problems({**registry, "record_types": ["a.B"]}) == problems(
-        {**registry, "subject_name_strategy": "record"}
-    )
+    assert problems({**registry, "record_types": ["a.B"]}) == [
+        "maps.m.source: record_types applies with subject_name_strategy record or topic_record only"
+    ]
     assert problems(
-        {"format": "protobuf", "schema_registry_url": "http://r", "subject_name_strategy": "record"}
+        {
+            "format": "protobuf",
+            "schema_registry_url": "http://r",
+            "subject_name_strategy": "topic_record",
+        }
     ) == [
-        "maps.m.source: record_types lists the record types of subject_name_strategy record "
-        "or topic_record, and only of those"
+        "maps.m.source: subject_name_strategy topic_record needs record_types: the full names "
+        "of the record types the topic carries"
     ]
     assert problems(
         {

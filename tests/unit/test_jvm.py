@@ -72,6 +72,11 @@ def test_installed_jars_go_on_the_class_paths_instead_of_being_shipped():
     assert {str(p) for p in jars("s3")} <= set(path)
     assert all(Path(j).is_file() for j in path)
     assert "spark.executor.extraClassPath" not in shipped
+    # A class path of the config's own is added to the product's jars, not put in their place.
+    own = {"spark.executor.extraClassPath": "/opt/extra/udf.jar"}
+    extended = spark_conf(SparkConfig(jars="installed", conf=own))["spark.executor.extraClassPath"]
+    assert extended.split(":")[-1] == "/opt/extra/udf.jar"
+    assert set(shipped["spark.jars"].split(",")) < set(extended.split(":"))
 
 
 def test_delta_snapshots_are_rebuilt_with_the_maps_parallelism():

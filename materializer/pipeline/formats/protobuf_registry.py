@@ -89,7 +89,7 @@ def read_message_indexes(data: bytes) -> tuple[tuple[int, ...], int]:
     if count == 0:
         return (0,), pos
     if count < 0 or count > MAX_INDEXES:
-        raise DecodeFailure(f"message indexes: count {count} is not a count")
+        raise DecodeFailure(f"message indexes: count {count} is negative or over {MAX_INDEXES}")
     indexes = []
     for _ in range(count):
         index, pos = read_varint(data, pos)
@@ -148,7 +148,10 @@ def _compile(text: str, name: str, imports: list[FileProto]) -> FileProto:
             deps = root / "imports.pb"
             deps.write_bytes(descriptor_pb2.FileDescriptorSet(file=imports).SerializeToString())
             args.append(f"--descriptor_set_in={deps}")
-        done = subprocess.run([*args, name], capture_output=True, text=True, timeout=120)
+        try:
+            done = subprocess.run([*args, name], capture_output=True, text=True, timeout=120)
+        except subprocess.TimeoutExpired:
+            raise ProtobufSchemaError(f"protoc did not finish compiling {name} in 120 s") from None
         if done.returncode != 0:
             raise ProtobufSchemaError(f"protoc cannot compile {name}: {done.stderr.strip()}")
         files = descriptor_pb2.FileDescriptorSet.FromString(out.read_bytes()).file
@@ -179,6 +182,9 @@ def _file_name(schema_id: int) -> str:
 
 _writer_files: dict[tuple[str, int], FileProto] = {}
 """(url, writer id) → the writer schema's own file, per process."""
+_bad_writers: dict[tuple[str, int], str] = {}
+"""(url, writer id) → why that schema cannot be read: schemas never change, so every record
+of the id fails alike without asking the registry or protoc again."""
 
 
 @dataclass(frozen=True)
@@ -206,23 +212,29 @@ class ProtobufRegistryDecoder(ValueDecoder):
         found = _writer_files.get(key)
         if found is not None:
             return found
+        bad = _bad_writers.get(key)
+        if bad is not None:
+            raise DecodeFailure(bad)
         reader = self._by_id.get(schema_id)
         if reader is not None:
             found = descriptor_pb2.FileDescriptorSet.FromString(reader.files).file[-1]
             _writer_files[key] = found
             return found
         client = client_for(self.url)
+        bad = None
         try:
             schema = client.by_id(schema_id, fmt="serialized")
             if schema.schema_type != "PROTOBUF":
-                raise DecodeFailure(
-                    f"writer schema id {schema_id} is {schema.schema_type}, not PROTOBUF"
-                )
-            found = schema_files(client, schema, _file_name(schema_id))[-1]
-        except RegistryError as exc:
+                bad = f"writer schema id {schema_id} is {schema.schema_type}, not PROTOBUF"
+            else:
+                found = schema_files(client, schema, _file_name(schema_id))[-1]
+        except RegistryError as exc:  # an outage passes; the client remembers it briefly
             raise DecodeFailure(f"writer schema id {schema_id}: {exc}") from None
         except ProtobufSchemaError as exc:
-            raise DecodeFailure(f"writer schema id {schema_id}: {exc}") from None
+            bad = f"writer schema id {schema_id}: {exc}"
+        if bad is not None or found is None:
+            _bad_writers[key] = bad or f"writer schema id {schema_id} holds no file"
+            raise DecodeFailure(_bad_writers[key])
         _writer_files[key] = found
         return found
 
@@ -246,10 +258,10 @@ class ProtobufRegistryDecoder(ValueDecoder):
 
 
 def _message_reader(
-    url: str, topic: str, subject: str, message: str | None
+    url: str, topic: str, subject: str, message: str | None, key: str
 ) -> tuple[MessageReader, StructType]:
     """The latest schema of ``subject`` as the reader of ``message`` (default: the schema's
-    first message), and that message's fields."""
+    first message), and that message's fields; ``key`` is the config key that named it."""
     latest = reader_schema(url, topic, "PROTOBUF", fmt="serialized", subject=subject)
     try:
         files = schema_files(client_for(url), latest, _file_name(latest.id))
@@ -273,7 +285,6 @@ def _message_reader(
     try:
         fields = spark_type(find_message(reader_set, message))
     except KeyError:
-        key = "record_types" if subject != value_subject(topic) else "message"
         raise ConfigError(
             "",
             [
@@ -282,7 +293,7 @@ def _message_reader(
             ],
         ) from None
     except ProtobufSchemaError as exc:
-        raise ConfigError("", [f"source.message: {exc}"]) from None
+        raise ConfigError("", [f"source.{key}: message {message}: {exc}"]) from None
     return MessageReader(message, latest.id, reader_set), fields
 
 
@@ -295,12 +306,14 @@ def decode_protobuf_registry(raw: DataFrame, map_config: MapConfig) -> DataFrame
     src = map_config.source
     url = src.schema_registry_url or ""
     topic = src.topics[0]
-    wanted: list[tuple[str, str | None]] = (
-        [(subject_name(src.subject_name_strategy, topic, m), m) for m in src.record_types]
-        if src.record_types
-        else [(value_subject(topic), src.message)]
-    )
-    readers = [_message_reader(url, topic, subject, message) for subject, message in wanted]
+    wanted: list[tuple[str, str | None, str]]
+    if src.record_types:
+        strategy = src.subject_name_strategy
+        wanted = [(subject_name(strategy, topic, m), m, "record_types") for m in src.record_types]
+    else:
+        key = "message" if src.message else "schema_registry_url"
+        wanted = [(value_subject(topic), src.message, key)]
+    readers = [_message_reader(url, topic, *want) for want in wanted]
     fields = union_fields([(reader.message, fields) for reader, fields in readers])
     return decode_in_python(
         raw, fields, ProtobufRegistryDecoder(url, [reader for reader, _ in readers])

@@ -241,16 +241,28 @@ def union_fields(parts: Sequence[tuple[str, StructType]]) -> StructType:
 
     A field name means one thing in a map: two types that give it two types are a
     ConfigError naming both, rather than a column whose type depends on the record.
+    Nullability does not count (every decoded field is nullable at every depth), and
+    names differing only in case are one name, as Spark resolves them.
     """
     from pyspark.sql.types import StructType
+
+    from materializer.pipeline.formats.arrow_decode import nullable
 
     merged: dict[str, tuple[StructField, str]] = {}
     for owner, fields in parts:
         for field in fields.fields:
-            seen = merged.get(field.name)
+            seen = merged.get(field.name.lower())
             if seen is None:
-                merged[field.name] = (field, owner)
-            elif seen[0].dataType != field.dataType:
+                merged[field.name.lower()] = (field, owner)
+            elif seen[0].name != field.name:
+                raise ConfigError(
+                    "",
+                    [
+                        f"source.record_types: field {seen[0].name} of {seen[1]} and field "
+                        f"{field.name} of {owner} differ only in case: Spark takes them for one"
+                    ],
+                )
+            elif nullable(seen[0].dataType) != nullable(field.dataType):
                 raise ConfigError(
                     "",
                     [
