@@ -68,8 +68,8 @@ def _drop_nulls(row: dict[str, Any]) -> dict[str, Any]:
 def delta_map_rs(path: Path | str, storage_options: dict[str, str] | None = None) -> dict[str, Any]:
     """The Delta table read with delta-rs (no JVM), keyed by ``_key``.
 
-    A local table whose log folder exists but holds no commit yet is being created
-    (Delta makes the folder first): it is read again for a few seconds.
+    A local table whose folder exists but whose log holds no commit yet is being
+    created (Delta makes the folders first): it is read again for a few seconds.
     """
     from deltalake import DeltaTable
     from deltalake.exceptions import TableNotFoundError
@@ -81,7 +81,8 @@ def delta_map_rs(path: Path | str, storage_options: dict[str, str] | None = None
             rows = table.to_pyarrow_table().to_pylist()
             return {r.pop("_key"): _drop_nulls(r) for r in rows}
         except TableNotFoundError:
-            local = storage_options is None and (Path(path) / "_delta_log").is_dir()
+            # The folder (and then _delta_log) exist before the first commit's file does.
+            local = storage_options is None and Path(path).is_dir()
             if not local or time.monotonic() > deadline:
                 raise
             time.sleep(0.1)
