@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from materializer import record_columns as c
 from materializer.config import AppConfig, is_inferred
 from materializer.config.durations import processing_time
+from materializer.contract.object_store import delta_rs_location
 from materializer.contract.redis_layout import physical_name
 from materializer.contract.table_layout import table_path
 from materializer.pipeline.checkpoint import Checkpoint
@@ -73,6 +74,7 @@ def start_delta_query(
     changelog = changelog_topic(config, map_name, generation)
     for key, value in kafka_options(config, [changelog], "earliest").items():
         reader = reader.option(key, value)
+    reader = reader.option("maxOffsetsPerTrigger", str(config.delta.max_changes_per_batch))
     raw = reader.load()
     changes = raw.select(
         raw["key"].cast("string").alias(c.KEY),
@@ -84,7 +86,14 @@ def start_delta_query(
     )
     delta_checkpoint = checkpoint_path(config, physical, "delta")
     table = table_path(config, physical)
-    sinks: list[Sink] = [DeltaSink(table, updated_at=ttl is not None)]
+    sinks: list[Sink] = [
+        DeltaSink(
+            table,
+            updated_at=ttl is not None,
+            engine=config.delta.merge_engine,
+            location=delta_rs_location(config, table),
+        )
+    ]
     if ttl is not None and ttl.delta is not None:
         # After the MERGE, in the same foreachBatch: the cleanup never races a MERGE.
         sinks.append(

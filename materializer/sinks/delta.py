@@ -11,11 +11,22 @@ appears in a later batch is added to the table (ADD COLUMNS, itself idempotent)
 before that batch's MERGE. A map with ``ttl.delta`` also has ``_updated_at``
 after ``_key``: each change's ``__timestamp`` (its changelog record's Kafka
 timestamp, when the fold wrote it), which the retention cleanup deletes by.
+
+Two engines run the same MERGE (``delta.merge_engine``). ``delta_rs`` collects the
+batch's rows (one per key, at most ``delta.max_changes_per_batch`` changes) to the
+driver as Arrow and merges them there: the table's rewrite is Rust's work in this
+process, not a Spark job on the cores the fold needs. It writes the same transaction
+action as Spark (``txn`` with the batch's app id and id) and checks the table's last one
+before it merges, so a replay is skipped whichever engine wrote the first attempt: the
+table has one writer, the map's Delta query, so nothing can commit between the check and
+the MERGE. ``spark`` runs it as a Spark job, for batches the driver cannot hold.
+Creating the table and adding columns stay with Spark either way: they are rare, and
+Spark's DDL is what data teams see.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from materializer import record_columns as c
 from materializer.errors import MaterializerError
@@ -23,7 +34,8 @@ from materializer.record_columns import quote
 from materializer.sinks.base import Batch, Sink
 
 if TYPE_CHECKING:
-    from pyspark.sql import Column, SparkSession
+    import pyarrow as pa
+    from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructField, StructType
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
@@ -38,14 +50,25 @@ class DeltaSink(Sink):
     """MERGE of each batch into a table keyed by ``_key``.
 
     ``updated_at``: the rows carry ``_updated_at``, and each batch's rows a
-    ``__timestamp`` column to set it from (``ttl.delta``).
+    ``__timestamp`` column to set it from (``ttl.delta``). ``location``: the table's URI
+    and storage options for delta-rs (``contract.object_store.delta_rs_location``);
+    ``path`` itself when it is a local folder.
     """
 
     name = "delta"
 
-    def __init__(self, path: str, *, updated_at: bool = False) -> None:
+    def __init__(
+        self,
+        path: str,
+        *,
+        updated_at: bool = False,
+        engine: Literal["delta_rs", "spark"] = "delta_rs",
+        location: tuple[str, dict[str, str] | None] | None = None,
+    ) -> None:
         self.path = path
         self.updated_at = updated_at
+        self.engine = engine
+        self.location = location or (path, None)
         self._columns: set[str] | None = None
 
     def _own_columns(self) -> list[StructField]:
@@ -81,8 +104,6 @@ class DeltaSink(Sink):
 
     def write(self, batch: Batch) -> None:
         """MERGE the batch; a replayed (app id, batch id) commits nothing."""
-        from delta.tables import DeltaTable
-
         spark = batch.rows.sparkSession
         entity = batch.rows.schema[c.ENTITY].dataType
         self.ensure_table(spark, entity)  # type: ignore[arg-type]
@@ -99,10 +120,21 @@ class DeltaSink(Sink):
         )
         written = [*own, *fields]
         # A column this batch's entities lack (an older field) is cleared, not kept.
-        known = sorted((self._columns or set()) - set(written))
+        cleared = sorted((self._columns or set()) - set(written))
+        if self.engine == "spark":
+            self._merge_spark(source, batch, written, cleared)
+        else:
+            self._merge_delta_rs(source, batch, written, cleared)
+
+    def _merge_spark(
+        self, source: DataFrame, batch: Batch, written: list[str], cleared: list[str]
+    ) -> None:
+        from delta.tables import DeltaTable
+
+        spark = source.sparkSession
         assignments: dict[str, str | Column] = {
             **{quote(n): f"s.{quote(n)}" for n in written},
-            **{quote(n): "NULL" for n in known},
+            **{quote(n): "NULL" for n in cleared},
         }
         spark.conf.set(TXN_APP_ID, batch.app_id)
         spark.conf.set(TXN_VERSION, str(batch.batch_id))
@@ -119,3 +151,63 @@ class DeltaSink(Sink):
         finally:
             spark.conf.unset(TXN_APP_ID)
             spark.conf.unset(TXN_VERSION)
+
+    def _merge_delta_rs(
+        self, source: DataFrame, batch: Batch, written: list[str], cleared: list[str]
+    ) -> None:
+        from deltalake import CommitProperties, DeltaTable, Transaction
+
+        uri, options = self.location
+        table = DeltaTable(uri, storage_options=options)
+        done = table.transaction_version(batch.app_id)
+        if done is not None and done >= batch.batch_id:
+            return
+        assignments = {
+            **{_sql_name(n): f"s.{_sql_name(n)}" for n in written},
+            **{_sql_name(n): "NULL" for n in cleared},
+        }
+        deleted = f"s.{_sql_name(c.DELETED)}"
+        (
+            table.merge(
+                _utc(source.toArrow()),
+                predicate=f"t.{_sql_name(c.TABLE_KEY)} = s.{_sql_name(c.TABLE_KEY)}",
+                source_alias="s",
+                target_alias="t",
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(batch.app_id, batch.batch_id)]
+                ),
+            )
+            .when_matched_delete(predicate=deleted)
+            .when_matched_update(updates=assignments, predicate=f"NOT {deleted}")
+            .when_not_matched_insert(updates=assignments, predicate=f"NOT {deleted}")
+            .execute()
+        )
+
+
+def _sql_name(name: str) -> str:
+    """A column name as delta-rs's SQL (DataFusion) quotes it: case and dots kept."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _utc(rows: pa.Table) -> pa.Table:
+    """The rows with every timestamp in UTC, the zone Delta's ``timestamp`` is stored in
+    (Spark hands them over in the session's zone, which Materializer sets to UTC anyway)."""
+    import pyarrow as pa
+
+    def utc(t: pa.DataType) -> pa.DataType:
+        if pa.types.is_timestamp(t) and t.tz is not None:
+            return pa.timestamp(t.unit, tz="UTC")
+        if pa.types.is_struct(t):
+            return pa.struct([f.with_type(utc(f.type)) for f in t])
+        if pa.types.is_list(t):
+            return pa.list_(t.value_field.with_type(utc(t.value_type)))
+        if pa.types.is_large_list(t):
+            return pa.large_list(t.value_field.with_type(utc(t.value_type)))
+        if pa.types.is_map(t):
+            return pa.map_(
+                t.key_field.with_type(utc(t.key_type)), t.item_field.with_type(utc(t.item_type))
+            )
+        return t
+
+    schema = pa.schema([f.with_type(utc(f.type)) for f in rows.schema])
+    return rows if schema.equals(rows.schema) else rows.cast(schema)

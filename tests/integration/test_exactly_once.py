@@ -44,7 +44,8 @@ def _latest_version(spark, path: str) -> int:
     return int(DeltaTable.forPath(spark, path).history(1).select("version").first()[0])
 
 
-def test_replayed_batch_adds_no_delta_commit(spark, warehouse: Path):
+@pytest.mark.parametrize("engine", ["delta_rs", "spark"])
+def test_replayed_batch_adds_no_delta_commit(spark, warehouse: Path, engine):
     from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
     entity = StructType([StructField("id", StringType()), StructField("name", StringType())])
@@ -55,8 +56,8 @@ def test_replayed_batch_adds_no_delta_commit(spark, warehouse: Path):
             StructField(c.ENTITY, entity),
         ]
     )
-    path = str(warehouse / "replay")
-    sink = DeltaSink(path)
+    path = str(warehouse / f"replay-{engine}")
+    sink = DeltaSink(path, engine=engine)
     first = spark.createDataFrame(
         [("a", False, ("a", "Ann")), ("b", False, ("b", "Bob"))], rows_schema
     )

@@ -1,0 +1,115 @@
+"""The Delta sink's two MERGE engines write the same table, and honour each other's
+transactions: a batch one engine committed is a replay for the other."""
+
+from __future__ import annotations
+
+import datetime as dt
+from decimal import Decimal
+from pathlib import Path
+
+from materializer import record_columns as c
+from materializer.sinks.base import Batch
+from materializer.sinks.delta import DeltaSink
+
+ENTITY = (
+    "id STRING, `firstName` STRING, `a.b` INT, amount DECIMAL(10,2), seen TIMESTAMP, "
+    "born DATE, score DOUBLE, flag BOOLEAN, n BIGINT, "
+    "address STRUCT<city: STRING, at: TIMESTAMP>, tags ARRAY<STRING>, "
+    "stamps ARRAY<TIMESTAMP>, attrs MAP<STRING, BIGINT>"
+)
+
+
+def _rows(spark, entities: list[tuple], schema: str = ENTITY):
+    """Sink rows from (key, deleted, entity tuple or None)."""
+    return spark.createDataFrame(
+        entities, f"{c.KEY} STRING, {c.DELETED} BOOLEAN, {c.ENTITY} STRUCT<{schema}>"
+    )
+
+
+def _entity(i: int, name: str) -> tuple:
+    at = dt.datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=dt.UTC) + dt.timedelta(minutes=i)
+    return (
+        f"k{i}",
+        name,
+        i,
+        Decimal(f"{i}.25"),
+        at,
+        dt.date(1990, 1, 1) + dt.timedelta(days=i),
+        i / 3,
+        i % 2 == 0,
+        10**12 + i,
+        (f"city {i}", at),
+        [f"t{i}", None],
+        [at, None],
+        {"x": i, "y": None},
+    )
+
+
+def _table(spark, path: str) -> list[dict]:
+    rows = spark.read.format("delta").load(path).orderBy(c.TABLE_KEY).collect()
+    return [r.asDict(recursive=True) for r in rows]
+
+
+def test_both_engines_write_the_same_table(spark, warehouse: Path):
+    """Inserts, updates, deletes, a key deleted and written again, null fields and a field
+    that later batches lack (cleared), through each engine into its own table."""
+    later = ENTITY.replace("stamps ARRAY<TIMESTAMP>, ", "")  # stamps no longer written
+    batches = [
+        _rows(spark, [(f"k{i}", False, _entity(i, f"first {i}")) for i in range(6)]),
+        _rows(
+            spark,
+            [
+                ("k1", False, _entity(1, "changed")),
+                ("k2", True, None),
+                ("k6", False, _entity(6, None)),
+                ("k9", True, None),  # never existed
+            ],
+        ),
+        _rows(
+            spark,
+            [
+                ("k2", False, (*_entity(2, "back")[:11], {"x": 2})),
+                ("k3", True, None),
+            ],
+            later,
+        ),
+    ]
+    tables = {}
+    for engine in ("spark", "delta_rs"):
+        path = str(warehouse / engine)
+        sink = DeltaSink(path, engine=engine)
+        for batch_id, rows in enumerate(batches):
+            sink.write(Batch(rows, batch_id, "app"))
+        tables[engine] = _table(spark, path)
+
+    assert tables["delta_rs"] == tables["spark"]
+    by_key = {row[c.TABLE_KEY]: row for row in tables["spark"]}
+    assert sorted(by_key) == ["k0", "k1", "k2", "k4", "k5", "k6"]
+    assert by_key["k1"]["firstName"] == "changed"
+    assert by_key["k2"]["firstName"] == "back"
+    assert by_key["k2"]["stamps"] is None  # cleared: the batch's entities lack it
+    assert by_key["k0"]["stamps"] is not None  # rows the batch did not touch keep it
+    assert by_key["k6"]["firstName"] is None
+    assert by_key["k0"]["amount"] == Decimal("0.25")
+    assert by_key["k4"]["seen"] == dt.datetime(2026, 1, 2, 3, 8, 5, 123456)
+    assert by_key["k4"]["address"]["at"] == by_key["k4"]["seen"]
+    assert by_key["k5"]["attrs"] == {"x": 5, "y": None}
+    assert by_key["k5"]["a.b"] == 5
+
+
+def test_a_batch_one_engine_committed_is_a_replay_for_the_other(spark, warehouse: Path):
+    from deltalake import DeltaTable
+
+    path = str(warehouse / "mixed")
+    first = _rows(spark, [("k0", False, _entity(0, "first"))])
+    again = _rows(spark, [("k0", False, _entity(0, "replayed"))])
+    DeltaSink(path, engine="spark").write(Batch(first, 0, "app"))
+    version = DeltaTable(path).version()
+    DeltaSink(path, engine="delta_rs").write(Batch(again, 0, "app"))
+    assert DeltaTable(path).version() == version
+
+    DeltaSink(path, engine="delta_rs").write(Batch(first, 1, "app"))
+    assert DeltaTable(path).transaction_version("app") == 1
+    DeltaSink(path, engine="spark").write(Batch(again, 1, "app"))
+    assert DeltaTable(path).version() == version + 1
+    assert [row["firstName"] for row in _table(spark, path)] == ["first"]
