@@ -111,14 +111,17 @@ def write_config(
     topic: str,
     mode: str,
     delta_trigger: str | None = None,
+    delta_engine: str | None = None,
 ) -> Path:
     delta: dict[str, Any] = {"root": str(work / "warehouse")}
     if delta_trigger is not None:
         delta["trigger_interval"] = delta_trigger
+    if delta_engine is not None:
+        delta["merge_engine"] = delta_engine
     doc = {
         "kafka": {"bootstrap_servers": bootstrap},
         "redis": {"url": redis_url},
-        # Every cadence at its default, as users run it, unless --delta-trigger says.
+        # Every cadence at its default, as users run it, unless --delta-* says.
         "delta": delta,
         "spark": {"checkpoint_root": str(work / "checkpoints")},
         "metrics": {"port": 0},
@@ -183,8 +186,16 @@ def main() -> None:
         "--delta-trigger",
         help="the Delta query's trigger interval (default: the config's), e.g. '30 seconds'",
     )
+    parser.add_argument(
+        "--delta-engines",
+        help="run each mode once per Delta MERGE engine, e.g. 'delta_rs,spark' "
+        "(default: the config's, once)",
+    )
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
+    engines: list[str | None] = (
+        list(args.delta_engines.split(",")) if args.delta_engines else [None]
+    )
 
     work = Path(tempfile.mkdtemp(prefix="materializer-live-"))
     with contextlib.ExitStack() as stack:
@@ -192,15 +203,20 @@ def main() -> None:
         bootstrap, redis_url = stack.enter_context(services())
         setup_line("local[*]", 0, args.keys)
         client = redis.Redis.from_url(redis_url)
-        for mode in args.modes.split(","):
+        for mode, engine in [(m, e) for m in args.modes.split(",") for e in engines]:
+            run_dir = work / f"{mode}-{engine or 'default'}"
+            run_dir.mkdir()
+            client.flushall()  # each run starts from an empty map
             topic = create_topic(bootstrap, PARTITIONS)
             # Every key once, so the map starts with all its entities.
             produce_bulk(bootstrap, topic, args.keys, args.keys)
-            config = write_config(work, bootstrap, redis_url, topic, mode, args.delta_trigger)
+            config = write_config(
+                run_dir, bootstrap, redis_url, topic, mode, args.delta_trigger, engine
+            )
             started = time.perf_counter()
             proc = ManagedProcess(
                 [sys.executable, "-m", "materializer", "run", "-c", str(config)],
-                work / f"{mode}.log",
+                run_dir / f"{mode}.log",
             )
             try:
                 wait_for(
@@ -220,7 +236,7 @@ def main() -> None:
                 # Steady state: the table has taken the backlog too.
                 wait_for(
                     "the Delta table",
-                    lambda m=mode: delta_rows(work / "warehouse" / m) >= args.keys,
+                    lambda d=run_dir / "warehouse" / mode: delta_rows(d) >= args.keys,
                     900,
                     proc,
                 )
@@ -229,7 +245,7 @@ def main() -> None:
                 for rate in rates:
                     follower = Follower(redis_url, mode)
                     follower.thread.start()
-                    delta = DeltaFollower(str(work / "warehouse" / mode))
+                    delta = DeltaFollower(str(run_dir / "warehouse" / mode))
                     delta.thread.start()
                     achieved = feed(
                         bootstrap,
@@ -275,6 +291,7 @@ def main() -> None:
                         held=unresolved == 0
                         and statistics.median(last_third) <= statistics.median(first) + 1000,
                         delta_trigger=args.delta_trigger or "default",
+                        delta_engine=engine or "default",
                         delta_samples=len(trail),
                         delta_unresolved=delta.pending(),
                         delta_trails_redis_p50_ms=round(nearest_rank(trail, 50)) if trail else None,
@@ -291,7 +308,9 @@ def main() -> None:
             finally:
                 proc.stop()
                 if args.keep_logs:
-                    shutil.copy(work / f"{mode}.log", Path(args.keep_logs) / f"{mode}.log")
+                    shutil.copy(
+                        run_dir / f"{mode}.log", Path(args.keep_logs) / f"{run_dir.name}.log"
+                    )
         client.close()
 
 

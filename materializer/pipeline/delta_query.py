@@ -112,6 +112,9 @@ def start_delta_query(
         query="delta",
         prepare=last_per_key,
         pool=DELTA_POOL,
+        # delta-rs's MERGE collects the rows once and counts them; Spark's reads them twice.
+        persist=config.delta.merge_engine == "spark",
+        count=config.delta.merge_engine == "spark",
     )
     writer = changes.writeStream.queryName(f"{physical}.delta").option(
         "checkpointLocation", delta_checkpoint

@@ -38,12 +38,14 @@ class Projector:
         keep_records: bool = False,
         pool: str = FOLD_POOL,
         persist: bool = True,
+        count: bool = True,
     ) -> None:
         """``prepare`` turns the query's rows into the rows to project. With
         ``keep_records`` the query's rows are records, not folded rows: the sinks get
         them as ``Batch.records`` too, and the first sink to report ``rows_out`` (the
         fold in Redis) gives the batch's count. ``persist=False`` for a batch that only
-        one sink reads."""
+        one sink reads. ``count=False``: the batch is not counted before the sinks run; the
+        first sink to report ``rows_out`` gives its count (a sink that collects the rows)."""
         self.map_name = map_name
         self.sinks = sinks
         self.checkpoint = checkpoint
@@ -52,6 +54,7 @@ class Projector:
         self._keep_records = keep_records
         self._pool = pool
         self._persist = persist
+        self._count = count
         self._on_rows_out = on_rows_out
         self._app_id: str | None = None
         self._drill = CrashDrill()
@@ -80,7 +83,7 @@ class Projector:
             rows.persist()
         try:
             # With the records kept, the first sink makes the rows out and counts them.
-            count = None if records is not None else rows.count()
+            count = rows.count() if records is None and self._count else None
             batch = Batch(
                 rows=rows, batch_id=batch_id, app_id=self.app_id(), records=records, count=count
             )

@@ -70,6 +70,7 @@ class DeltaSink(Sink):
         self.engine = engine
         self.location = location or (path, None)
         self._columns: set[str] | None = None
+        self._rows_out: int | None = None
 
     def _own_columns(self) -> list[StructField]:
         from pyspark.sql.types import StringType, StructField, TimestampType
@@ -102,8 +103,13 @@ class DeltaSink(Sink):
             spark.sql(f"ALTER TABLE delta.{quote(self.path)} ADD COLUMNS ({columns})")
             self._columns.update(f.name for f in missing)
 
+    def rows_out(self) -> int | None:
+        """The last batch's rows, which delta-rs's MERGE counts as it collects them."""
+        return self._rows_out
+
     def write(self, batch: Batch) -> None:
         """MERGE the batch; a replayed (app id, batch id) commits nothing."""
+        self._rows_out = None
         spark = batch.rows.sparkSession
         entity = batch.rows.schema[c.ENTITY].dataType
         self.ensure_table(spark, entity)  # type: ignore[arg-type]
@@ -162,6 +168,10 @@ class DeltaSink(Sink):
         done = table.transaction_version(batch.app_id)
         if done is not None and done >= batch.batch_id:
             return
+        rows = _utc(source.toArrow())
+        self._rows_out = rows.num_rows
+        if rows.num_rows == 0:
+            return
         assignments = {
             **{_sql_name(n): f"s.{_sql_name(n)}" for n in written},
             **{_sql_name(n): "NULL" for n in cleared},
@@ -169,7 +179,7 @@ class DeltaSink(Sink):
         deleted = f"s.{_sql_name(c.DELETED)}"
         (
             table.merge(
-                _utc(source.toArrow()),
+                rows,
                 predicate=f"t.{_sql_name(c.TABLE_KEY)} = s.{_sql_name(c.TABLE_KEY)}",
                 source_alias="s",
                 target_alias="t",
