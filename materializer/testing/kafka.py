@@ -159,21 +159,28 @@ class KafkaNode:
         props.write_text(self.properties(workdir / "data", voters, replicas))
         log4j = workdir / "log4j2.properties"
         log4j.write_text(_LOG4J2.format(log=workdir / "broker.log"))
-        fmt = ManagedProcess(
-            _java(
-                self._heap,
-                "kafka.tools.StorageTool",
-                "format",
-                f"--cluster-id={cluster_id}",
-                "-c",
-                str(props),
-                log=log4j,
-            ),
-            workdir / "format.log",
-        )
-        if fmt.proc.wait(120) != 0:
-            raise SetupError(f"formatting Kafka storage failed:\n{fmt.tail()}")
-        fmt.stop()
+        # Twice at most: a child forked from a test process whose gRPC threads are busy has
+        # once exited before running java. A second format of a formatted node is a no-op.
+        for attempt in (1, 2):
+            fmt = ManagedProcess(
+                _java(
+                    self._heap,
+                    "kafka.tools.StorageTool",
+                    "format",
+                    "--ignore-formatted",
+                    f"--cluster-id={cluster_id}",
+                    "-c",
+                    str(props),
+                    log=log4j,
+                ),
+                workdir / "format.log",
+            )
+            code = fmt.proc.wait(120)
+            fmt.stop()
+            if code == 0:
+                break
+            if attempt == 2:
+                raise SetupError(f"formatting Kafka storage failed (exit {code}):\n{fmt.tail()}")
         self.proc = ManagedProcess(
             _java(self._heap, "kafka.Kafka", str(props), log=log4j), workdir / "stdout.log"
         )
