@@ -13,22 +13,17 @@ older version) and must find what Spark finds.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from delta_merge import changes
+from delta_merge import changes, delta_bench
 from harness import emit, machine
 
-from materializer.config import SparkConfig
 from materializer.sinks.base import Batch
 from materializer.sinks.delta import DeltaSink
-from materializer.spark.session import build_spark_session
 
 DV_DEFAULT = "spark.databricks.delta.properties.defaults.enableDeletionVectors"
 
@@ -60,17 +55,7 @@ def _same(path: str, version: int | None, expected: set[tuple[Any, ...]]) -> boo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--entities", type=int, default=100_000)
-    parser.add_argument("--changes", type=int, default=20_000)
-    parser.add_argument("--batches", type=int, default=8, help="per table")
-    args = parser.parse_args()
-
-    root = Path(tempfile.mkdtemp(prefix="bench-dv-"))
-    spark = build_spark_session(
-        SparkConfig(master="local[*]", checkpoint_root=str(root / "checkpoints")),
-        app_name="bench-delta-dv",
-    )
+    args, root, spark = delta_bench(__doc__, "delta-dv", 20_000, 8, "per table")
     emit(
         name="setup",
         **machine(),
@@ -82,7 +67,7 @@ def main() -> None:
     sinks = {}
     for name, dv in tables.items():
         spark.conf.set(DV_DEFAULT, dv)
-        sinks[name] = DeltaSink(str(root / name))
+        sinks[name] = DeltaSink(str(root / name), engine="spark")
         rows = changes(spark, 0, args.entities, args.entities, 0)
         sinks[name].write(Batch(rows, 0, "bench", count=args.entities))
     seconds: dict[str, list[float]] = {name: [] for name in tables}

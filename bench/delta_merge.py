@@ -74,22 +74,30 @@ def live_keys(keys: int, per_batch: int, batches: int) -> int:
     return len(live)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def delta_bench(
+    doc: str, name: str, changes: int, batches: int, per: str
+) -> tuple[argparse.Namespace, Path, Any]:
+    """The Delta benches' arguments (``--entities``, ``--changes``, ``--batches``), a scratch
+    folder and a Spark session with the map's default shuffle partitions."""
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
     parser.add_argument("--entities", type=int, default=100_000)
-    parser.add_argument("--changes", type=int, default=2_000)
-    parser.add_argument("--batches", type=int, default=30, help="per setting")
+    parser.add_argument("--changes", type=int, default=changes)
+    parser.add_argument("--batches", type=int, default=batches, help=per)
     args = parser.parse_args()
-
-    root = Path(tempfile.mkdtemp(prefix="bench-delta-"))
+    root = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
     spark = build_spark_session(
         SparkConfig(
             master="local[*]",
             checkpoint_root=str(root / "checkpoints"),
             shuffle_partitions=SHUFFLE_PARTITIONS,
         ),
-        app_name="bench-delta-merge",
+        app_name=f"bench-{name}",
     )
+    return args, root, spark
+
+
+def main() -> None:
+    args, root, spark = delta_bench(__doc__, "delta-merge", 2_000, 30, "per setting")
     emit(
         name="setup",
         **machine(),
@@ -98,7 +106,7 @@ def main() -> None:
         batches_per_setting=args.batches,
         shuffle_partitions=SHUFFLE_PARTITIONS,
     )
-    sink = DeltaSink(str(root / "table"))
+    sink = DeltaSink(str(root / "table"), engine="spark")
     sink.write(Batch(changes(spark, 0, args.entities, args.entities, 0), 0, "bench"))
 
     settings = {"baseline": DELTA_DEFAULT, "map": str(SHUFFLE_PARTITIONS)}

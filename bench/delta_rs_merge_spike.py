@@ -19,23 +19,18 @@ Spark, and delta-rs's must answer the batch's transaction version.
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import statistics
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-from delta_merge import changes
+from delta_merge import changes, delta_bench
 from harness import emit, machine
 
 from materializer import record_columns as c
-from materializer.config import SparkConfig
 from materializer.sinks.base import Batch
 from materializer.sinks.delta import DeltaSink
-from materializer.spark.session import build_spark_session
 
 APP_ID = "bench"
 
@@ -80,19 +75,7 @@ def merge_rs(path: str, rows: Any, batch_id: int) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--entities", type=int, default=100_000)
-    parser.add_argument("--changes", type=int, default=20_000)
-    parser.add_argument("--batches", type=int, default=10, help="per writer")
-    args = parser.parse_args()
-
-    root = Path(tempfile.mkdtemp(prefix="bench-delta-rs-"))
-    spark = build_spark_session(
-        SparkConfig(
-            master="local[*]", checkpoint_root=str(root / "checkpoints"), shuffle_partitions=4
-        ),
-        app_name="bench-delta-rs-merge",
-    )
+    args, root, spark = delta_bench(__doc__, "delta-rs-merge", 20_000, 10, "per writer")
     emit(
         name="setup",
         **machine(),
@@ -101,7 +84,7 @@ def main() -> None:
         batches_per_writer=args.batches,
     )
     paths = {"spark": str(root / "spark"), "delta_rs": str(root / "delta_rs")}
-    sinks = {name: DeltaSink(path) for name, path in paths.items()}
+    sinks = {name: DeltaSink(path, engine="spark") for name, path in paths.items()}
     for sink in sinks.values():
         sink.write(Batch(changes(spark, 0, args.entities, args.entities, 0), 0, APP_ID))
 

@@ -28,6 +28,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 from materializer.config import AppConfig, parse_config
 from materializer.contract.redis_layout import RESERVED_KEYS, entity_key
 from materializer.pipeline import job
+from materializer.pipeline.projector import Projector
 from materializer.pipeline.redis_fold import RedisFoldSink
 from materializer.sinks.delta import DeltaSink
 from materializer.sinks.redis import RedisSink
@@ -248,7 +249,7 @@ def timed(cls: type, attr: str, label: str) -> None:
 def instrument() -> None:
     """Time each query's projector and sinks, keyed by ``<map>.<query>`` and batch id (the
     fold and Delta queries of a map number their batches independently)."""
-    timed(job.Projector, "__call__", "projector")
+    timed(Projector, "__call__", "projector")
     timed(RedisSink, "write", "redis")
     timed(DeltaSink, "write", "delta")
     timed(RedisFoldSink, "write", "redis_fold")
@@ -257,7 +258,7 @@ def instrument() -> None:
 def batch_profile(query: Any) -> dict[str, Any]:
     """Where the fold query's batches spent their time, summed over its batches (seconds)."""
     progress = [p for p in query.recentProgress if p.get("numInputRows", 0) > 0]
-    totals: dict[str, float] = collections.Counter()
+    totals: dict[str, float] = collections.defaultdict(float)
     per_batch: list[float] = []
     for p in progress:
         d = p["durationMs"]
