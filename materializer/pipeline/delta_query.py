@@ -110,7 +110,8 @@ def start_delta_query(
         Checkpoint(spark, delta_checkpoint),
         rows_out,
         query="delta",
-        prepare=last_per_key,
+        # delta-rs's MERGE takes the changes and keeps each key's last in Arrow.
+        prepare=last_per_key if config.delta.merge_engine == "spark" else None,
         pool=DELTA_POOL,
         # delta-rs's MERGE collects the rows once and counts them; Spark's reads them twice.
         persist=config.delta.merge_engine == "spark",

@@ -13,8 +13,8 @@ after ``_key``: each change's ``__timestamp`` (its changelog record's Kafka
 timestamp, when the fold wrote it), which the retention cleanup deletes by.
 
 Two engines run the same MERGE (``delta.merge_engine``). ``delta_rs`` collects the
-batch's rows (one per key, at most ``delta.max_changes_per_batch`` changes) to the
-driver as Arrow and merges them there: the table's rewrite is Rust's work in this
+batch's changes (at most ``delta.max_changes_per_batch``) to the driver as Arrow, keeps
+each key's last one there and merges them: the table's rewrite is Rust's work in this
 process, not a Spark job on the cores the fold needs. It writes the same transaction
 action as Spark (``txn`` with the batch's app id and id) and checks the table's last one
 before it merges, so a replay is skipped whichever engine wrote the first attempt: the
@@ -123,11 +123,14 @@ class DeltaSink(Sink):
             *stamp,
             c.DELETED,
             *[batch.rows[c.ENTITY].getField(f).alias(f) for f in fields],
+            *[n for n in (c.PARTITION, c.OFFSET) if n in batch.rows.columns],
         )
         written = [*own, *fields]
         # A column this batch's entities lack (an older field) is cleared, not kept.
         cleared = sorted((self._columns or set()) - set(written))
         if self.engine == "spark":
+            if c.PARTITION in source.columns:
+                raise ValueError("Spark's MERGE takes one row per key, not changes")
             self._merge_spark(source, batch, written, cleared)
         else:
             self._merge_delta_rs(source, batch, written, cleared)
@@ -168,7 +171,7 @@ class DeltaSink(Sink):
         done = table.transaction_version(batch.app_id)
         if done is not None and done >= batch.batch_id:
             return
-        rows = _utc(source.toArrow())
+        rows = _last_per_key(_utc(source.toArrow()))
         self._rows_out = rows.num_rows
         if rows.num_rows == 0:
             return
@@ -192,6 +195,28 @@ class DeltaSink(Sink):
             .when_not_matched_insert(updates=assignments, predicate=f"NOT {deleted}")
             .execute()
         )
+
+
+def _last_per_key(rows: pa.Table) -> pa.Table:
+    """The last change of each key by (partition, offset), when the rows are changelog
+    records (a key's changes share its partition); rows without them are one per key.
+    In Arrow, on the driver: a Spark shuffle for this costs the query a stage a batch."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if c.PARTITION not in rows.column_names:
+        return rows
+    ordered = rows.sort_by(
+        [(c.TABLE_KEY, "ascending"), (c.PARTITION, "ascending"), (c.OFFSET, "ascending")]
+    )
+    keys = ordered[c.TABLE_KEY]
+    count = ordered.num_rows
+    # A row is its key's last when the next row has another key (the last row always is).
+    last = pc.not_equal(keys.slice(0, max(count - 1, 0)), keys.slice(1))
+    mask = pa.chunked_array(
+        [*last.chunks, pa.array([True] if count else [], pa.bool_())], pa.bool_()
+    )
+    return ordered.filter(mask).drop_columns([c.PARTITION, c.OFFSET])
 
 
 def _sql_name(name: str) -> str:
