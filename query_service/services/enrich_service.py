@@ -185,13 +185,12 @@ def _merged(requests: Sequence[_Request]) -> dict[str, list[common.PartitionOffs
 
 
 def _response(request: _Request, marks: Mapping[str, Watermark | None]) -> pb.EnrichResponse:
-    return pb.EnrichResponse(
+    response = pb.EnrichResponse(
         request_id=request.request_id,
-        events=[
-            pb.EnrichedEvent(
-                index=i, event=e.encoded(), dropped=e.dropped, error=e.error, missed=e.missed
-            )
-            for i, e in enumerate(request.job.events)
-        ],
         watermarks={m: watermark_to_proto(w) for m, w in marks.items() if w is not None},
     )
+    # Built in place, as BatchGet's entries: a list given to the constructor is copied.
+    add = response.events.add
+    for i, e in enumerate(request.job.events):
+        add(index=i, event=e.encoded(), dropped=e.dropped, error=e.error, missed=e.missed)
+    return response
