@@ -288,6 +288,7 @@ def main() -> None:
                         max_ms=round(ordered[-1], 1),
                         first_third_p50_ms=round(statistics.median(first), 1),
                         last_third_p50_ms=round(statistics.median(last_third), 1),
+                        last_third_p99_ms=round(nearest_rank(sorted(last_third), 99), 1),
                         held=unresolved == 0
                         and statistics.median(last_third) <= statistics.median(first) + 1000,
                         delta_trigger=args.delta_trigger or "default",

@@ -33,6 +33,7 @@ from materializer.enrichment.job import start_enrichment
 from materializer.errors import MaterializerError
 from materializer.pipeline.control import ControlChannel
 from materializer.pipeline.job import start_map
+from materializer.pipeline.listener import listen
 from materializer.pipeline.metrics import BatchMetrics, serve_metrics
 from materializer.pipeline.progress import BatchLog
 from materializer.pipeline.query_group import QueryGroup
@@ -269,8 +270,7 @@ def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> 
     metrics_server = serve_metrics(config.metrics, metrics.registry)
     spark = build_spark_session(config.spark, object_store=config.object_store)
     batch_log = BatchLog()
-    spark.streams.addListener(batch_log)
-    spark.streams.addListener(metrics)
+    listen(spark, batch_log, metrics)
     channel = ControlChannel(config.redis, names)
     supervisor = Supervisor(spark, config, batch_log, channel.generation, metrics, channel.report)
     maps = {name: _Map(name) for name in names}

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
-from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from materializer import record_columns as c
 from materializer.config import MetricsConfig
 from materializer.contract.redis_layout import GENERATION_MARK
 from materializer.errors import SetupError
+from materializer.pipeline.listener import Progress, QueryListener
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
@@ -82,15 +82,18 @@ def split_query_name(name: str | None) -> tuple[str, str] | None:
     return map_name.split(GENERATION_MARK, 1)[0], query
 
 
-def partition_lags(end: str | None, latest: str | None) -> dict[tuple[str, str], int]:
+def partition_lags(end: Any, latest: Any) -> dict[tuple[str, str], int]:
     """Per (topic, partition), records available but not yet read: latest minus end offset.
 
-    Spark's Kafka source reports both as JSON (``{"topic": {"0": 42}}``); a
-    source that has no offsets to report yet (a restart), or offsets of another
-    shape (not Kafka), gives no lags rather than an error.
+    Spark's Kafka source reports both as JSON objects (``{"topic": {"0": 42}}``), parsed
+    or as text; a source that has no offsets to report yet (a restart), or offsets of
+    another shape (not Kafka), gives no lags rather than an error.
     """
     try:
-        ends, latests = orjson.loads(end or "null"), orjson.loads(latest or "null")
+        ends, latests = (
+            orjson.loads(v or "null") if isinstance(v, str | bytes | None) else v
+            for v in (end, latest)
+        )
     except orjson.JSONDecodeError:
         return {}
     if not isinstance(ends, dict) or not isinstance(latests, dict):
@@ -116,12 +119,12 @@ def finished_at(timestamp: str, duration_ms: int) -> float:
     return started.timestamp() + duration_ms / 1000
 
 
-def _observed(progress: Any, observation: str, metric: str) -> Any:
-    row = (progress.observedMetrics or {}).get(observation)
-    return None if row is None else row.asDict().get(metric)
+def _observed(progress: Progress, observation: str, metric: str) -> Any:
+    row = (progress.get("observedMetrics") or {}).get(observation)
+    return None if row is None else row.get(metric)
 
 
-class BatchMetrics(StreamingQueryListener):
+class BatchMetrics(QueryListener):
     """Per map and query metrics of every batch of the session, in a registry of their own.
 
     Progress events arrive on Spark's listener thread after each batch
@@ -201,23 +204,20 @@ class BatchMetrics(StreamingQueryListener):
         if names is not None:
             self._rows_out.labels(*names).inc(count)
 
-    def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's listener API
-        """Nothing to measure before the first batch."""
-
-    def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+    def progress(self, progress: Progress) -> None:
         """Record one committed batch."""
-        progress = event.progress
-        names = split_query_name(progress.name)
+        names = split_query_name(progress["name"])
         if names is None:
             return
         map_name, query = names
-        done = finished_at(str(progress.timestamp), int(progress.batchDuration))
-        self._batch_duration.labels(map_name, query).observe(int(progress.batchDuration) / 1000)
-        self._rows_in.labels(map_name, query).inc(int(progress.numInputRows))
+        duration = int(progress.get("batchDuration", 0))
+        done = finished_at(str(progress["timestamp"]), duration)
+        self._batch_duration.labels(map_name, query).observe(duration / 1000)
+        self._rows_in.labels(map_name, query).inc(int(progress.get("numInputRows", 0)))
         self._last_batch.labels(map_name, query).set(done)
         if query == FOLD:
-            for source in progress.sources:
-                lags = partition_lags(source.endOffset, source.latestOffset)
+            for source in progress.get("sources", []):
+                lags = partition_lags(source.get("endOffset"), source.get("latestOffset"))
                 for (topic, partition), lag in lags.items():
                     self._lag.labels(map_name, topic, partition).set(lag)
             newest = _observed(progress, FOLD_INPUT, NEWEST_TIMESTAMP_US)
@@ -230,12 +230,6 @@ class BatchMetrics(StreamingQueryListener):
             if letters is not None:
                 self._dead_letters.labels(map_name).inc(int(letters))
                 self._rows_out.labels(map_name, DEAD_LETTER).inc(int(letters))
-
-    def onQueryIdle(self, event: Any) -> None:  # noqa: N802
-        """Nothing new: an idle query keeps its last values."""
-
-    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
-        """The last values stay, so a scrape still shows where a stopped query got to."""
 
 
 def serve_metrics(config: MetricsConfig, registry: CollectorRegistry) -> WSGIServer | None:

@@ -8,32 +8,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
-import orjson
-from pyspark.sql.streaming.listener import StreamingQueryListener
+from materializer.pipeline.listener import Progress, QueryListener
+from materializer.pipeline.metrics import partition_lags
 
 log = logging.getLogger("materializer.batches")
 
 
-def offsets_lag(end: str | None, latest: str | None) -> int:
-    """Records available but not yet read: latest minus end offsets, over all partitions."""
-    if not end or not latest:
-        return 0
-    try:
-        ends, latests = orjson.loads(end), orjson.loads(latest)
-    except orjson.JSONDecodeError:
-        return 0  # a source that reports no offsets (yet), e.g. while it restarts
-    if not isinstance(ends, dict) or not isinstance(latests, dict):
-        return 0
-    lag = 0
-    for topic, partitions in latests.items():
-        for partition, offset in partitions.items():
-            lag += max(0, int(offset) - int(ends.get(topic, {}).get(partition, 0)))
-    return lag
-
-
-class BatchLog(StreamingQueryListener):
+class BatchLog(QueryListener):
     """Logs each batch of every query in the session; the projector adds rows out."""
 
     def __init__(self) -> None:
@@ -45,22 +27,25 @@ class BatchLog(StreamingQueryListener):
         with self._lock:
             self._rows_out[(query_name, batch_id)] = count
 
-    def onQueryStarted(self, event: Any) -> None:  # noqa: N802 - Spark's listener API
+    def started(self, name: str | None, query_id: str) -> None:
         """Log the start with the query's id, stable across restarts of one checkpoint."""
-        log.info("query=%s started id=%s", event.name, event.id, extra={"query": event.name})
+        log.info("query=%s started id=%s", name, query_id, extra={"query": name})
 
-    def onQueryProgress(self, event: Any) -> None:  # noqa: N802
+    def progress(self, progress: Progress) -> None:
         """One line per batch."""
-        progress = event.progress
+        name, batch_id = progress["name"], progress["batchId"]
         with self._lock:
-            out = self._rows_out.pop((progress.name, progress.batchId), None)
-        lag = sum(offsets_lag(s.endOffset, s.latestOffset) for s in progress.sources)
+            out = self._rows_out.pop((name, batch_id), None)
+        lag = sum(
+            sum(partition_lags(s.get("endOffset"), s.get("latestOffset")).values())
+            for s in progress.get("sources", [])
+        )
         fields = {
-            "query": progress.name,
-            "batch": progress.batchId,
-            "rows_in": progress.numInputRows,
+            "query": name,
+            "batch": batch_id,
+            "rows_in": progress.get("numInputRows", 0),
             "rows_out": out,
-            "duration_ms": progress.batchDuration,
+            "duration_ms": progress.get("batchDuration", 0),
             "lag": lag,
         }
         log.info(
@@ -69,12 +54,9 @@ class BatchLog(StreamingQueryListener):
             extra=fields,
         )
 
-    def onQueryIdle(self, event: Any) -> None:  # noqa: N802
-        """Nothing to log: an idle query is caught up."""
-
-    def onQueryTerminated(self, event: Any) -> None:  # noqa: N802
+    def terminated(self, query_id: str, error: str | None) -> None:
         """Log how the query ended; a failure carries Spark's error text."""
-        if event.exception:
-            log.error("query id=%s failed: %s", event.id, event.exception)
+        if error:
+            log.error("query id=%s failed: %s", query_id, error)
         else:
-            log.info("query id=%s stopped", event.id)
+            log.info("query id=%s stopped", query_id)

@@ -14,10 +14,10 @@ import orjson
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from pyspark.sql.streaming.listener import StreamingQueryListener
 
 from materializer import record_columns as c
 from materializer.pipeline.job import start_map
+from materializer.pipeline.listener import QueryListener, listen
 from materializer.pipeline.metrics import BatchMetrics, observe_dead_letters, observe_fold_input
 from materializer.testing import produce
 from materializer.testing.waiting import wait_until
@@ -40,7 +40,7 @@ def value(samples: Samples, name: str, **labels: str) -> float | None:
     return samples.get((name, frozenset(labels.items())))
 
 
-class Ended(StreamingQueryListener):
+class Ended(QueryListener):
     """Which queries have ended, as the listener bus tells it.
 
     The bus hands every event to each listener in turn, in order; a query's
@@ -51,17 +51,11 @@ class Ended(StreamingQueryListener):
     def __init__(self) -> None:
         self.ids: set[str] = set()
 
-    def onQueryStarted(self, event: Any) -> None:
+    def progress(self, progress: Any) -> None:
         pass
 
-    def onQueryProgress(self, event: Any) -> None:
-        pass
-
-    def onQueryIdle(self, event: Any) -> None:
-        pass
-
-    def onQueryTerminated(self, event: Any) -> None:
-        self.ids.add(str(event.id))
+    def terminated(self, query_id: str, error: str | None) -> None:
+        self.ids.add(query_id)
 
 
 @dataclass
@@ -82,11 +76,9 @@ class Listening:
 @pytest.fixture()
 def listening(spark) -> Iterator[Listening]:
     metrics, ended = BatchMetrics(), Ended()
-    spark.streams.addListener(metrics)
-    spark.streams.addListener(ended)
+    remove = listen(spark, metrics, ended)
     yield Listening(metrics, ended)
-    spark.streams.removeListener(ended)
-    spark.streams.removeListener(metrics)
+    remove()
 
 
 # ---------------------------------------------------------------- observations, no Kafka
