@@ -159,9 +159,12 @@ class DeltaConfig(_Model):
     time and CPU (docs/delta-merge.md), which the fold then has for itself. ``spark``:
     the executors, for a map whose batches of changes the driver cannot hold in memory."""
     max_changes_per_batch: Annotated[int, Field(gt=0)] = 1_000_000
-    """At most this many changelog records per MERGE; a longer backlog (a rebuild, a
-    restart after a long stop) is taken in several. Bounds the driver's memory with
-    ``delta_rs``."""
+    """At most this many changelog records per MERGE (or ``spark.max_offsets_per_trigger``
+    if smaller); a longer backlog (a rebuild, a restart after a long stop) is taken in
+    several. Bounds the driver's memory with ``delta_rs``: the batch's entities must fit
+    in ``spark.driver.maxResultSize`` (1 GiB unless ``spark.conf`` says otherwise). A batch
+    is fixed once planned, so one that does not fit is replayed as it is: raise that
+    setting or run it with ``merge_engine: spark``."""
 
 
 class ObjectStoreConfig(_Model):

@@ -49,6 +49,14 @@ def last_per_key(changes: DataFrame) -> DataFrame:
     return changes.groupBy(c.KEY).agg(last.alias("__last")).select(c.KEY, "__last.*")
 
 
+def changes_per_batch(config: AppConfig) -> int:
+    """The Delta query's bound on a batch: ``delta.max_changes_per_batch``, or the run's
+    ``spark.max_offsets_per_trigger`` when that is smaller."""
+    bound = config.delta.max_changes_per_batch
+    run = config.spark.max_offsets_per_trigger
+    return bound if run is None else min(bound, run)
+
+
 def start_delta_query(
     spark: SparkSession,
     config: AppConfig,
@@ -74,7 +82,7 @@ def start_delta_query(
     changelog = changelog_topic(config, map_name, generation)
     for key, value in kafka_options(config, [changelog], "earliest").items():
         reader = reader.option(key, value)
-    reader = reader.option("maxOffsetsPerTrigger", str(config.delta.max_changes_per_batch))
+    reader = reader.option("maxOffsetsPerTrigger", str(changes_per_batch(config)))
     raw = reader.load()
     changes = raw.select(
         raw["key"].cast("string").alias(c.KEY),
