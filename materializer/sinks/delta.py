@@ -171,7 +171,7 @@ class DeltaSink(Sink):
         done = table.transaction_version(batch.app_id)
         if done is not None and done >= batch.batch_id:
             return
-        rows = _last_per_key(_utc(source.toArrow()))
+        rows = _last_per_key(source.toArrow())
         self._rows_out = rows.num_rows
         if rows.num_rows == 0:
             return
@@ -222,27 +222,3 @@ def _last_per_key(rows: pa.Table) -> pa.Table:
 def _sql_name(name: str) -> str:
     """A column name as delta-rs's SQL (DataFusion) quotes it: case and dots kept."""
     return '"' + name.replace('"', '""') + '"'
-
-
-def _utc(rows: pa.Table) -> pa.Table:
-    """The rows with every timestamp in UTC, the zone Delta's ``timestamp`` is stored in
-    (Spark hands them over in the session's zone, which Materializer sets to UTC anyway)."""
-    import pyarrow as pa
-
-    def utc(t: pa.DataType) -> pa.DataType:
-        if pa.types.is_timestamp(t) and t.tz is not None:
-            return pa.timestamp(t.unit, tz="UTC")
-        if pa.types.is_struct(t):
-            return pa.struct([f.with_type(utc(f.type)) for f in t])
-        if pa.types.is_list(t):
-            return pa.list_(t.value_field.with_type(utc(t.value_type)))
-        if pa.types.is_large_list(t):
-            return pa.large_list(t.value_field.with_type(utc(t.value_type)))
-        if pa.types.is_map(t):
-            return pa.map_(
-                t.key_field.with_type(utc(t.key_type)), t.item_field.with_type(utc(t.item_type))
-            )
-        return t
-
-    schema = pa.schema([f.with_type(utc(f.type)) for f in rows.schema])
-    return rows if schema.equals(rows.schema) else rows.cast(schema)

@@ -147,3 +147,19 @@ def test_delta_rs_keeps_each_keys_last_change_by_partition_and_offset(spark, war
         "c": "c at 10",
         "d": "d at 11",
     }
+
+
+def test_timestamps_keep_their_instant_whatever_the_sessions_zone(spark, warehouse: Path):
+    """Spark hands Arrow timestamps labelled with the session's zone, which a user may set;
+    the table stores the same instants either way."""
+    rows = _rows(spark, [("k0", False, _entity(0, "first"))])
+    zone = spark.conf.get("spark.sql.session.timeZone")
+    spark.conf.set("spark.sql.session.timeZone", "America/New_York")
+    try:
+        DeltaSink(str(warehouse / "zoned")).write(Batch(rows, 0, "app"))
+    finally:
+        spark.conf.set("spark.sql.session.timeZone", zone)
+    (row,) = _table(spark, str(warehouse / "zoned"))
+    assert row["seen"] == dt.datetime(2026, 1, 2, 3, 4, 5, 123456)  # read back in UTC
+    assert row["address"]["at"] == row["seen"]
+    assert row["stamps"][0] == row["seen"]
