@@ -16,6 +16,7 @@ that reads or writes maps goes through this module for both:
 
 from __future__ import annotations
 
+import binascii
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeAlias
@@ -25,9 +26,10 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import ClusterPipeline, RedisCluster
+from redis.utils import HIREDIS_AVAILABLE
 
 from materializer.config import RedisConfig
-from materializer.contract.redis_layout import CLUSTER_SLOTS, marker_key, slot_tag
+from materializer.contract.redis_layout import CLUSTER_SLOTS, key_slot, marker_key, slot_tag
 
 Client: TypeAlias = "redis.Redis | RedisCluster"
 
@@ -50,10 +52,44 @@ def connect(config: RedisConfig, **options: Any) -> Client:
 
 
 def connect_async(config: RedisConfig, **options: Any) -> AsyncClient:
-    """The asyncio client for the configured server or cluster; connects on first use."""
+    """The asyncio client for the configured server or cluster; connects on first use.
+
+    Its connections pack commands with hiredis, as redis-py's blocking client
+    does: the asyncio client packs them in Python, which costs a 100-key ``MGET``
+    70 µs against hiredis's 7 µs, more than Redis takes to answer it.
+    """
     if config.cluster:
-        return AsyncRedisCluster.from_url(config.url, **options)
-    return aioredis.Redis.from_url(config.url, **options)
+        cluster = AsyncRedisCluster.from_url(config.url, **options)
+        manager = cluster.nodes_manager
+        kwargs = manager.connection_kwargs
+        kwargs["connection_class"] = _hiredis_packing(kwargs["connection_class"])
+        for node in manager.startup_nodes.values():  # no connection made yet
+            node.connection_class = _hiredis_packing(node.connection_class)
+        return cluster
+    client = aioredis.Redis.from_url(config.url, **options)
+    pool = client.connection_pool
+    pool.connection_class = _hiredis_packing(pool.connection_class)
+    return client
+
+
+_PACKER = redis.connection.HiredisRespSerializer() if HIREDIS_AVAILABLE else None
+
+
+_PACKING: dict[type[Any], type[Any]] = {}
+
+
+def _hiredis_packing(connection_class: type[Any]) -> type[Any]:
+    """``connection_class`` packing its commands with hiredis, when it is installed."""
+    if _PACKER is None or connection_class in _PACKING.values():
+        return connection_class
+    if connection_class not in _PACKING:
+
+        def pack_command(_self: Any, *args: Any) -> list[bytes]:
+            return _PACKER.pack(*args)  # type: ignore[no-any-return]
+
+        name = connection_class.__name__
+        _PACKING[connection_class] = type(name, (connection_class,), {"pack_command": pack_command})
+    return _PACKING[connection_class]
 
 
 def queue_gets(pipe: Any, keys: Sequence[str]) -> Callable[[Iterator[Any]], list[Any]]:
@@ -123,12 +159,34 @@ def per_master(
     return {owner: name(map_name, slot_tag(slot)) for owner, slot in first.items()}
 
 
+def by_master(
+    cluster: RedisCluster | AsyncRedisCluster, keys: Sequence[bytes]
+) -> dict[str, tuple[Any, list[int]]]:
+    """The positions of ``keys`` grouped by the master holding their slots (by node name,
+    with the node), per the client's slot map. ``key_slot`` per key: the client's own
+    lookup costs a batch read more than its Redis calls do."""
+    slots = cluster.nodes_manager.slots_cache
+    crc = binascii.crc_hqx
+    groups: dict[str, tuple[Any, list[int]]] = {}
+    for i, key in enumerate(keys):
+        # A plain key's slot inline (``key_slot`` for the others): a call per key costs
+        # a batch read as much as the CRC does.
+        nodes = slots.get(key_slot(key) if b"{" in key else crc(key, 0) % CLUSTER_SLOTS)
+        if not nodes:
+            raise redis.exceptions.SlotNotCoveredError(f"no master covers the slot of {key!r}")
+        node = nodes[0]
+        group = groups.get(node.name)
+        if group is None:
+            group = groups[node.name] = (node, [])
+        group[1].append(i)
+    return groups
+
+
 def marker_of(client: Client | AsyncClient, map_name: str, entity: str) -> str:
     """The marker on the server that holds ``entity`` (a full entity key)."""
     if not isinstance(client, RedisCluster | AsyncRedisCluster):
         return marker_key(map_name)
-    slot = client.keyslot(entity)
-    owner = client.nodes_manager.slots_cache[slot][0].name
+    (owner,) = by_master(client, [entity.encode()])
     return markers(client, map_name)[owner]
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from materializer.config import RedisConfig
-from materializer.contract.redis_client import where
+from materializer.contract.redis_client import by_master, where
 from materializer.contract.redis_layout import (
     EXPIRE_OP,
     READ_FUNCTION,
@@ -353,15 +353,11 @@ def chunks_by_master(
         for start in range(0, len(items), CHUNK):
             yield None, items[start : start + CHUNK]
         return
-    groups: dict[Any, list[tuple[str, _T]]] = {}
-    nodes: dict[Any, Any] = {}
-    for item in items:
-        node = client.get_node_from_key(entity_key(map_name, item[0]))  # type: ignore[no-untyped-call]
-        groups.setdefault(node.name, []).append(item)
-        nodes[node.name] = node
-    for name, group in groups.items():
+    keys = [entity_key(map_name, key).encode() for key, _ in items]
+    for node, indexes in by_master(client, keys).values():
+        group = [items[i] for i in indexes]
         for start in range(0, len(group), CHUNK):
-            yield nodes[name], group[start : start + CHUNK]
+            yield node, group[start : start + CHUNK]
 
 
 def call_function(

@@ -25,6 +25,7 @@ from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import AskError, ResponseError
 
+from materializer.contract.redis_client import by_master
 from materializer.contract.redis_layout import READ_FUNCTION
 
 
@@ -48,16 +49,15 @@ class MasterReads:
 
     async def get(self, keys: Sequence[str]) -> list[Any]:
         """The values of ``keys`` (None where absent), in order."""
-        groups: dict[str, tuple[ClusterNode, list[int]]] = {}
-        slots = self._cluster.nodes_manager.slots_cache
-        for i, key in enumerate(keys):
-            node = slots[self._cluster.keyslot(key)][0]
-            groups.setdefault(node.name, (node, []))[1].append(i)
+        # Encoded once: the slot is computed from the bytes, and the client sends them as
+        # they are rather than encode each key again.
+        raw = [key.encode() for key in keys]
+        groups = by_master(self._cluster, raw)
         values: list[Any] = [None] * len(keys)
         moved: list[int] = []
 
         async def read(node: ClusterNode, indexes: list[int]) -> None:
-            group = [keys[i] for i in indexes]
+            group = [raw[i] for i in indexes]
             replies: list[Any] | None = None
             if self._function:
                 try:
@@ -69,11 +69,14 @@ class MasterReads:
                     # whose slot left this master: the pipeline of GETs says which.
                     if "Function not found" in str(exc):
                         self._function = False
-            if replies is None:
-                async with self._client(node).pipeline(transaction=False) as pipe:
-                    for key in group:
-                        pipe.get(key)
-                    replies = await pipe.execute(raise_on_error=False)
+            if replies is not None:  # the function's answer holds values only
+                for i, reply in zip(indexes, replies, strict=True):
+                    values[i] = reply
+                return
+            async with self._client(node).pipeline(transaction=False) as pipe:
+                for key in group:
+                    pipe.get(key)
+                replies = await pipe.execute(raise_on_error=False)
             for i, reply in zip(indexes, replies, strict=True):
                 if isinstance(reply, AskError):  # MovedError is one too
                     moved.append(i)

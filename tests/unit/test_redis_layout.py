@@ -15,6 +15,7 @@ from materializer.contract.redis_layout import (
     expired_key,
     expiry_index_key,
     generation_key,
+    key_slot,
     marker_key,
     meta_key,
     parse_generation,
@@ -40,6 +41,20 @@ def test_markers_are_the_contract():
     for slot in (0, 1, 5461, 10923, 16383):
         assert key_slot(marker_key("users", slot_tag(slot)).encode()) == slot
     assert not marker_key("users").startswith("users:")
+
+
+def test_key_slot_is_the_cluster_specifications():
+    """Every hash-tag case the specification names, against redis-py's own ``key_slot``."""
+    import random
+
+    from redis.crc import key_slot as reference
+
+    keys = ["users:u-1", "{user1000}.following", "foo{}{bar}", "foo{{bar}}zap", "foo{bar}{zap}"]
+    keys += ["{", "}", "{}", "a{b", "ü{é}x", ""]
+    rng = random.Random(7)
+    keys += ["".join(rng.choice("ab{}é") for _ in range(rng.randrange(9))) for _ in range(5000)]
+    for key in keys:
+        assert key_slot(key) == key_slot(key.encode()) == reference(key.encode()), key
 
 
 def test_expiry_keys_are_the_contract():
