@@ -16,7 +16,6 @@ that reads or writes maps goes through this module for both:
 
 from __future__ import annotations
 
-import binascii
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeAlias
@@ -166,12 +165,9 @@ def by_master(
     with the node), per the client's slot map. ``key_slot`` per key: the client's own
     lookup costs a batch read more than its Redis calls do."""
     slots = cluster.nodes_manager.slots_cache
-    crc = binascii.crc_hqx
     groups: dict[str, tuple[Any, list[int]]] = {}
     for i, key in enumerate(keys):
-        # A plain key's slot inline (``key_slot`` for the others): a call per key costs
-        # a batch read as much as the CRC does.
-        nodes = slots.get(key_slot(key) if b"{" in key else crc(key, 0) % CLUSTER_SLOTS)
+        nodes = slots.get(key_slot(key))
         if not nodes:
             raise redis.exceptions.SlotNotCoveredError(f"no master covers the slot of {key!r}")
         node = nodes[0]
@@ -186,7 +182,7 @@ def marker_of(client: Client | AsyncClient, map_name: str, entity: str) -> str:
     """The marker on the server that holds ``entity`` (a full entity key)."""
     if not isinstance(client, RedisCluster | AsyncRedisCluster):
         return marker_key(map_name)
-    (owner,) = by_master(client, [entity.encode()])
+    (owner,) = by_master(client, [entity.encode()]).keys()
     return markers(client, map_name)[owner]
 
 
