@@ -28,11 +28,19 @@ class Generations:
         self._known: dict[str, tuple[int, float]] = {}
         self._pending: dict[str, asyncio.Future[int]] = {}
 
-    async def generation(self, map_name: str) -> int:
-        """The map's current generation; store errors propagate (the caller maps them)."""
+    def known(self, map_name: str) -> int | None:
+        """The map's generation if read within the refresh interval: a lookup's fast path,
+        which costs no coroutine."""
         known = self._known.get(map_name)
         if known is not None and time.monotonic() - known[1] < self._refresh:
             return known[0]
+        return None
+
+    async def generation(self, map_name: str) -> int:
+        """The map's current generation; store errors propagate (the caller maps them)."""
+        known = self.known(map_name)
+        if known is not None:
+            return known
         pending = self._pending.get(map_name)
         if pending is not None:
             return await asyncio.shield(pending)

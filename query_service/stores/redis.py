@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from materializer.config import RedisConfig
@@ -21,7 +22,6 @@ from materializer.contract.redis_client import (
     AsyncClient,
     connect_async,
     markers,
-    queue_gets,
     where,
 )
 from materializer.contract.redis_layout import (
@@ -38,6 +38,7 @@ from query_service.stores.base import BatchLookup, Change, ChangeRead, Lookup, M
 from query_service.stores.cluster_reads import MasterReads
 from query_service.stores.coalesce import Coalescer
 from query_service.stores.generations import Generations
+from query_service.stores.lookup_connection import LookupConnection
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +82,8 @@ async def unavailable_on_connection_errors(where: str) -> AsyncIterator[None]:
 
 class RedisMapStore(MapStore):
     """One shared ``redis.asyncio`` client (a connection pool, or a pool per node of a
-    Redis Cluster) for the whole process.
+    Redis Cluster) for the whole process, and on one server one pipelined connection
+    for the lookups (``Get``, ``BatchGet``, ``Enrich``: ``lookup_connection``).
 
     Replies are parsed by hiredis, which redis-py picks by itself when it is
     installed (the ``redis[hiredis]`` extra). Connection failures and timeouts
@@ -102,6 +104,14 @@ class RedisMapStore(MapStore):
         self._reply_seconds = float(kwargs.get("socket_timeout") or REPLY_SECONDS)
         self._coalescer = Coalescer(self.get_many)
         self._masters = MasterReads(client) if isinstance(client, AsyncRedisCluster) else None
+        self._lookups = (
+            None
+            if isinstance(client, AsyncRedisCluster)
+            else LookupConnection(client.connection_pool, self._where, self._reply_seconds)
+        )
+        self._mark_reads: dict[str, asyncio.Future[Any]] = {}
+        """Per physical map: the watermark read written and not answered yet, which the
+        lookups written after it share (it runs before them)."""
         self._generations = Generations(client)
         self._marks: dict[str, tuple[float, Watermark | None]] = {}
         """Per physical map: when its newest watermark read started, and what it read."""
@@ -133,7 +143,10 @@ class RedisMapStore(MapStore):
             return await self._generations.generation(map_name)
 
     async def _physical(self, map_name: str) -> str:
-        return physical_name(map_name, await self.generation(map_name))
+        generation = self._generations.known(map_name)
+        if generation is None:
+            generation = await self.generation(map_name)
+        return physical_name(map_name, generation)
 
     async def get(self, map_name: str, key: str) -> bytes | None:
         """``GET <map>:<key>`` (of the map's current generation, as every read here)."""
@@ -163,14 +176,19 @@ class RedisMapStore(MapStore):
         return kept if kept is not None and now - kept[0] < WATERMARK_SECONDS else None
 
     async def get_with_watermark(self, map_name: str, key: str) -> Lookup:
-        """``HGETALL`` then ``MGET`` in one pipeline, shared by the lookups of the same turn.
+        """``HGETALL`` (unless read within ``WATERMARK_SECONDS``) then ``GET``.
 
         No ``MULTI``: it would give an exact snapshot but fails on Redis Cluster,
         where ``<map>:<key>`` and ``<map>:__meta__`` live in different slots;
         reading the watermark first gives the lower bound ``MapStore`` promises.
-        Concurrent calls are gathered by a ``Coalescer`` (one pipeline for all).
+        On one server both go down the lookups' pipelined connection, one after
+        the other; on a cluster, concurrent calls are gathered by a ``Coalescer``
+        (one read per master for all).
         """
-        return await self._coalescer.get(map_name, key)
+        if self._lookups is None:
+            return await self._coalescer.get(map_name, key)
+        batch = (await self._look_up({map_name: (key,)}))[map_name]
+        return Lookup(entity=batch.entities[0], watermark=batch.watermark)
 
     async def get_many(self, map_name: str, keys: Sequence[str]) -> BatchLookup:
         """``HGETALL`` then ``MGET`` in one pipeline (no ``MULTI``, as for a single key)."""
@@ -178,39 +196,107 @@ class RedisMapStore(MapStore):
 
     async def get_across(self, keys_by_map: Mapping[str, Sequence[str]]) -> dict[str, BatchLookup]:
         """Per map ``HGETALL <map>:__meta__`` (unless read within ``WATERMARK_SECONDS``) then
-        ``MGET`` of its keys, all in one pipeline (one ``GET`` per key on a Redis Cluster,
-        ``materializer.contract.redis_client.queue_gets``)."""
-        names = list(keys_by_map)
-        physical = {name: await self._physical(name) for name in names}
+        ``MGET`` of its keys, all written at once (on a Redis Cluster, the watermarks first,
+        then a read per master: ``cluster_reads``)."""
+        if self._lookups is not None:
+            return await self._look_up(keys_by_map)
+        physical = {name: await self._physical(name) for name in keys_by_map}
         now = time.monotonic()
-        kept = {name: self._fresh_mark(physical[name], now) for name in names}
-        if self._masters is not None:
-            return await self._get_across_cluster(keys_by_map, physical, kept, now)
-        takes = []
-        async with (
-            self._unavailable_on_connection_errors(),
-            self._client.pipeline(transaction=False) as pipe,
-        ):
-            for name in names:
-                if kept[name] is None:
-                    pipe.hgetall(meta_key(physical[name]))
-                keys = keys_by_map[name]
-                takes.append(queue_gets(pipe, [entity_key(physical[name], k) for k in keys]))
-            replies = iter(await pipe.execute())
-        out = {}
-        for name, take in zip(names, takes, strict=True):
-            fresh = kept[name]
-            if fresh is None:
-                mark = Watermark.from_hash(next(replies))
-                self._keep_mark(physical[name], now, mark)
+        kept = {name: self._fresh_mark(physical[name], now) for name in keys_by_map}
+        return await self._get_across_cluster(keys_by_map, physical, kept, now)
+
+    async def _look_up(self, keys_by_map: Mapping[str, Sequence[str]]) -> dict[str, BatchLookup]:
+        """``get_across`` on one server, down the lookups' connection: per map its watermark
+        read (or the one in flight, or none within ``WATERMARK_SECONDS``), then ``GET``
+        of a single key or ``MGET`` of several, all written before any reply is awaited.
+        A connection Redis closed meanwhile is tried once more (reads are idempotent)."""
+        assert self._lookups is not None
+        for attempt in (1, 2):
+            try:
+                return await self._look_up_once(self._lookups, keys_by_map)
+            except RedisConnectionError as exc:
+                if attempt == 2:
+                    raise self._unavailable(exc) from exc
+            except TRANSIENT_ERRORS as exc:
+                raise self._unavailable(exc) from exc
+        raise AssertionError("unreachable")
+
+    async def _look_up_once(
+        self, lookups: LookupConnection, keys_by_map: Mapping[str, Sequence[str]]
+    ) -> dict[str, BatchLookup]:
+        physical = {name: await self._physical(name) for name in keys_by_map}
+        # No await from here until every command is written: a watermark read found in
+        # flight was written before this lookup's reads, and one written here is found by
+        # the lookups after it.
+        connection = await lookups.connected()
+        now = time.monotonic()
+        marks: dict[str, Any] = {}
+        commands: list[tuple[Any, ...]] = []
+        for name in keys_by_map:
+            kept = self._fresh_mark(physical[name], now)
+            if kept is not None:
+                marks[name] = kept[1]
+            elif physical[name] in self._mark_reads:
+                marks[name] = self._mark_reads[physical[name]]
             else:
-                mark = fresh[1]
-            entities = take(replies)
+                commands.append(("HGETALL", meta_key(physical[name])))
+        for name, keys in keys_by_map.items():
+            entity_keys = [entity_key(physical[name], k) for k in keys]
+            if entity_keys:
+                commands.append(("GET" if len(keys) == 1 else "MGET", *entity_keys))
+        futures = iter([connection.send(*command) for command in commands])
+        for name in keys_by_map:
+            if name not in marks:
+                marks[name] = self._mark_read(physical[name], now, next(futures))
+        values = iter(await _replies(list(futures)))
+        out = {}
+        for name, keys in keys_by_map.items():
+            mark = marks[name]
+            if isinstance(mark, asyncio.Future):
+                mark = await asyncio.shield(mark)
+            # GET answers a value, MGET a list of them; no keys, no command.
+            entities = list(next(values)) if len(keys) > 1 else [next(values)] if keys else []
             out[name] = BatchLookup(entities=entities, watermark=mark)
-            missing = any(entity is None for entity in entities)
+            missing = None in entities
             if missing or self._unchecked(physical[name]):
                 await self._check_whole(name, physical[name], missing)
         return out
+
+    def _mark_read(
+        self, physical: str, started: float, reply: asyncio.Future[Any]
+    ) -> asyncio.Future[Watermark | None]:
+        """The watermark a written ``HGETALL`` answers, shared with the lookups written
+        after it until it is answered, then kept (``_keep_mark``)."""
+        mark: asyncio.Future[Watermark | None] = asyncio.get_running_loop().create_future()
+
+        def answered(done: asyncio.Future[Any]) -> None:
+            self._mark_reads.pop(physical, None)
+            if done.cancelled():
+                mark.cancel()
+            elif (exc := done.exception()) is not None:
+                mark.set_exception(exc)
+                mark.exception()  # retrieved: each lookup sharing it raises it itself
+            else:
+                raw = done.result()
+                it = iter(raw)
+                try:
+                    value = Watermark.from_hash(
+                        raw if isinstance(raw, dict) else dict(zip(it, it, strict=True))
+                    )
+                except Exception as unreadable:  # the layout's error, raised by each lookup
+                    mark.set_exception(unreadable)
+                    mark.exception()
+                    return
+                self._keep_mark(physical, started, value)
+                mark.set_result(value)
+
+        reply.add_done_callback(answered)
+        self._mark_reads[physical] = mark
+        return mark
+
+    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
+        log.warning("redis at %s unavailable: %s", self._where, exc)
+        return StoreUnavailable(f"redis at {self._where} is unavailable ({type(exc).__name__})")
 
     async def _get_across_cluster(
         self,
@@ -359,6 +445,8 @@ class RedisMapStore(MapStore):
 
     async def close(self) -> None:
         """Close the pools' connections."""
+        if self._lookups is not None:
+            self._lookups.close()
         if self._masters is not None:
             await self._masters.close()
         for client in (self._waiting, self._client):
@@ -366,6 +454,20 @@ class RedisMapStore(MapStore):
                 await client.aclose()
             elif client is not None:
                 await client.aclose(close_connection_pool=True)
+
+
+async def _replies(futures: list[asyncio.Future[Any]]) -> list[Any]:
+    """The replies in order; on the first failure the others are retrieved or given up on,
+    so none is left to be reported as an exception nobody retrieved."""
+    try:
+        return [await future for future in futures]
+    except BaseException:
+        for future in futures:
+            if not future.done():
+                future.cancel()
+            elif not future.cancelled():
+                future.exception()
+        raise
 
 
 def _entry_id(entries: list[tuple[bytes, Any]]) -> str | None:

@@ -1,8 +1,11 @@
-"""Concurrent Gets of one map share Redis round trips and each still gets its own entity."""
+"""Lookups down the store's pipelined connection: concurrent ones each get their own entity
+and share a watermark read; a connection lost or a Redis too slow fails them alone."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import time
 import uuid
 
 import grpc
@@ -11,37 +14,109 @@ import redis
 from materializer.contract.redis_layout import Watermark, entity_key, meta_key
 from materializer.testing import RedisServer
 from query_service.errors import StoreUnavailable
-from query_service.stores.redis import RedisMapStore
+from query_service.stores.redis import WATERMARK_SECONDS, RedisMapStore
 
 
-def _mgets(client: redis.Redis) -> int:
+def _calls(client: redis.Redis, command: str) -> int:
     stats = client.info("commandstats")
-    return int(stats.get("cmdstat_mget", {}).get("calls", 0))
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
 
 
-def test_concurrent_lookups_are_gathered_and_answered_each_with_its_entity(
+def test_concurrent_lookups_share_one_watermark_read_and_each_gets_its_entity(
     redis_url: str, redis_client: redis.Redis
 ):
     name = f"co{uuid.uuid4().hex[:8]}"
     for i in range(200):
         redis_client.set(entity_key(name, f"k{i}"), f'{{"i":{i}}}'.encode())
     redis_client.hset(meta_key(name), mapping=Watermark(5, {"t": {0: 9}}).to_hash())
-    before = _mgets(redis_client)
+    before = _calls(redis_client, "hgetall")
 
-    async def main() -> list[tuple[bytes | None, int | None]]:
+    async def main() -> tuple[list[tuple[bytes | None, int | None]], float]:
         store = RedisMapStore.from_url(redis_url)
         try:
             keys = [f"k{i % 250}" for i in range(500)]  # some absent, some asked twice
+            started = time.monotonic()
             found = await asyncio.gather(*(store.get_with_watermark(name, k) for k in keys))
-            return [(f.entity, f.watermark.batch_id if f.watermark else None) for f in found]
+            took = time.monotonic() - started
+            return [(f.entity, f.watermark.batch_id if f.watermark else None) for f in found], took
         finally:
             await store.close()
 
-    answers = asyncio.run(main())
+    answers, took = asyncio.run(main())
     expected = [(f'{{"i":{i % 250}}}'.encode() if i % 250 < 200 else None, 5) for i in range(500)]
     assert answers == expected
-    # 500 lookups in one turn: a handful of round trips, not 500.
-    assert 1 <= _mgets(redis_client) - before <= 5
+    # A watermark read in flight is shared by the lookups written after it, and one answered
+    # serves those of the next WATERMARK_SECONDS: not a read per lookup.
+    reads = _calls(redis_client, "hgetall") - before
+    assert 1 <= reads <= 1 + took / WATERMARK_SECONDS
+
+
+def test_lookups_keep_their_one_connection(redis_url: str, redis_client: redis.Redis):
+    name = f"co{uuid.uuid4().hex[:8]}"
+    redis_client.set(entity_key(name, "k"), b'{"v":0}')
+
+    def lookup_clients() -> list[int]:
+        return [int(c["id"]) for c in redis_client.client_list() if c["cmd"] == "get"]
+
+    async def main() -> tuple[list[int], list[int]]:
+        store = RedisMapStore.from_url(redis_url)
+        try:
+            await asyncio.gather(*(store.get_with_watermark(name, "k") for _ in range(50)))
+            first = lookup_clients()
+            gc.collect()  # nothing collected may close the connection the lookups use
+            await asyncio.sleep(0.1)
+            await asyncio.gather(*(store.get_with_watermark(name, "k") for _ in range(50)))
+            return first, lookup_clients()
+        finally:
+            await store.close()
+
+    first, later = asyncio.run(main())
+    assert len(first) == 1
+    assert later == first
+
+
+def test_a_lookup_connection_redis_closed_is_made_again(redis_url: str, redis_client: redis.Redis):
+    name = f"co{uuid.uuid4().hex[:8]}"
+    redis_client.set(entity_key(name, "k"), b'{"v":1}')
+
+    async def main() -> list[bytes | None]:
+        store = RedisMapStore.from_url(redis_url)
+        try:
+            first = await store.get_with_watermark(name, "k")
+            # Every connection of the store's lookups goes, as on a Redis restart or a
+            # server-side idle timeout.
+            for client in redis_client.client_list():
+                if client["cmd"] in ("get", "mget", "hgetall"):
+                    redis_client.client_kill_filter(_id=client["id"])
+            second = await store.get_with_watermark(name, "k")
+            return [first.entity, second.entity]
+        finally:
+            await store.close()
+
+    assert asyncio.run(main()) == [b'{"v":1}', b'{"v":1}']
+
+
+def test_a_lookup_redis_does_not_answer_in_time_is_unavailable_then_served(
+    redis_url: str, redis_client: redis.Redis
+):
+    name = f"co{uuid.uuid4().hex[:8]}"
+    redis_client.set(entity_key(name, "k"), b'{"v":2}')
+
+    async def main() -> tuple[BaseException | object, bytes | None]:
+        store = RedisMapStore.from_url(f"{redis_url}?socket_timeout=0.3")
+        try:
+            await store.get_with_watermark(name, "k")  # connected, generation known
+            redis_client.client_pause(1500)  # every client's reads wait 1.5 s
+            late = await asyncio.gather(store.get_with_watermark(name, "k"), return_exceptions=True)
+            redis_client.client_unpause()
+            return late[0], (await store.get_with_watermark(name, "k")).entity
+        finally:
+            await store.close()
+
+    late, entity = asyncio.run(main())
+    assert isinstance(late, StoreUnavailable), late
+    assert "TimeoutError" in str(late)
+    assert entity == b'{"v":2}'
 
 
 def test_a_gathering_fails_together_when_redis_is_gone(tmp_path):
