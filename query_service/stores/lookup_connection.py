@@ -164,3 +164,26 @@ class LookupConnection:
         if self._replies is not None and self._replies.transport is not None:
             self._replies.transport.close()
         self._replies = self._connection = None
+
+
+async def settled(futures: list[asyncio.Future[Any]]) -> list[Any]:
+    """Each future's reply, or the exception it failed with, in order.
+
+    Every future is awaited, so none is left failed with nobody to see it; a
+    caller cancelled meanwhile gives up on the ones not answered yet.
+    """
+    out: list[Any] = []
+    try:
+        for future in futures:
+            try:
+                out.append(await future)
+            except Exception as exc:  # the command's failure is its answer here
+                out.append(exc)
+    except BaseException:
+        for future in futures:
+            if not future.done():
+                future.cancel()
+            elif not future.cancelled():
+                future.exception()
+        raise
+    return out

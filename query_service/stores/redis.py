@@ -38,7 +38,7 @@ from query_service.stores.base import BatchLookup, Change, ChangeRead, Lookup, M
 from query_service.stores.cluster_reads import MasterReads
 from query_service.stores.coalesce import Coalescer
 from query_service.stores.generations import Generations
-from query_service.stores.lookup_connection import LookupConnection
+from query_service.stores.lookup_connection import LookupConnection, settled
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,11 @@ class RedisMapStore(MapStore):
         self._waiting: AsyncClient | None = None
         self._reply_seconds = float(kwargs.get("socket_timeout") or REPLY_SECONDS)
         self._coalescer = Coalescer(self.get_many)
-        self._masters = MasterReads(client) if isinstance(client, AsyncRedisCluster) else None
+        self._masters = (
+            MasterReads(client, self._reply_seconds)
+            if isinstance(client, AsyncRedisCluster)
+            else None
+        )
         self._lookups = (
             None
             if isinstance(client, AsyncRedisCluster)
@@ -457,17 +461,12 @@ class RedisMapStore(MapStore):
 
 
 async def _replies(futures: list[asyncio.Future[Any]]) -> list[Any]:
-    """The replies in order; on the first failure the others are retrieved or given up on,
-    so none is left to be reported as an exception nobody retrieved."""
-    try:
-        return [await future for future in futures]
-    except BaseException:
-        for future in futures:
-            if not future.done():
-                future.cancel()
-            elif not future.cancelled():
-                future.exception()
-        raise
+    """The replies in order, or the first failure among them (every one awaited)."""
+    replies = await settled(futures)
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
 
 
 def _entry_id(entries: list[tuple[bytes, Any]]) -> str | None:

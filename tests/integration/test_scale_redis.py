@@ -274,7 +274,7 @@ def test_a_cluster_batch_read_is_one_call_per_master_and_follows_a_moved_slot(
 
     async def main() -> tuple[list[Any], list[Any]]:
         cluster = AsyncCluster.from_url(redis_cluster.url)
-        reads = MasterReads(cluster)
+        reads = MasterReads(cluster, timeout=5.0)
         try:
             await cluster.initialize()
             first = await reads.get(keys)
