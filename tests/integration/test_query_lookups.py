@@ -10,9 +10,10 @@ import uuid
 
 import grpc
 import redis
+import trustme
 
 from materializer.contract.redis_layout import Watermark, entity_key, meta_key
-from materializer.testing import RedisServer
+from materializer.testing import RedisServer, free_port
 from query_service.errors import StoreUnavailable
 from query_service.stores.redis import WATERMARK_SECONDS, RedisMapStore
 
@@ -137,3 +138,35 @@ def test_a_gathering_fails_together_when_redis_is_gone(tmp_path):
     results = asyncio.run(main())
     assert all(isinstance(r, StoreUnavailable) for r in results)
     assert all(r.code == grpc.StatusCode.UNAVAILABLE for r in results)  # type: ignore[union-attr]
+
+
+def test_lookups_over_tls_with_a_password(tmp_path):
+    """The lookups' connection is made by redis-py from the URL (TLS, AUTH) and taken
+    over from it: its reads go over the same encrypted, authenticated stream."""
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    ca_file, key_file, cert_file = tmp_path / "ca.pem", tmp_path / "key.pem", tmp_path / "cert.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    cert.private_key_pem.write_to_path(str(key_file))
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    tls_port = free_port()
+    options = ["--tls-port", str(tls_port), "--tls-auth-clients", "no"]
+    options += ["--tls-cert-file", str(cert_file), "--tls-key-file", str(key_file)]
+    options += ["--tls-ca-cert-file", str(ca_file)]
+    with RedisServer(tmp_path, options) as server:
+        plain = redis.Redis.from_url(server.url)
+        plain.set(entity_key("m", "k"), b'{"over":"tls"}')
+        plain.hset(meta_key("m"), mapping=Watermark(3, {"t": {0: 1}}).to_hash())
+        plain.config_set("requirepass", "s3cret")
+        plain.close()
+        url = f"rediss://:s3cret@127.0.0.1:{tls_port}/0?ssl_ca_certs={ca_file}"
+
+        async def main() -> tuple[bytes | None, int | None]:
+            store = RedisMapStore.from_url(url)
+            try:
+                found = await store.get_with_watermark("m", "k")
+                return found.entity, found.watermark.batch_id if found.watermark else None
+            finally:
+                await store.close()
+
+        assert asyncio.run(main()) == (b'{"over":"tls"}', 3)
