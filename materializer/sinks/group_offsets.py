@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 
 TIMEOUT_S = 10.0
 """How long a batch waits for the commit before it goes on without it."""
+POLL_S = 0.005
+"""How long one ``poll`` waits while the sink waits for a commit's answer. A consumer
+with no subscription gets no messages, so each ``poll`` lasts its whole timeout even
+when the answer came at once: at 0.1 s the commit took ~110 ms of every batch of a
+live map (~0.75 s a batch in all), at 5 ms it takes a few."""
 
 
 class GroupOffsetsSink(Sink):
@@ -120,7 +125,7 @@ class GroupOffsetsSink(Sink):
                 raise TimeoutError(
                     f"the group coordinator did not answer a commit within {TIMEOUT_S:g} s"
                 )
-            consumer.poll(min(left, 0.1))  # no subscription: it only serves callbacks
+            consumer.poll(min(left, POLL_S))  # no subscription: it only serves callbacks
 
     def _on_commit(self, error: KafkaError | None, partitions: list[TopicPartition]) -> None:
         """librdkafka's answer to a commit, served by ``poll`` in ``_wait``."""
