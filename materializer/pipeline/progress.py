@@ -1,7 +1,12 @@
-"""One log line per micro-batch: batch id, rows in and out, duration, lag.
+"""One log line per micro-batch: batch id, rows in and out, duration, lag, and where the
+duration went.
 
 Spark reports progress after a batch commits; rows out are counted by the
 projector inside the batch. The listener joins the two by (query, batch id).
+The phases are Spark's own (``durationMs``: ``addBatch`` is the sink's work,
+``walCommit`` and ``commitOffsets`` the checkpoint's two log writes,
+``queryPlanning``, ``latestOffset``, ``getBatch``), so a slow batch says whether the
+fold or the engine around it took the time.
 """
 
 from __future__ import annotations
@@ -48,10 +53,14 @@ class BatchLog(QueryListener):
             "duration_ms": progress.get("batchDuration", 0),
             "lag": lag,
         }
+        phases = {
+            k: v for k, v in progress.get("durationMs", {}).items() if k != "triggerExecution"
+        }
         log.info(
-            "query=%s batch=%d rows_in=%d rows_out=%s duration_ms=%d lag=%d",
+            "query=%s batch=%d rows_in=%d rows_out=%s duration_ms=%d lag=%d phases_ms=%s",
             *(("-" if value is None else value) for value in fields.values()),
-            extra=fields,
+            ",".join(f"{k}:{v}" for k, v in phases.items()) or "-",
+            extra={**fields, "phases_ms": phases},
         )
 
     def terminated(self, query_id: str, error: str | None) -> None:

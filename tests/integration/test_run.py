@@ -126,5 +126,8 @@ def test_json_logs_give_one_object_per_line_with_batch_fields_spark_included(
     first = batches[0]
     assert (first["batch"], first["rows_in"], first["rows_out"]) == (0, 2, 1)
     assert isinstance(first["duration_ms"], int) and first["lag"] == 0
+    # Where the batch's time went, by Spark's phases: the sink's work and the checkpoint's.
+    assert {"addBatch", "walCommit", "commitOffsets"} <= first["phases_ms"].keys()
+    assert all(isinstance(ms, int) for ms in first["phases_ms"].values())
     assert any(e["logger"].startswith("org.apache.") for e in entries), lines[:20]
     assert proc.proc.returncode == 0
