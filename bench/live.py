@@ -113,6 +113,7 @@ def write_config(
     mode: str,
     delta_trigger: str | None = None,
     delta_engine: str | None = None,
+    spark_conf: dict[str, str] | None = None,
 ) -> Path:
     delta: dict[str, Any] = {"root": str(work / "warehouse")}
     if delta_trigger is not None:
@@ -124,7 +125,7 @@ def write_config(
         "redis": {"url": redis_url},
         # Every cadence at its default, as users run it, unless --delta-* says.
         "delta": delta,
-        "spark": {"checkpoint_root": str(work / "checkpoints")},
+        "spark": {"checkpoint_root": str(work / "checkpoints"), "conf": spark_conf or {}},
         "metrics": {"port": 0},
         "maps": {
             mode: {
@@ -192,7 +193,15 @@ def main() -> None:
         help="run each mode once per Delta MERGE engine, e.g. 'delta_rs,spark' "
         "(default: the config's, once)",
     )
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the runs (spark.conf of the config); may repeat",
+    )
     args = parser.parse_args()
+    spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
     rates = [int(r) for r in args.rates.split(",")]
     engines: list[str | None] = (
         list(args.delta_engines.split(",")) if args.delta_engines else [None]
@@ -212,7 +221,7 @@ def main() -> None:
             # Every key once, so the map starts with all its entities.
             produce_bulk(bootstrap, topic, args.keys, args.keys)
             config = write_config(
-                run_dir, bootstrap, redis_url, topic, mode, args.delta_trigger, engine
+                run_dir, bootstrap, redis_url, topic, mode, args.delta_trigger, engine, spark_conf
             )
             started = time.perf_counter()
             proc = ManagedProcess(
@@ -299,6 +308,7 @@ def main() -> None:
                         held=held,
                         delta_trigger=args.delta_trigger or "default",
                         delta_engine=engine or "default",
+                        spark_conf=spark_conf or "default",
                         delta_samples=len(trail),
                         delta_unresolved=delta.pending(),
                         delta_trails_redis_p50_ms=round(nearest_rank(trail, 50)) if trail else None,
