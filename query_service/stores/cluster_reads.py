@@ -25,6 +25,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import AskError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from materializer.contract.redis_client import by_master
 from materializer.contract.redis_layout import READ_FUNCTION
@@ -95,7 +96,10 @@ class MasterReads:
     ) -> list[tuple[ClusterNode, list[int]]]:
         """The read function on every master at once, its answers put in ``values``; the
         groups it could not read (not loaded yet, or a key whose slot left that master)
-        are returned, for the pipeline of ``GET``s to say which."""
+        are returned, for the pipeline of ``GET``s to say which, as are those of a master
+        whose connection was lost."""
+        # A connection lost before its call is written fails the call at once: that master's
+        # keys go the pipeline's way, through redis-py's client and its retry.
         connections = [await self._lookup(node).connected() for node, _ in groups]
         sent = [
             connection.send(
@@ -105,7 +109,7 @@ class MasterReads:
         ]
         left = []
         for group, reply in zip(groups, await settled(sent), strict=True):
-            if isinstance(reply, ResponseError):
+            if isinstance(reply, ResponseError | RedisConnectionError):
                 if "Function not found" in str(reply):
                     self._function = False
                 left.append(group)

@@ -11,6 +11,7 @@ grace period far longer than that, so no lookup finds a key missing.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 
 from materializer.contract.redis_client import AsyncClient
@@ -26,7 +27,7 @@ class Generations:
         self._client = client
         self._refresh = refresh_seconds
         self._known: dict[str, tuple[int, float]] = {}
-        self._pending: dict[str, asyncio.Future[int]] = {}
+        self._pending: dict[str, asyncio.Task[int]] = {}
 
     def known(self, map_name: str) -> int | None:
         """The map's generation if read within the refresh interval: a lookup's fast path,
@@ -42,20 +43,22 @@ class Generations:
         if known is not None:
             return known
         pending = self._pending.get(map_name)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._pending[map_name] = future
-        try:
-            generation = parse_generation(await self._client.get(generation_key(map_name)))
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved: askers that come later re-raise it themselves
-            raise
-        finally:
-            self._pending.pop(map_name, None)
+        if pending is None:
+            # One read for every asker, as a task of its own: an asker cancelled meanwhile
+            # (its client gave up) cancels neither the read nor the others' wait for it.
+            pending = asyncio.get_running_loop().create_task(self._read(map_name))
+            self._pending[map_name] = pending
+            pending.add_done_callback(functools.partial(self._done, map_name))
+        return await asyncio.shield(pending)
+
+    def _done(self, map_name: str, read: asyncio.Task[int]) -> None:
+        self._pending.pop(map_name, None)
+        if not read.cancelled():
+            read.exception()  # retrieved: each asker raises it itself, if any is left
+
+    async def _read(self, map_name: str) -> int:
+        generation = parse_generation(await self._client.get(generation_key(map_name)))
         self._known[map_name] = (generation, time.monotonic())
-        future.set_result(generation)
         return generation
 
     async def physical(self, map_name: str) -> str:

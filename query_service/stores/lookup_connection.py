@@ -30,9 +30,14 @@ from typing import Any
 
 import hiredis
 import redis.asyncio as aioredis
+from redis._parsers.base import BaseParser
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+_PARTIAL = object()
+"""What the parser answers while no whole reply is buffered (``False`` is a RESP3 reply)."""
+_PUSH = getattr(hiredis, "PushNotification", ())
+"""A RESP3 push (``protocol=3``): the server's own message, not the answer to a command."""
 
 
 class Replies(asyncio.Protocol):
@@ -43,7 +48,10 @@ class Replies(asyncio.Protocol):
         self.timeout = timeout
         self.transport: asyncio.Transport | None = None
         self.lost = False
-        self._reader = hiredis.Reader(replyError=ResponseError)
+        # redis-py's error classes: a server still loading its data answers BusyLoadingError,
+        # a ConnectionError, which callers take as "unavailable, retry", as they would from
+        # redis-py's own client.
+        self._reader = hiredis.Reader(replyError=BaseParser.parse_error, notEnoughData=_PARTIAL)
         self._waiting: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
         self._timer: asyncio.TimerHandle | None = None
 
@@ -53,13 +61,14 @@ class Replies(asyncio.Protocol):
         Awaiting it is the caller's: a command written is answered whether or
         not anyone still waits for it.
         """
+        packed = hiredis.pack_command(command)  # a bad argument raises here, before any write
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Any] = loop.create_future()
         if self.lost or self.transport is None:
             future.set_exception(RedisConnectionError(f"connection to {self.where} lost"))
             return future
         self._waiting.append((future, time.monotonic()))
-        self.transport.write(hiredis.pack_command(command))
+        self.transport.write(packed)
         if self._timer is None:
             self._timer = loop.call_later(self.timeout, self._expire)
         return future
@@ -73,17 +82,19 @@ class Replies(asyncio.Protocol):
             try:
                 reply = self._reader.gets()
             except hiredis.ProtocolError as exc:
-                self._fail(RedisConnectionError(f"unreadable reply from {self.where}: {exc}"))
+                self.fail(RedisConnectionError, f"unreadable reply from {self.where}: {exc}")
                 return
-            if reply is False:
+            if reply is _PARTIAL:
                 return
+            if isinstance(reply, _PUSH):
+                continue
             if not waiting:
-                self._fail(RedisConnectionError(f"a reply no command asked for from {self.where}"))
+                self.fail(RedisConnectionError, f"a reply no command asked for from {self.where}")
                 return
             future, _ = waiting.popleft()
             if future.done():
                 continue
-            if isinstance(reply, ResponseError):
+            if isinstance(reply, Exception):
                 future.set_exception(reply)
             else:
                 future.set_result(reply)
@@ -91,7 +102,7 @@ class Replies(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         """Every command in flight fails; the next one connects again."""
         cause = f": {exc}" if exc else ""
-        self._fail(RedisConnectionError(f"connection to {self.where} lost{cause}"))
+        self.fail(RedisConnectionError, f"connection to {self.where} lost{cause}")
 
     def _expire(self) -> None:
         """Fail everything in flight once the oldest command has waited too long."""
@@ -100,11 +111,13 @@ class Replies(asyncio.Protocol):
             return
         overdue = self._waiting[0][1] + self.timeout - time.monotonic()
         if overdue <= 0:
-            self._fail(RedisTimeoutError(f"no reply from {self.where} in {self.timeout:g} s"))
+            self.fail(RedisTimeoutError, f"no reply from {self.where} in {self.timeout:g} s")
         else:
             self._timer = asyncio.get_running_loop().call_later(overdue, self._expire)
 
-    def _fail(self, exc: Exception) -> None:
+    def fail(self, error: type[Exception], message: str) -> None:
+        """Fail every command in flight (each with an error of its own) and drop the
+        connection at once: no reply to them can come later."""
         self.lost = True
         if self._timer is not None:
             self._timer.cancel()
@@ -112,7 +125,7 @@ class Replies(asyncio.Protocol):
         while self._waiting:
             future, _ = self._waiting.popleft()
             if not future.done():
-                future.set_exception(exc)
+                future.set_exception(error(message))
         if self.transport is not None:
             self.transport.abort()
 
@@ -125,45 +138,64 @@ class LookupConnection:
         self._where = where
         self._timeout = timeout
         self._replies: Replies | None = None
-        self._connection: aioredis.Connection | None = None
-        self._connecting: asyncio.Lock | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._connecting: asyncio.Task[Replies] | None = None
+        self._closed = False
 
     async def connected(self) -> Replies:
         """The connection, made first if there is none or it was lost. Commands sent on it
-        with no ``await`` between them go out in that order."""
+        with no ``await`` between them go out in that order.
+
+        Lookups that find no connection share one attempt to make it, so a
+        server that cannot be reached fails them all at once, not one after
+        another.
+        """
         replies = self._replies
-        if replies is None or replies.lost:
-            replies = await self._connect()
-        return replies
+        if replies is not None and not replies.lost:
+            return replies
+        if self._closed:
+            raise RedisConnectionError(f"the lookups' connection to {self._where} is closed")
+        if self._connecting is None:
+            self._connecting = asyncio.get_running_loop().create_task(self._connect())
+            self._connecting.add_done_callback(self._connected)
+        return await asyncio.shield(self._connecting)
 
     async def execute(self, *command: Any) -> Any:
         """One command's reply."""
         return await (await self.connected()).send(*command)
 
     async def _connect(self) -> Replies:
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:
-            replies = self._replies
-            if replies is not None and not replies.lost:
-                return replies
-            connection = self._pool.make_connection()  # type: ignore[no-untyped-call]
-            await connection.connect()
-            # redis-py keeps the stream it connected with on its connection object; its
-            # transport is taken over from there. The object is kept, unused, as long as
-            # the transport: collected, it would close the transport it still holds.
-            transport = connection._writer.transport
-            replies = Replies(self._where, self._timeout)
-            replies.transport = transport
-            transport.set_protocol(replies)
-            self._replies, self._connection = replies, connection
-            return replies
+        connection = self._pool.make_connection()  # type: ignore[no-untyped-call]
+        await connection.connect()
+        # redis-py keeps the stream it connected with on its connection object; the
+        # stream is taken from it (so that the object, collected, closes nothing) and its
+        # transport handed to this protocol. The stream is kept as long as the transport.
+        writer = connection._writer
+        connection._reader = connection._writer = None
+        replies = Replies(self._where, self._timeout)
+        replies.transport = writer.transport
+        writer.transport.set_protocol(replies)
+        if self._closed:  # closed while connecting
+            replies.fail(
+                RedisConnectionError, f"the lookups' connection to {self._where} is closed"
+            )
+        self._replies, self._writer = replies, writer
+        return replies
+
+    def _connected(self, task: asyncio.Task[Replies]) -> None:
+        self._connecting = None
+        if not task.cancelled():
+            task.exception()  # retrieved: each lookup waiting on it raises it itself
 
     def close(self) -> None:
-        """Drop the connection; commands in flight fail with ``ConnectionError``."""
-        if self._replies is not None and self._replies.transport is not None:
-            self._replies.transport.close()
-        self._replies = self._connection = None
+        """Fail the commands in flight with ``ConnectionError`` and drop the connection;
+        later commands fail the same way."""
+        self._closed = True
+        if self._replies is not None:
+            self._replies.fail(
+                RedisConnectionError, f"the lookups' connection to {self._where} is closed"
+            )
+        self._replies = self._writer = None
 
 
 async def settled(futures: list[asyncio.Future[Any]]) -> list[Any]:

@@ -38,7 +38,7 @@ from query_service.stores.base import BatchLookup, Change, ChangeRead, Lookup, M
 from query_service.stores.cluster_reads import MasterReads
 from query_service.stores.coalesce import Coalescer
 from query_service.stores.generations import Generations
-from query_service.stores.lookup_connection import LookupConnection, settled
+from query_service.stores.lookup_connection import LookupConnection, Replies, settled
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,11 @@ class RedisMapStore(MapStore):
             if isinstance(client, AsyncRedisCluster)
             else LookupConnection(client.connection_pool, self._where, self._reply_seconds)
         )
-        self._mark_reads: dict[str, asyncio.Future[Any]] = {}
+        self._mark_reads: dict[str, tuple[Replies, asyncio.Future[Any]]] = {}
+        self._restored: set[str] = set()
+        """Physical maps seen lost (and since restored, or being restored)."""
+        self._marker_reads: dict[str, asyncio.Task[tuple[bool, bool]]] = {}
+        """Per physical map: the marker read not started yet, which lookups share."""
         """Per physical map: the watermark read written and not answered yet, which the
         lookups written after it share (it runs before them)."""
         self._generations = Generations(client)
@@ -195,7 +199,7 @@ class RedisMapStore(MapStore):
         return Lookup(entity=batch.entities[0], watermark=batch.watermark)
 
     async def get_many(self, map_name: str, keys: Sequence[str]) -> BatchLookup:
-        """``HGETALL`` then ``MGET`` in one pipeline (no ``MULTI``, as for a single key)."""
+        """``HGETALL`` then ``MGET``, written together (no ``MULTI``, as for a single key)."""
         return (await self.get_across({map_name: keys}))[map_name]
 
     async def get_across(self, keys_by_map: Mapping[str, Sequence[str]]) -> dict[str, BatchLookup]:
@@ -240,8 +244,8 @@ class RedisMapStore(MapStore):
             kept = self._fresh_mark(physical[name], now)
             if kept is not None:
                 marks[name] = kept[1]
-            elif physical[name] in self._mark_reads:
-                marks[name] = self._mark_reads[physical[name]]
+            elif (shared := self._mark_reads.get(physical[name])) and shared[0] is connection:
+                marks[name] = shared[1]
             else:
                 commands.append(("HGETALL", meta_key(physical[name])))
         for name, keys in keys_by_map.items():
@@ -251,7 +255,7 @@ class RedisMapStore(MapStore):
         futures = iter([connection.send(*command) for command in commands])
         for name in keys_by_map:
             if name not in marks:
-                marks[name] = self._mark_read(physical[name], now, next(futures))
+                marks[name] = self._mark_read(connection, physical[name], now, next(futures))
         values = iter(await _replies(list(futures)))
         out = {}
         for name, keys in keys_by_map.items():
@@ -260,21 +264,41 @@ class RedisMapStore(MapStore):
                 mark = await asyncio.shield(mark)
             # GET answers a value, MGET a list of them; no keys, no command.
             entities = list(next(values)) if len(keys) > 1 else [next(values)] if keys else []
-            out[name] = BatchLookup(entities=entities, watermark=mark)
             missing = None in entities
             if missing or self._unchecked(physical[name]):
                 await self._check_whole(name, physical[name], missing)
+            if missing and physical[name] in self._restored:
+                entities = await self._read_again(lookups, physical[name], keys, entities)
+            out[name] = BatchLookup(entities=entities, watermark=mark)
         return out
 
+    async def _read_again(
+        self, lookups: LookupConnection, physical: str, keys: Sequence[str], entities: list[Any]
+    ) -> list[Any]:
+        """The keys found missing, read again after the markers said the copy is whole.
+
+        A map this process saw lost and restored may have been restored between
+        a lookup's read and its marker check: the marker goes last, so a read
+        after the check sees the whole copy, and a key the first read missed is
+        then either there or truly absent."""
+        again = [i for i, entity in enumerate(entities) if entity is None]
+        connection = await lookups.connected()
+        futures = [connection.send("GET", entity_key(physical, keys[i])) for i in again]
+        entities = list(entities)
+        for i, value in zip(again, await _replies(futures), strict=True):
+            entities[i] = value
+        return entities
+
     def _mark_read(
-        self, physical: str, started: float, reply: asyncio.Future[Any]
+        self, connection: Replies, physical: str, started: float, reply: asyncio.Future[Any]
     ) -> asyncio.Future[Watermark | None]:
         """The watermark a written ``HGETALL`` answers, shared with the lookups written
-        after it until it is answered, then kept (``_keep_mark``)."""
+        after it on the same connection until it is answered, then kept (``_keep_mark``)."""
         mark: asyncio.Future[Watermark | None] = asyncio.get_running_loop().create_future()
 
         def answered(done: asyncio.Future[Any]) -> None:
-            self._mark_reads.pop(physical, None)
+            if self._mark_reads.get(physical, (None, None))[1] is mark:
+                del self._mark_reads[physical]
             if done.cancelled():
                 mark.cancel()
             elif (exc := done.exception()) is not None:
@@ -295,7 +319,7 @@ class RedisMapStore(MapStore):
                 mark.set_result(value)
 
         reply.add_done_callback(answered)
-        self._mark_reads[physical] = mark
+        self._mark_reads[physical] = (connection, mark)
         return mark
 
     def _unavailable(self, exc: BaseException) -> StoreUnavailable:
@@ -354,6 +378,30 @@ class RedisMapStore(MapStore):
         exist, so they are UNAVAILABLE (clients retry), never NOT_FOUND. A map
         no materializer ever marked (written by other means) answers as it is.
         """
+        read = self._marker_reads.get(physical)
+        if read is None:
+            read = asyncio.get_running_loop().create_task(self._read_markers(map_name, physical))
+            self._marker_reads[physical] = read
+            read.add_done_callback(_retrieved)
+        whole, reported = await asyncio.shield(read)
+        if whole:
+            self._whole.add(physical)
+            return
+        if physical in self._whole or reported:
+            self._restored.add(physical)  # lost here, so its misses are read again once whole
+        if missing and (physical in self._whole or reported):
+            raise StoreUnavailable(
+                f"map {map_name}: Redis lost its copy, which the materializer is restoring "
+                "from Delta and the changelog; retry shortly"
+            )
+
+    async def _read_markers(self, map_name: str, physical: str) -> tuple[bool, bool]:
+        """Whether every master holds the map's marker, and whether a materializer reports on
+        the map. The lookups that found a key missing before this read starts share it (it
+        is sent after their reads); those after it start another, so a burst of misses
+        costs a read or two, not one each."""
+        if self._marker_reads.get(physical) is asyncio.current_task():
+            del self._marker_reads[physical]
         marks = list(markers(self._client, physical).values())
         async with (
             self._unavailable_on_connection_errors(),
@@ -363,14 +411,7 @@ class RedisMapStore(MapStore):
                 pipe.exists(key)
             pipe.exists(status_key(map_name))
             *found, reported = await pipe.execute()
-        if all(found):
-            self._whole.add(physical)
-            return
-        if missing and (physical in self._whole or reported):
-            raise StoreUnavailable(
-                f"map {map_name}: Redis lost its copy, which the materializer is restoring "
-                "from Delta and the changelog; retry shortly"
-            )
+        return all(found), bool(reported)
 
     async def last_change_id(self, map_name: str) -> str | None:
         """``XREVRANGE <map>:__changes__ + - COUNT 1``."""
@@ -458,6 +499,12 @@ class RedisMapStore(MapStore):
                 await client.aclose()
             elif client is not None:
                 await client.aclose(close_connection_pool=True)
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """A shared read's failure counts as seen: each of its askers raises it itself."""
+    if not task.cancelled():
+        task.exception()
 
 
 async def _replies(futures: list[asyncio.Future[Any]]) -> list[Any]:

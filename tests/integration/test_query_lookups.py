@@ -7,14 +7,18 @@ import asyncio
 import gc
 import time
 import uuid
+from typing import Any
 
 import grpc
 import redis
 import trustme
 
+from materializer.config import RedisConfig
+from materializer.contract.redis_client import connect_async
 from materializer.contract.redis_layout import Watermark, entity_key, meta_key
 from materializer.testing import RedisServer, free_port
 from query_service.errors import StoreUnavailable
+from query_service.stores.generations import Generations
 from query_service.stores.redis import WATERMARK_SECONDS, RedisMapStore
 
 
@@ -170,3 +174,118 @@ def test_lookups_over_tls_with_a_password(tmp_path):
                 await store.close()
 
         assert asyncio.run(main()) == (b'{"over":"tls"}', 3)
+
+
+def test_lookups_given_up_on_leave_the_others_their_own_entities(
+    redis_url: str, redis_client: redis.Redis
+):
+    """Replies are matched to commands by order: a lookup cancelled while its command is
+    on the wire must not shift the replies of the lookups written after it."""
+    name = f"co{uuid.uuid4().hex[:8]}"
+    for i in range(100):
+        redis_client.set(entity_key(name, f"k{i}"), f'{{"i":{i}}}'.encode())
+
+    async def main() -> list[bytes | None]:
+        store = RedisMapStore.from_url(redis_url)
+        try:
+            await store.get_with_watermark(name, "k0")  # connected, generation known
+            tasks = [
+                asyncio.create_task(store.get_with_watermark(name, f"k{i}")) for i in range(100)
+            ]
+            await asyncio.sleep(0)  # every lookup has written its command
+            for task in tasks[::3]:
+                task.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            later = await asyncio.gather(*(store.get_with_watermark(name, f"k{i}") for i in (5, 6)))
+            return [None if isinstance(r, BaseException) else r.entity for r in [*results, *later]]
+        finally:
+            await store.close()
+
+    entities = asyncio.run(main())
+    for i in range(100):
+        if i % 3:
+            assert entities[i] == f'{{"i":{i}}}'.encode(), i
+    assert entities[100:] == [b'{"i":5}', b'{"i":6}']
+
+
+def test_a_key_redis_cannot_be_sent_fails_alone(redis_url: str, redis_client: redis.Redis):
+    name = f"co{uuid.uuid4().hex[:8]}"
+    redis_client.set(entity_key(name, "a"), b'{"a":1}')
+    redis_client.set(entity_key(name, "b"), b'{"b":2}')
+
+    async def main() -> list[Any]:
+        store = RedisMapStore.from_url(redis_url)
+        try:
+            return await asyncio.gather(
+                store.get_with_watermark(name, "a"),
+                store.get_with_watermark(name, "bad\ud800"),  # no UTF-8 for a lone surrogate
+                store.get_with_watermark(name, "b"),
+                return_exceptions=True,
+            )
+        finally:
+            await store.close()
+
+    first, bad, last = asyncio.run(main())
+    assert isinstance(bad, UnicodeEncodeError)
+    assert (first.entity, last.entity) == (b'{"a":1}', b'{"b":2}')
+
+
+def test_lookups_over_resp3(redis_url: str, redis_client: redis.Redis):
+    name = f"co{uuid.uuid4().hex[:8]}"
+    redis_client.set(entity_key(name, "k"), b'{"resp":3}')
+    redis_client.hset(meta_key(name), mapping=Watermark(8, {"t": {0: 4}}).to_hash())
+
+    async def main() -> tuple[Any, ...]:
+        store = RedisMapStore.from_url(f"{redis_url}?protocol=3")
+        try:
+            one = await store.get_with_watermark(name, "k")
+            many = await store.get_many(name, ["k", "absent"])
+            return one.entity, one.watermark, many.entities, many.watermark
+        finally:
+            await store.close()
+
+    entity, mark, entities, same = asyncio.run(main())
+    assert entity == b'{"resp":3}' and entities == [b'{"resp":3}', None]
+    assert mark == same == Watermark(8, {"t": {0: 4}})
+
+
+def test_a_closed_store_fails_its_lookups_in_flight_and_later(
+    redis_url: str, redis_client: redis.Redis
+):
+    name = f"co{uuid.uuid4().hex[:8]}"
+    redis_client.set(entity_key(name, "k"), b"{}")
+
+    async def main() -> list[BaseException | object]:
+        store = RedisMapStore.from_url(redis_url)
+        await store.get_with_watermark(name, "k")
+        redis_client.client_pause(500)  # the next lookup is still on its way when closed
+        in_flight = asyncio.create_task(store.get_with_watermark(name, "k"))
+        await asyncio.sleep(0.05)
+        await store.close()
+        later = asyncio.create_task(store.get_with_watermark(name, "k"))
+        return list(await asyncio.gather(in_flight, later, return_exceptions=True))
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, StoreUnavailable) for r in results), results
+
+
+def test_a_generation_read_outlives_an_asker_given_up_on(redis_url: str):
+    """Lookups share one read of a map's generation: the first asker's client giving up
+    must not cancel it for the others."""
+
+    async def main() -> list[BaseException | int]:
+        client = connect_async(RedisConfig(url=redis_url))
+        try:
+            generations = Generations(client)
+            first = asyncio.create_task(generations.generation("nogen"))
+            await asyncio.sleep(0)  # the read is on its way
+            second = asyncio.create_task(generations.generation("nogen"))
+            await asyncio.sleep(0)
+            first.cancel()
+            return list(await asyncio.gather(first, second, return_exceptions=True))
+        finally:
+            await client.aclose()
+
+    first, second = asyncio.run(main())
+    assert isinstance(first, asyncio.CancelledError)
+    assert second == 0  # a map never rebuilt is in its first generation
