@@ -76,8 +76,13 @@ async def unavailable_on_connection_errors(where: str) -> AsyncIterator[None]:
     try:
         yield
     except TRANSIENT_ERRORS as exc:
-        log.warning("redis at %s unavailable: %s", where, exc)
-        raise StoreUnavailable(f"redis at {where} is unavailable ({type(exc).__name__})") from exc
+        raise unavailable(where, exc) from exc
+
+
+def unavailable(where: str, exc: BaseException) -> StoreUnavailable:
+    """``exc``, an error of Redis at ``where`` that a retry may outlast, as the store's."""
+    log.warning("redis at %s unavailable: %s", where, exc)
+    return StoreUnavailable(f"redis at {where} is unavailable ({type(exc).__name__})")
 
 
 class RedisMapStore(MapStore):
@@ -114,12 +119,12 @@ class RedisMapStore(MapStore):
             else LookupConnection(client.connection_pool, self._where, self._reply_seconds)
         )
         self._mark_reads: dict[str, tuple[Replies, asyncio.Future[Any]]] = {}
+        """Per physical map: the watermark read written and not answered yet, with its
+        connection; the lookups written after it on that connection share it."""
         self._restored: set[str] = set()
         """Physical maps seen lost (and since restored, or being restored)."""
         self._marker_reads: dict[str, asyncio.Task[tuple[bool, bool]]] = {}
         """Per physical map: the marker read not started yet, which lookups share."""
-        """Per physical map: the watermark read written and not answered yet, which the
-        lookups written after it share (it runs before them)."""
         self._generations = Generations(client)
         self._marks: dict[str, tuple[float, Watermark | None]] = {}
         """Per physical map: when its newest watermark read started, and what it read."""
@@ -224,9 +229,9 @@ class RedisMapStore(MapStore):
                 return await self._look_up_once(self._lookups, keys_by_map)
             except RedisConnectionError as exc:
                 if attempt == 2:
-                    raise self._unavailable(exc) from exc
+                    raise unavailable(self._where, exc) from exc
             except TRANSIENT_ERRORS as exc:
-                raise self._unavailable(exc) from exc
+                raise unavailable(self._where, exc) from exc
         raise AssertionError("unreachable")
 
     async def _look_up_once(
@@ -321,10 +326,6 @@ class RedisMapStore(MapStore):
         reply.add_done_callback(answered)
         self._mark_reads[physical] = (connection, mark)
         return mark
-
-    def _unavailable(self, exc: BaseException) -> StoreUnavailable:
-        log.warning("redis at %s unavailable: %s", self._where, exc)
-        return StoreUnavailable(f"redis at {self._where} is unavailable ({type(exc).__name__})")
 
     async def _get_across_cluster(
         self,
