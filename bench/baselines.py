@@ -9,25 +9,29 @@ import signal
 
 import grpc
 
+from query_service.event_loop import EventLoop, run
+
 ECHO_SERVICE = "materializer.bench.Echo"
 
 
 ECHO = f"/{ECHO_SERVICE}/Echo"
 
 
-def serve_echo(port: int, response_bytes: int) -> None:
+def serve_echo(port: int, response_bytes: int, event_loop: EventLoop) -> None:
     """A bare grpc.aio server with one unary method and no serializers, until SIGTERM.
 
     Generic handlers with raw bytes need no generated code; the answer is a
     fixed payload of a GetResponse's size, so the baseline moves the same bytes
-    as Get and does nothing else: no protobuf, no interceptor, no store.
+    as Get and does nothing else: no protobuf, no interceptor, no store. It runs
+    on the query service's event loop, so the ratio compares the service with
+    the stack it rides on.
     """
     response = b"\x00" * response_bytes
 
     async def echo(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         return response
 
-    async def run() -> None:
+    async def serve() -> None:
         server = grpc.aio.server()
         handler = grpc.method_handlers_generic_handler(
             ECHO_SERVICE, {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
@@ -43,10 +47,10 @@ def serve_echo(port: int, response_bytes: int) -> None:
         await stopping.wait()
         await server.stop(0)
 
-    asyncio.run(run())
+    run(serve(), event_loop)
 
 
-def serve_bare_http(port: int, body_bytes: int) -> None:
+def serve_bare_http(port: int, body_bytes: int, event_loop: EventLoop) -> None:
     """A bare aiohttp server answering the entity route with a fixed JSON body of the HTTP
     front's answer size, until SIGTERM: the HTTP baseline, as ``serve_echo`` is gRPC's."""
     from aiohttp import web
@@ -58,4 +62,10 @@ def serve_bare_http(port: int, body_bytes: int) -> None:
 
     app = web.Application()
     app.router.add_get("/v1/maps/{map}/entities/{key}", entity)
-    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None)
+    if event_loop is EventLoop.UVLOOP:
+        import uvloop
+
+        loop = uvloop.new_event_loop()
+    else:
+        loop = asyncio.new_event_loop()
+    web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, loop=loop)

@@ -77,6 +77,7 @@ from materializer.v1 import enrich_service_pb2 as enrich_pb
 from materializer.v1 import enrich_service_pb2_grpc as enrich_grpc
 from materializer.v1 import map_service_pb2 as map_pb
 from materializer.v1 import map_service_pb2_grpc as map_grpc
+from query_service.event_loop import EventLoop
 
 # Spawned generator processes import this module again as their main module; the
 # harness (and its Spark imports) is imported in main() only, so they start light.
@@ -152,11 +153,14 @@ def write_config(path: Path, redis_url: str, schema: str) -> None:
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
 
 
-def start_query_service(work: Path, config: Path, port: int, http_port: int = 0) -> ManagedProcess:
+def start_query_service(
+    work: Path, config: Path, port: int, http_port: int, event_loop: EventLoop
+) -> ManagedProcess:
     """``query-service serve`` of this environment, in its own session, ready to serve."""
     exe = Path(sys.executable).parent / "query-service"
     args = [str(exe), "serve", "-c", str(config), "--host", "127.0.0.1", "--port", str(port)]
     args += ["--metrics-port", "0", "--http-port", str(http_port), "--log-level", "WARNING"]
+    args += ["--event-loop", event_loop.value]
     proc = ManagedProcess(args, work / "query-service.log")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -173,10 +177,12 @@ def start_query_service(work: Path, config: Path, port: int, http_port: int = 0)
     return proc
 
 
-def start_echo_server(work: Path, port: int, response_bytes: int) -> ManagedProcess:
+def start_echo_server(
+    work: Path, port: int, response_bytes: int, event_loop: EventLoop
+) -> ManagedProcess:
     """This script's ``--serve-echo`` mode, in its own session, ready to answer."""
     args = [sys.executable, str(Path(__file__).resolve()), "--serve-echo", str(port)]
-    args += ["--echo-response-bytes", str(response_bytes)]
+    args += ["--echo-response-bytes", str(response_bytes), "--event-loop", event_loop.value]
     proc = ManagedProcess(args, work / "echo-server.log")
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -190,12 +196,14 @@ def start_echo_server(work: Path, port: int, response_bytes: int) -> ManagedProc
     return proc
 
 
-def start_bare_http(work: Path, port: int, body_bytes: int) -> ManagedProcess:
+def start_bare_http(
+    work: Path, port: int, body_bytes: int, event_loop: EventLoop
+) -> ManagedProcess:
     """This script's ``--serve-bare-http`` mode, in its own session, ready to answer."""
     import urllib.request
 
     args = [sys.executable, str(Path(__file__).resolve()), "--serve-bare-http", str(port)]
-    args += ["--bare-http-bytes", str(body_bytes)]
+    args += ["--bare-http-bytes", str(body_bytes), "--event-loop", event_loop.value]
     proc = ManagedProcess(args, work / "bare-http.log")
     url = f"http://127.0.0.1:{port}/v1/maps/m/entities/k"
 
@@ -323,6 +331,13 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=3, help="before each measurement")
     parser.add_argument("--procs", type=int, default=2, help="unary load generator processes")
     parser.add_argument(
+        "--event-loop",
+        type=EventLoop,
+        choices=list(EventLoop),
+        default=EventLoop.UVLOOP,
+        help="the loop of the query service and of both baselines",
+    )
+    parser.add_argument(
         "--concurrency", type=int, default=32, help="Get/echo calls in flight per process"
     )
     parser.add_argument(
@@ -345,10 +360,10 @@ def main() -> None:
     parser.add_argument("--bare-http-bytes", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_echo is not None:
-        serve_echo(args.serve_echo, args.echo_response_bytes)
+        serve_echo(args.serve_echo, args.echo_response_bytes, args.event_loop)
         return
     if args.serve_bare_http is not None:
-        serve_bare_http(args.serve_bare_http, args.bare_http_bytes)
+        serve_bare_http(args.serve_bare_http, args.bare_http_bytes, args.event_loop)
         return
     run(args)
 
@@ -379,18 +394,19 @@ def run(args: argparse.Namespace) -> None:
             seconds=seconds,
             warmup_s=warmup,
             generator_procs=procs,
+            event_loop=args.event_loop.value,
         )
         emit(name="load", **load_map(client, args.entities, event))
 
         config = work / "query.yaml"
         write_config(config, redis_url, SCHEMA)
         service_port, http_port = free_port(), free_port()
-        service = start_query_service(work, config, service_port, http_port)
+        service = start_query_service(work, config, service_port, http_port, args.event_loop)
         stack.callback(service.stop)
         target = f"127.0.0.1:{service_port}"
         sizes = check_service(target, client, args.entities, args.batch_keys)
         echo_port = free_port()
-        echo = start_echo_server(work, echo_port, sizes["response_bytes"])
+        echo = start_echo_server(work, echo_port, sizes["response_bytes"], args.event_loop)
         stack.callback(echo.stop)
         echo_target = f"127.0.0.1:{echo_port}"
         on_redis = redis_pid(client, own_redis)
@@ -443,7 +459,7 @@ def run(args: argparse.Namespace) -> None:
         ]  # fmt: skip
         body_bytes = http_body_bytes(http_port)
         bare_port = free_port()
-        bare = start_bare_http(work, bare_port, body_bytes)
+        bare = start_bare_http(work, bare_port, body_bytes, args.event_loop)
         stack.callback(bare.stop)
         for name, port, watch in (
             ("http_bare", bare_port, {"server": [bare.proc.pid], "redis": on_redis}),

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated
 
@@ -11,6 +10,7 @@ import typer
 from materializer.config import load_config
 from materializer.contract.logs import LogFormat, LogLevel, configure_logging
 from materializer.errors import ConfigError, MaterializerError
+from query_service.event_loop import EventLoop, run
 from query_service.server import serve as serve_forever
 
 app = typer.Typer(no_args_is_help=True, add_completion=False)
@@ -49,6 +49,9 @@ def serve(
     log_format: Annotated[
         LogFormat, typer.Option(case_sensitive=False, envvar="MATERIALIZER_LOG_FORMAT")
     ] = LogFormat.JSON,
+    event_loop: Annotated[
+        EventLoop, typer.Option(case_sensitive=False, help="the asyncio event loop to serve on")
+    ] = EventLoop.UVLOOP,
 ) -> None:
     """Serve until SIGTERM or SIGINT, then stop gracefully."""
     try:
@@ -71,7 +74,7 @@ def serve(
     try:
         web_port = http_port if http_port is not None else query.http_port
         http = (listen_host, web_port) if web_port else None
-        asyncio.run(serve_forever(app_config, address, http=http))
+        run(serve_forever(app_config, address, http=http), event_loop)
     except MaterializerError as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2) from None
