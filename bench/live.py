@@ -331,6 +331,7 @@ def main() -> None:
             finally:
                 proc.stop()
                 if args.keep_logs:
+                    Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
                     shutil.copy(
                         run_dir / f"{mode}.log", Path(args.keep_logs) / f"{run_dir.name}.log"
                     )
