@@ -34,6 +34,7 @@ reports the CPU that the server, the generators and Redis used over its window
 compete with the server for the same cores, and other work may too.
 
     .venv/bin/python bench/query.py [--entities N] [--seconds S] [--warmup W] [--procs P]
+                                    [--event-loop uvloop|asyncio]
 
 ``REDIS_URL`` points it at a running Redis instead of starting one; the
 benchmark's map is written there and its keys deleted at the end.
