@@ -225,7 +225,8 @@ async def serve(
         await servers.start()
         host = address.rpartition(":")[0]
         log.info(
-            "query service listening on %s:%d, HTTP %s (maps: %s, tls: %s, auth: %s, metrics: %s)",
+            "query service listening on %s:%d, HTTP %s "
+            "(maps: %s, tls: %s, auth: %s, metrics: %s, event loop: %s)",
             host,
             servers.port,
             "off" if servers.http_port is None else servers.http_port,
@@ -233,6 +234,7 @@ async def serve(
             "on" if config.query.tls else "off",
             "on" if config.query.auth else "off",
             config.query.metrics_port if config.query.metrics_port is not None else "off",
+            type(asyncio.get_running_loop()).__module__.partition(".")[0],
         )
         stopping = asyncio.Event()
         loop = asyncio.get_running_loop()

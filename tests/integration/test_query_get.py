@@ -315,8 +315,9 @@ def test_reflection_lists_the_map_service(redis_url: str, map_name: str) -> None
 # --- the command line: `query-service serve` as a real process ---------------------------
 
 
+@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
 def test_cli_serve_answers_then_stops_gracefully_on_sigterm(
-    tmp_path: Path, redis_url: str, redis_client: redis.Redis, map_name: str
+    tmp_path: Path, redis_url: str, redis_client: redis.Redis, map_name: str, event_loop: str
 ) -> None:
     redis_client.set(entity_key(map_name, "u1"), ENTITY)
     config_file = tmp_path / "maps.yaml"
@@ -339,6 +340,8 @@ def test_cli_serve_answers_then_stops_gracefully_on_sigterm(
             str(metrics_port),
             "--http-port",
             str(http_port),
+            "--event-loop",
+            event_loop,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -379,6 +382,7 @@ def test_cli_serve_answers_then_stops_gracefully_on_sigterm(
     logged = [orjson.loads(line) for line in output.decode().splitlines() if line.startswith("{")]
     messages = [entry["message"] for entry in logged]
     assert "query service stopped" in messages
+    assert any(m.endswith(f"event loop: {event_loop})") for m in messages), messages
     assert all({"time", "level", "logger", "message"} <= entry.keys() for entry in logged)
 
 

@@ -19,6 +19,7 @@ from materializer.contract.redis_layout import Watermark, entity_key, meta_key
 from materializer.testing import RedisServer, free_port
 from query_service.errors import StoreUnavailable
 from query_service.stores.generations import Generations
+from query_service.stores.lookup_connection import LookupConnection
 from query_service.stores.redis import WATERMARK_SECONDS, RedisMapStore
 
 
@@ -228,6 +229,52 @@ def test_a_key_redis_cannot_be_sent_fails_alone(redis_url: str, redis_client: re
     first, bad, last = asyncio.run(main())
     assert isinstance(bad, UnicodeEncodeError)
     assert (first.entity, last.entity) == (b'{"a":1}', b'{"b":2}')
+
+
+class _CountedWrites:
+    """A transport that counts its writes, passing everything on."""
+
+    def __init__(self, transport: Any) -> None:
+        self.transport = transport
+        self.writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        self.transport.write(data)
+
+    def abort(self) -> None:
+        self.transport.abort()
+
+
+def test_the_commands_of_one_loop_turn_go_out_in_one_write(
+    redis_url: str, redis_client: redis.Redis
+):
+    name = f"co{uuid.uuid4().hex[:8]}"
+    for i in range(50):
+        redis_client.set(entity_key(name, f"k{i}"), f"v{i}".encode())
+
+    async def main() -> tuple[list[Any], list[int], Any]:
+        client = connect_async(RedisConfig(url=redis_url))
+        lookups = LookupConnection(client.connection_pool, "the test's redis", 5.0)
+        try:
+            replies = await lookups.connected()
+            counted = _CountedWrites(replies.transport)
+            replies.transport = counted  # type: ignore[assignment]
+            futures = [replies.send("GET", entity_key(name, f"k{i}")) for i in range(60)]
+            writes = [counted.writes]  # nothing written before the turn ends
+            values = list(await asyncio.gather(*futures))
+            writes.append(counted.writes)
+            last = await replies.send("GET", entity_key(name, "k7"))  # a turn of its own
+            writes.append(counted.writes)
+            return values, writes, last
+        finally:
+            lookups.close()
+            await client.aclose()
+
+    values, writes, last = asyncio.run(main())
+    assert values == [f"v{i}".encode() for i in range(50)] + [None] * 10
+    assert writes == [0, 1, 2]
+    assert last == b"v7"
 
 
 def test_lookups_over_resp3(redis_url: str, redis_client: redis.Redis):
