@@ -9,7 +9,7 @@ import signal
 
 import grpc
 
-from query_service.event_loop import EventLoop, run
+from query_service.event_loop import EventLoop, loop_factory, run
 
 ECHO_SERVICE = "materializer.bench.Echo"
 
@@ -62,10 +62,5 @@ def serve_bare_http(port: int, body_bytes: int, event_loop: EventLoop) -> None:
 
     app = web.Application()
     app.router.add_get("/v1/maps/{map}/entities/{key}", entity)
-    if event_loop is EventLoop.UVLOOP:
-        import uvloop
-
-        loop = uvloop.new_event_loop()
-    else:
-        loop = asyncio.new_event_loop()
+    loop = loop_factory(event_loop)()
     web.run_app(app, host="127.0.0.1", port=port, print=None, access_log=None, loop=loop)

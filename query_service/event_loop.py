@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 from materializer.errors import SetupError
@@ -28,15 +28,23 @@ class EventLoop(enum.StrEnum):
     ASYNCIO = "asyncio"
 
 
+def loop_factory(loop: EventLoop) -> Callable[[], asyncio.AbstractEventLoop]:
+    """What makes a new loop of kind ``loop``."""
+    if loop is EventLoop.ASYNCIO:
+        return asyncio.new_event_loop
+    try:
+        import uvloop
+    except ImportError:
+        raise SetupError("uvloop is not installed here: serve with --event-loop asyncio") from None
+    return uvloop.new_event_loop
+
+
 def run(main: Coroutine[Any, Any, T], loop: EventLoop = EventLoop.UVLOOP) -> T:
     """``asyncio.run(main)`` on ``loop``."""
-    if loop is EventLoop.UVLOOP:
-        try:
-            import uvloop
-        except ImportError:
-            main.close()
-            raise SetupError(
-                "uvloop is not installed here: serve with --event-loop asyncio"
-            ) from None
-        return uvloop.run(main)
-    return asyncio.run(main)
+    try:
+        factory = loop_factory(loop)
+    except SetupError:
+        main.close()
+        raise
+    with asyncio.Runner(loop_factory=factory) as runner:
+        return runner.run(main)

@@ -132,6 +132,7 @@ class Replies(asyncio.Protocol):
         """Fail every command in flight (each with an error of its own) and drop the
         connection at once: no reply to them can come later."""
         self.lost = True
+        self._unwritten.clear()
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -167,7 +168,7 @@ class LookupConnection:
         if replies is not None and not replies.lost:
             return replies
         if self._closed:
-            raise RedisConnectionError(f"the lookups' connection to {self._where} is closed")
+            raise RedisConnectionError(self._closed_message())
         if self._connecting is None:
             self._connecting = asyncio.get_running_loop().create_task(self._connect())
             self._connecting.add_done_callback(self._connected)
@@ -189,11 +190,12 @@ class LookupConnection:
         replies.transport = writer.transport
         writer.transport.set_protocol(replies)
         if self._closed:  # closed while connecting
-            replies.fail(
-                RedisConnectionError, f"the lookups' connection to {self._where} is closed"
-            )
+            replies.fail(RedisConnectionError, self._closed_message())
         self._replies, self._writer = replies, writer
         return replies
+
+    def _closed_message(self) -> str:
+        return f"the lookups' connection to {self._where} is closed"
 
     def _connected(self, task: asyncio.Task[Replies]) -> None:
         self._connecting = None
@@ -205,9 +207,7 @@ class LookupConnection:
         later commands fail the same way."""
         self._closed = True
         if self._replies is not None:
-            self._replies.fail(
-                RedisConnectionError, f"the lookups' connection to {self._where} is closed"
-            )
+            self._replies.fail(RedisConnectionError, self._closed_message())
         self._replies = self._writer = None
 
 
