@@ -12,11 +12,23 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
+FETCH_MAX_WAIT_MS = 20
+"""How long the broker may hold a fetch of Spark's readers that finds no new records.
+
+A task reads offsets that exist (its batch's end was read before it ran), but the
+consumer it borrows may still have a fetch on its way for offsets past the log's end,
+sent ahead by its last poll, and a new fetch waits for that one. At Kafka's 500 ms a
+Delta query's tasks ran 0.3-0.9 s on 40-70 ms of CPU, holding both task slots while a
+fold batch waited for one: fold batches beside each MERGE took ~1.2 s instead of ~0.3 s
+(bench/live.py, BENCHMARKS.md). ``kafka.properties`` can set another value."""
+
+
 def kafka_options(
     config: AppConfig, source_topics: list[str], starting_offsets: str
 ) -> dict[str, str]:
     """Options for ``readStream.format("kafka")``: the Java client's settings, prefixed."""
-    options = {f"kafka.{key}": value for key, value in java(config.kafka).items()}
+    settings = java(config.kafka, **{"fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS)})
+    options = {f"kafka.{key}": value for key, value in settings.items()}
     options |= {
         "subscribe": ",".join(source_topics),
         "startingOffsets": starting_offsets,

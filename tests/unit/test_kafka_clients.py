@@ -113,3 +113,16 @@ def test_a_secret_or_file_missing_where_the_client_starts_names_its_key_path(
     if client is java:
         with pytest.raises(ConfigError, match="kafka.security.ca_file: cannot read /no/ca.pem"):
             java(kafka(tmp_path, ca_file="/no/ca.pem"))
+
+
+def test_spark_readers_never_wait_out_kafkas_fetch_wait_and_properties_still_win():
+    from materializer.config import AppConfig
+    from materializer.pipeline.source import FETCH_MAX_WAIT_MS, kafka_options
+
+    plain = AppConfig(kafka=KafkaConfig(bootstrap_servers="b:9092"))
+    options = kafka_options(plain, ["t"], "earliest")
+    assert options["kafka.fetch.max.wait.ms"] == str(FETCH_MAX_WAIT_MS)
+    assert FETCH_MAX_WAIT_MS < 500  # Kafka's own default, which held tasks in the broker
+    own = KafkaConfig(bootstrap_servers="b:9092", properties={"fetch.max.wait.ms": "250"})
+    options = kafka_options(AppConfig(kafka=own), ["t"], "earliest")
+    assert options["kafka.fetch.max.wait.ms"] == "250"

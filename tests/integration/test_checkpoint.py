@@ -1,0 +1,75 @@
+"""A map's streaming checkpoints: how they are written, and how the fold reads them back."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import orjson
+import pytest
+
+from materializer.pipeline.checkpoint import KEPT_BATCHES, Checkpoint
+from materializer.pipeline.job import start_map
+from materializer.resources import checkpoint_path
+from materializer.testing import produce
+from tests.helpers.slices import config, slice_config
+
+
+def test_checkpoint_logs_go_without_checksum_files_and_other_writes_keep_theirs(
+    spark, kafka_bootstrap, redis_url, new_topic, tmp_path: Path
+):
+    topic = new_topic(2)
+    name = f"ckpt{uuid.uuid4().hex[:8]}"
+    cfg = config(slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name=name))
+    queries = start_map(spark, cfg, name)
+    try:
+        for round_ in range(2):
+            records = [
+                (f"k{i}".encode(), orjson.dumps({"id": f"k{i}", "age": round_})) for i in range(10)
+            ]
+            produce(kafka_bootstrap, topic, records)
+            queries.process_all_available()
+    finally:
+        queries.stop()
+
+    fold = Path(checkpoint_path(cfg, name, "fold"))
+    logs = [p.name for p in (fold / "offsets").iterdir()] + [
+        p.name for p in (fold / "commits").iterdir()
+    ]
+    assert "1" in logs  # batches were written...
+    assert not [n for n in logs if n.endswith(".crc")]  # ...with no checksum file beside
+    # Spark's files (Parquet, as Delta's) go through Hadoop's FileSystem: checksummed still.
+    spark.range(3).write.parquet(str(tmp_path / "parquet"))
+    assert any(p.name.endswith(".parquet.crc") for p in (tmp_path / "parquet").iterdir())
+
+
+def test_a_checkpoint_view_keeps_its_last_batches_offsets(
+    spark, kafka_bootstrap, redis_url, new_topic, tmp_path: Path
+):
+    topic = new_topic(1)
+    name = f"view{uuid.uuid4().hex[:8]}"
+    cfg = config(slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name=name))
+    queries = start_map(spark, cfg, name)
+    batches = KEPT_BATCHES + 2
+    try:
+        for round_ in range(batches):
+            produce(kafka_bootstrap, topic, [(b"a", orjson.dumps({"id": "a", "age": round_}))])
+            queries.process_all_available()
+    finally:
+        queries.stop()
+
+    location = checkpoint_path(cfg, name, "fold")
+    offsets = Path(location) / "offsets"
+    last = max(int(p.name) for p in offsets.iterdir() if p.name.isdigit())
+    view = Checkpoint(spark, location)
+    read = {batch: view.end_offsets(batch) for batch in range(last + 1)}
+    assert read[last] == {topic: {0: batches}}  # one record a round
+    kept = range(last + 1 - KEPT_BATCHES, last + 1)
+    expected = {batch: read[batch][topic][0] for batch in kept}
+    read[last][topic][0] = -1  # what a caller does with its copy stays its own
+    for batch in range(last + 1):
+        (offsets / str(batch)).unlink()
+    # The last batches are answered without their files; an older one is read again.
+    assert {batch: view.end_offsets(batch)[topic][0] for batch in kept} == expected
+    with pytest.raises(Exception, match="FileNotFound|does not exist"):
+        view.end_offsets(last - KEPT_BATCHES)
