@@ -303,6 +303,8 @@ class Follower:
         self.samples: queue.SimpleQueue[tuple[bytes, int, float]] = queue.SimpleQueue()
         self.waiting: collections.deque[tuple[bytes, int, float]] = collections.deque()
         self.latencies: list[float] = []
+        self.sequences: list[int] = []
+        """Each latency's event ``seq``, in the same order."""
         self.visible_at: dict[tuple[bytes, int], float] = {}
         """When each sample (key, seq) was first seen visible."""
         self.producing = True
@@ -339,6 +341,7 @@ class Follower:
                 for (key, seq, sent), ok in zip(chunk, seen, strict=True):
                     if ok:
                         self.latencies.append(now - sent)
+                        self.sequences.append(seq)
                         self.visible_at[(key, seq)] = now
                 late = [item for item, ok in zip(chunk, seen, strict=True) if not ok]
                 if late:

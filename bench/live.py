@@ -3,7 +3,10 @@
 For each fold mode: one map (JSON with a schema, K keys, 4 partitions, dead
 letters on, so its Delta and dead-letter work runs beside the fold) in a
 ``materializer run`` process of its own. Once the map holds every key, an
-outside producer feeds it at each ``--rates`` value for ``--seconds``; one
+outside producer feeds it at each ``--rates`` value for ``--warmup-seconds``
+(the first seconds after the backlog, while the fold's live path is still
+cold: their percentiles get a line of their own, ``live_<mode>_warmup``) and
+then, without a pause, for the measured ``--seconds``; one
 event in ``--sample-every`` is followed until Redis shows it (produce to
 visible), and one in ``--delta-sample-every`` until the Delta table shows it
 too (how far the table trails Redis). A rate is held when the last third of
@@ -175,11 +178,98 @@ def feed(
     return produce_at_rate(prod, topic, rate, seconds, keys, seq0, sampled, random.Random(rate))
 
 
+def follow(
+    bootstrap: str,
+    redis_url: str,
+    topic: str,
+    mode: str,
+    run_dir: Path,
+    rate: int,
+    seq0: int,
+    args: argparse.Namespace,
+) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """Feed ``rate`` events/s for ``--warmup-seconds`` then ``--seconds`` without a pause,
+    and follow the samples into Redis and Delta. The warm-up's percentiles on their own
+    (the fold's live path still cold after the backlog, or after the last rate); for the
+    measured part: percentiles, whether the rate was held, how far Delta trails."""
+    follower = Follower(redis_url, mode)
+    follower.thread.start()
+    delta = DeltaFollower(str(run_dir / "warehouse" / mode))
+    delta.thread.start()
+    achieved = feed(
+        bootstrap,
+        topic,
+        rate,
+        args.warmup_seconds + args.seconds,
+        args.keys,
+        follower,
+        delta,
+        args.sample_every,
+        args.delta_sample_every,
+        seq0,
+    )
+    unresolved = follower.finish(drain_seconds=120)
+    measured_from = seq0 + int(rate * args.warmup_seconds)
+    timed = sorted(zip(follower.sequences, follower.latencies, strict=True))
+    warm = sorted(x * 1000 for seq, x in timed if seq <= measured_from)
+    ms = [x * 1000 for seq, x in timed if seq > measured_from]
+    third = max(1, len(ms) // 3)
+    first, last_third = ms[:third], ms[-third:]
+    deadline = time.monotonic() + 120
+    while delta.pending() and time.monotonic() < deadline:
+        time.sleep(1)
+    delta.stop.set()
+    trail = sorted(
+        (seen - follower.visible_at[(key, seq)]) * 1000
+        for key, seq, seen in delta.seen
+        if (key, seq) in follower.visible_at and seq > measured_from
+    )
+    ordered = sorted(ms)
+    held = unresolved == 0 and (statistics.median(last_third) <= statistics.median(first) + 1000)
+    warmup = None
+    if warm:
+        warmup = {
+            "units": "ms",
+            "offered_events_per_s": rate,
+            "seconds": args.warmup_seconds,
+            "samples": len(warm),
+            "p50_ms": round(nearest_rank(warm, 50), 1),
+            "p99_ms": round(nearest_rank(warm, 99), 1),
+            "max_ms": round(warm[-1], 1),
+        }
+    return warmup, {
+        "units": "events/s, ms",
+        "offered_events_per_s": rate,
+        "achieved_events_per_s": achieved,
+        "seconds": args.seconds,
+        "keys": args.keys,
+        "samples": len(ms),
+        "unresolved": unresolved,
+        "p50_ms": round(nearest_rank(ordered, 50), 1),
+        "p99_ms": round(nearest_rank(ordered, 99), 1),
+        "max_ms": round(ordered[-1], 1),
+        "first_third_p50_ms": round(statistics.median(first), 1),
+        "last_third_p50_ms": round(statistics.median(last_third), 1),
+        "last_third_p99_ms": round(nearest_rank(sorted(last_third), 99), 1),
+        "held": held,
+        "delta_samples": len(trail),
+        "delta_unresolved": delta.pending(),
+        "delta_trails_redis_p50_ms": round(nearest_rank(trail, 50)) if trail else None,
+        "delta_trails_redis_p99_ms": round(nearest_rank(trail, 99)) if trail else None,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--modes", default="latest,merge,aggregate")
     parser.add_argument("--rates", default="5000")
     parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=20,
+        help="feed at the first rate this long before measuring, reported on its own line",
+    )
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--sample-every", type=int, default=10)
     parser.add_argument("--delta-sample-every", type=int, default=500)
@@ -254,65 +344,21 @@ def main() -> None:
                 seq0 = 10_000_000
                 held_rates: list[int] = []
                 for rate in rates:
-                    follower = Follower(redis_url, mode)
-                    follower.thread.start()
-                    delta = DeltaFollower(str(run_dir / "warehouse" / mode))
-                    delta.thread.start()
-                    achieved = feed(
-                        bootstrap,
-                        topic,
-                        rate,
-                        args.seconds,
-                        args.keys,
-                        follower,
-                        delta,
-                        args.sample_every,
-                        args.delta_sample_every,
-                        seq0,
+                    warmup, result = follow(
+                        bootstrap, redis_url, topic, mode, run_dir, rate, seq0, args
                     )
-                    seq0 += int(rate * args.seconds) + 1
-                    unresolved = follower.finish(drain_seconds=120)
-                    ms = [x * 1000 for x in follower.latencies]
-                    third = max(1, len(ms) // 3)
-                    first, last_third = ms[:third], ms[-third:]
-                    deadline = time.monotonic() + 120
-                    while delta.pending() and time.monotonic() < deadline:
-                        time.sleep(1)
-                    delta.stop.set()
-                    trail = sorted(
-                        (seen - follower.visible_at[(key, seq)]) * 1000
-                        for key, seq, seen in delta.seen
-                        if (key, seq) in follower.visible_at
-                    )
-                    ordered = sorted(ms)
-                    held = unresolved == 0 and (
-                        statistics.median(last_third) <= statistics.median(first) + 1000
-                    )
-                    if held:
+                    seq0 += int(rate * (args.warmup_seconds + args.seconds)) + 1
+                    if warmup is not None:
+                        emit(name=f"live_{mode}_warmup", **warmup)
+                    if result["held"]:
                         held_rates.append(rate)
                     emit(
                         name=f"live_{mode}",
-                        units="events/s, ms",
-                        offered_events_per_s=rate,
-                        achieved_events_per_s=achieved,
-                        seconds=args.seconds,
-                        keys=args.keys,
-                        samples=len(ms),
-                        unresolved=unresolved,
-                        p50_ms=round(nearest_rank(ordered, 50), 1),
-                        p99_ms=round(nearest_rank(ordered, 99), 1),
-                        max_ms=round(ordered[-1], 1),
-                        first_third_p50_ms=round(statistics.median(first), 1),
-                        last_third_p50_ms=round(statistics.median(last_third), 1),
-                        last_third_p99_ms=round(nearest_rank(sorted(last_third), 99), 1),
-                        held=held,
+                        **result,
+                        warmup_seconds=args.warmup_seconds,
                         delta_trigger=args.delta_trigger or "default",
                         delta_engine=engine or "default",
                         spark_conf=spark_conf or "default",
-                        delta_samples=len(trail),
-                        delta_unresolved=delta.pending(),
-                        delta_trails_redis_p50_ms=round(nearest_rank(trail, 50)) if trail else None,
-                        delta_trails_redis_p99_ms=round(nearest_rank(trail, 99)) if trail else None,
                         target_p99_ms=1000,
                     )
                 emit(
