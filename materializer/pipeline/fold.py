@@ -86,6 +86,13 @@ class FoldMode:
         """The record as text, from ``entity`` (null for a delete): the entity's JSON."""
         return entity_json(entity)
 
+    def shared(self, records: DataFrame) -> tuple[DataFrame, list[str]]:
+        """``records`` with the columns this mode's expressions read more than once, and
+        their names (dropped once the mode's columns are computed). Spark computes an
+        expression once per use within one projection; a column of the projection before
+        it is computed once per record."""
+        return records, []
+
     def aux(self, records: DataFrame) -> Column | None:
         """A mode's extra text per record, or None when it needs none."""
         return None

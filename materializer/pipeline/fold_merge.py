@@ -122,25 +122,40 @@ def _contains_decimal(dtype: DataType) -> bool:
 class MergeMode(FoldMode):
     """``merge``: the order has the batch in it; ``aux`` lists the explicit nulls."""
 
+    _members: dict[tuple[str, ...], str]
+    """Per object path, the column ``shared`` put its raw member names in."""
+
     def order(self, records: DataFrame) -> Column:
         """Event time, then the batch, then partition and offset."""
         return order_column(records, self.fold.event_time, batch=True)
 
+    def shared(self, records: DataFrame) -> tuple[DataFrame, list[str]]:
+        """The member names of each object of the raw JSON that has fields: ``aux`` asks
+        each for several fields. Parsed once per object, not once per field, the merge
+        fold's own columns cost about what ``latest``'s do, not four times as much
+        (bench/merge_aux_spike.py)."""
+        parents = sorted({f.path[:-1] for f in _flat(fields_of(self.entity_type(records)))})
+        self._members = {}
+        columns: dict[str, Column] = {}
+        for parent in parents:
+            members = _members(parent)
+            if members is not None:
+                name = f"{c.PREFIX}members_{len(columns)}"
+                self._members[parent] = name
+                columns[name] = members
+        return records.withColumns(columns), list(columns)
+
     def aux(self, records: DataFrame) -> Column | None:
         """The depth-first numbers of the fields the raw JSON sets to null, comma-separated;
-        empty when none."""
+        empty when none. ``records`` carry ``shared``'s columns."""
         from pyspark.sql import functions as F
 
-        members: dict[tuple[str, ...], Column | None] = {}
         nulls = []
         for i, f in enumerate(_flat(fields_of(self.entity_type(records)))):
-            parent = f.path[:-1]
-            if parent not in members:
-                members[parent] = _members(parent)
-            names = members[parent]
-            if names is None:
+            column = self._members.get(f.path[:-1])
+            if column is None:
                 continue
-            present = F.coalesce(F.array_contains(names, f.name), F.lit(False))
+            present = F.coalesce(F.array_contains(F.col(column), f.name), F.lit(False))
             nulls.append(F.when(present & _value(f.path).isNull(), F.lit(str(i))))
         return F.concat_ws(",", *nulls) if nulls else None
 

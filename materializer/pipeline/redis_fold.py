@@ -447,14 +447,15 @@ class RedisFold:
         if self.fail_on_error:
             records = fail_on_error(records)
         folds = F.col(c.ERROR_STAGE).isNull()
-        aux = self.mode.aux(records)
+        with_shared, shared = self.mode.shared(records)
+        aux = self.mode.aux(with_shared)
         self.target = replace(self.target, folder=self.mode.folder(records))
-        return records.select(
+        return with_shared.select(
             "*",
             F.when(folds & ~F.col(c.DELETED), self.mode.entity(records)).alias(c.ENTITY),
             F.when(folds, self.mode.order(records)).alias(ORDER),
             (F.lit(None).cast("string") if aux is None else F.when(folds, aux)).alias(_AUX),
-        )
+        ).drop(*shared)
 
     def entity_type(self, records: DataFrame) -> StructType:
         """The entity's struct (a schemaless map's: its document); checks the fold's config."""

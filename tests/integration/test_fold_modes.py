@@ -225,3 +225,37 @@ def test_aggregate_folds_declared_aggregates_across_batches(
     }
     assert max(e["events"] for e in expected.values()) > 10
     _assert_stores_match(spark, redis_client, cfg, "agg", expected)
+
+
+def test_merge_parses_each_raw_object_once_per_record(
+    spark, kafka_bootstrap, redis_url, new_topic, tmp_path: Path
+):
+    """The explicit-null search reads the member names of the root and of ``address``;
+    each is computed once per record, not once per field that asks (four times the
+    fold's own cost in bench/merge_aux_spike.py)."""
+    from materializer.pipeline.job import records
+    from materializer.pipeline.redis_fold import RedisFold
+    from materializer.pipeline.redis_functions import FoldTarget
+
+    topic = new_topic(1)
+    doc = slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name="parsed")
+    doc["maps"]["parsed"]["source"]["schema"] = MERGE_SCHEMA
+    doc["maps"]["parsed"]["fold"] = {"mode": "merge"}
+    cfg = config(doc)
+    target = FoldTarget(
+        redis=cfg.redis,
+        map_name="parsed",
+        changelog_topic="parsed.changelog",
+        producer=(),
+        dead_letter_topic=None,
+        ttl_ms=None,
+        changes_max_len=1000,
+        deleted_retention_ms=1000,
+    )
+    fold = RedisFold(target, cfg.map("parsed").fold)
+    events = fold.events(records(spark, cfg, "parsed"))
+    # A streaming plan runs only in a query: Spark's optimizer applied to it directly.
+    analyzed = events._jdf.queryExecution().analyzed()
+    plan = spark._jsparkSession.sessionState().optimizer().execute(analyzed).toString()
+    assert plan.count("jsonObjectKeys(") == 2  # json_object_keys, as Spark plans it
+    assert not [n for n in events.columns if "members" in n]  # the shared columns are gone
