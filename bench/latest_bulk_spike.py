@@ -23,6 +23,7 @@ import functools
 import shutil
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,21 @@ def timed(frame: Any) -> float:
     return time.perf_counter() - started
 
 
+@contextlib.contextmanager
+def bulk_topic(events: int, keys: int) -> Iterator[tuple[str, str, str, Path]]:
+    """A broker, a Redis and a work folder, and a 4-partition topic of ``events`` JSON
+    events over ``keys``: (bootstrap servers, Redis URL, topic, folder)."""
+    work = Path(tempfile.mkdtemp(prefix="materializer-spike-"))
+    try:
+        with services() as (bootstrap, redis_url):
+            setup_line("local[*]", events, keys)
+            topic = create_topic(bootstrap, 4)
+            produce_bulk(bootstrap, topic, events, keys)
+            yield bootstrap, redis_url, topic, work
+    finally:
+        shutil.rmtree(work, True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -104,13 +120,8 @@ def main() -> None:
     args = parser.parse_args()
     from pyspark.sql import functions as F
 
-    work = Path(tempfile.mkdtemp(prefix="materializer-spike-"))
     with contextlib.ExitStack() as stack:
-        stack.callback(shutil.rmtree, work, True)
-        bootstrap, redis_url = stack.enter_context(services())
-        setup_line("local[*]", args.events, args.keys)
-        topic = create_topic(bootstrap, 4)
-        produce_bulk(bootstrap, topic, args.events, args.keys)
+        bootstrap, redis_url, topic, work = stack.enter_context(bulk_topic(args.events, args.keys))
         cfg = map_config(bootstrap, redis_url, work, "local[*]", topic, "spike")
         spark = build_spark_session(cfg.spark)
         stack.callback(spark.stop)

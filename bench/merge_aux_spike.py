@@ -20,20 +20,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import shutil
-import tempfile
-from pathlib import Path
 from typing import Any
 
-from harness import baseline_read, emit, map_config, produce_bulk, services, setup_line
-from latest_bulk_spike import batch_events, timed
+from harness import baseline_read, emit, map_config
+from latest_bulk_spike import batch_events, bulk_topic, timed
 from pipeline import FOLDS
 
 from materializer.pipeline.fold_merge import _flat, _members, _value, fields_of
 from materializer.pipeline.redis_fold import _AUX, ORDER, RedisFold, producer_settings
 from materializer.pipeline.redis_functions import FoldTarget
 from materializer.spark.session import build_spark_session
-from materializer.testing import create_topic
 
 
 def aux_per_field(records: Any, entity: Any) -> Any:
@@ -58,13 +54,8 @@ def main() -> None:
     args = parser.parse_args()
     from pyspark.sql import functions as F
 
-    work = Path(tempfile.mkdtemp(prefix="materializer-spike-"))
     with contextlib.ExitStack() as stack:
-        stack.callback(shutil.rmtree, work, True)
-        bootstrap, redis_url = stack.enter_context(services())
-        setup_line("local[*]", args.events, args.keys)
-        topic = create_topic(bootstrap, 4)
-        produce_bulk(bootstrap, topic, args.events, args.keys)
+        bootstrap, redis_url, topic, work = stack.enter_context(bulk_topic(args.events, args.keys))
         configs = {
             mode: map_config(bootstrap, redis_url, work, "local[*]", topic, mode, FOLDS[mode])
             for mode in FOLDS

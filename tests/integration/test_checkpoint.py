@@ -8,6 +8,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from materializer.config import AppConfig
 from materializer.pipeline.checkpoint import KEPT_BATCHES, Checkpoint
 from materializer.pipeline.job import start_map
 from materializer.resources import checkpoint_path
@@ -15,22 +16,31 @@ from materializer.testing import produce
 from tests.helpers.slices import config, slice_config
 
 
+def run_map(
+    spark, bootstrap: str, redis_url: str, topic: str, tmp_path: Path, rounds: list[list]
+) -> tuple[AppConfig, str]:
+    """A map over ``topic`` that folds each round of records in a batch of its own."""
+    name = f"ckpt{uuid.uuid4().hex[:8]}"
+    cfg = config(slice_config(tmp_path, bootstrap, redis_url, topic, map_name=name))
+    queries = start_map(spark, cfg, name)
+    try:
+        for records in rounds:
+            produce(bootstrap, topic, records)
+            queries.process_all_available()
+    finally:
+        queries.stop()
+    return cfg, name
+
+
 def test_checkpoint_logs_go_without_checksum_files_and_other_writes_keep_theirs(
     spark, kafka_bootstrap, redis_url, new_topic, tmp_path: Path
 ):
     topic = new_topic(2)
-    name = f"ckpt{uuid.uuid4().hex[:8]}"
-    cfg = config(slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name=name))
-    queries = start_map(spark, cfg, name)
-    try:
-        for round_ in range(2):
-            records = [
-                (f"k{i}".encode(), orjson.dumps({"id": f"k{i}", "age": round_})) for i in range(10)
-            ]
-            produce(kafka_bootstrap, topic, records)
-            queries.process_all_available()
-    finally:
-        queries.stop()
+    rounds = [
+        [(f"k{i}".encode(), orjson.dumps({"id": f"k{i}", "age": r})) for i in range(10)]
+        for r in range(2)
+    ]
+    cfg, name = run_map(spark, kafka_bootstrap, redis_url, topic, tmp_path, rounds)
 
     fold = Path(checkpoint_path(cfg, name, "fold"))
     logs = [p.name for p in (fold / "offsets").iterdir()] + [
@@ -47,16 +57,9 @@ def test_a_checkpoint_view_keeps_its_last_batches_offsets(
     spark, kafka_bootstrap, redis_url, new_topic, tmp_path: Path
 ):
     topic = new_topic(1)
-    name = f"view{uuid.uuid4().hex[:8]}"
-    cfg = config(slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name=name))
-    queries = start_map(spark, cfg, name)
     batches = KEPT_BATCHES + 2
-    try:
-        for round_ in range(batches):
-            produce(kafka_bootstrap, topic, [(b"a", orjson.dumps({"id": "a", "age": round_}))])
-            queries.process_all_available()
-    finally:
-        queries.stop()
+    rounds = [[(b"a", orjson.dumps({"id": "a", "age": r}))] for r in range(batches)]
+    cfg, name = run_map(spark, kafka_bootstrap, redis_url, topic, tmp_path, rounds)
 
     location = checkpoint_path(cfg, name, "fold")
     offsets = Path(location) / "offsets"
