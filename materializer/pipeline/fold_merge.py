@@ -115,15 +115,19 @@ def _members(path: tuple[str, ...]) -> Column | None:
     return F.json_object_keys(F.get_json_object(raw, json_path) if path else raw)
 
 
+def _member_columns(fields: tuple[Field, ...]) -> dict[tuple[str, ...], str]:
+    """Per object that has fields (the root included), the column ``MergeMode.shared``
+    keeps its raw member names in."""
+    parents = sorted({f.path[:-1] for f in _flat(fields)})
+    return {parent: f"{c.PREFIX}members_{n}" for n, parent in enumerate(parents)}
+
+
 def _contains_decimal(dtype: DataType) -> bool:
     return "decimal" in dtype.simpleString()
 
 
 class MergeMode(FoldMode):
     """``merge``: the order has the batch in it; ``aux`` lists the explicit nulls."""
-
-    _members: dict[tuple[str, ...], str]
-    """Per object path, the column ``shared`` put its raw member names in."""
 
     def order(self, records: DataFrame) -> Column:
         """Event time, then the batch, then partition and offset."""
@@ -134,14 +138,10 @@ class MergeMode(FoldMode):
         each for several fields. Parsed once per object, not once per field, the merge
         fold's own columns cost about what ``latest``'s do, not four times as much
         (bench/merge_aux_spike.py)."""
-        parents = sorted({f.path[:-1] for f in _flat(fields_of(self.entity_type(records)))})
-        self._members = {}
-        columns: dict[str, Column] = {}
-        for parent in parents:
+        columns = {}
+        for parent, name in _member_columns(fields_of(self.entity_type(records))).items():
             members = _members(parent)
             if members is not None:
-                name = f"{c.PREFIX}members_{len(columns)}"
-                self._members[parent] = name
                 columns[name] = members
         return records.withColumns(columns), list(columns)
 
@@ -150,11 +150,13 @@ class MergeMode(FoldMode):
         empty when none. ``records`` carry ``shared``'s columns."""
         from pyspark.sql import functions as F
 
+        fields = fields_of(self.entity_type(records))
+        names = _member_columns(fields)
         nulls = []
-        for i, f in enumerate(_flat(fields_of(self.entity_type(records)))):
-            column = self._members.get(f.path[:-1])
-            if column is None:
-                continue
+        for i, f in enumerate(_flat(fields)):
+            column = names[f.path[:-1]]
+            if column not in records.columns:
+                continue  # a name a JSON path cannot hold (``_members``)
             present = F.coalesce(F.array_contains(F.col(column), f.name), F.lit(False))
             nulls.append(F.when(present & _value(f.path).isNull(), F.lit(str(i))))
         return F.concat_ws(",", *nulls) if nulls else None
