@@ -98,7 +98,7 @@ def _cli(*args: str) -> Any:
 
 def _status(config_file: Path, name: str) -> dict[str, Any]:
     result = _cli("status", name, "-c", str(config_file), "--json")
-    return orjson.loads(result.output.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return orjson.loads(result.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
 def test_a_fold_spark_fails_over_deleted_records_is_reported_then_reset_or_rebuild(
