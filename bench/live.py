@@ -4,9 +4,11 @@ For each fold mode: one map (JSON with a schema, K keys, 4 partitions, dead
 letters on, so its Delta and dead-letter work runs beside the fold) in a
 ``materializer run`` process of its own. Once the map holds every key, an
 outside producer feeds it at each ``--rates`` value for ``--warmup-seconds``
-(the first seconds after the backlog, while the fold's live path is still
-cold: their percentiles get a line of their own, ``live_<mode>_warmup``) and
-then, without a pause, for the measured ``--seconds``; one
+(150 by default: the minutes after the start, while the driver's JVM still
+compiles Spark's code on the cores the batches need; their percentiles get a
+line of their own, ``live_<mode>_warmup``) and then, without a pause, for the
+measured ``--seconds``. Both lines carry the JIT compilers' share of the
+machine over their seconds (``jit_compile_cores``, from ``jstat``). One
 event in ``--sample-every`` is followed until Redis shows it (produce to
 visible), and one in ``--delta-sample-every`` until the Delta table shows it
 too (how far the table trails Redis). A rate is held when the last third of
@@ -24,6 +26,7 @@ import contextlib
 import random
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -50,6 +53,49 @@ from pipeline import FOLDS
 from materializer.contract.redis_layout import meta_key
 from materializer.testing import create_topic
 from materializer.testing.process import ManagedProcess
+
+
+class JitMeter:
+    """How busy the JVM's JIT compilers of a ``materializer run`` are: its driver JVM's
+    cumulative compile time (``jstat -compiler``) sampled at two moments.
+
+    A cold JVM compiles Spark's code for minutes under this load, on the cores
+    the batches need; the lines report the compilers' share of the machine in
+    the warm-up and in the measured seconds, so a reader sees whether a window
+    caught the JVM still warming. None where ``jstat`` or the JVM is not found.
+    """
+
+    def __init__(self, run: ManagedProcess) -> None:
+        self._parent = run.proc.pid
+        self._jstat = shutil.which("jstat")
+
+    def _jvm(self) -> int | None:
+        for children in Path(f"/proc/{self._parent}/task").glob("*/children"):
+            with contextlib.suppress(OSError):
+                for pid in children.read_text().split():
+                    command = Path(f"/proc/{pid}/cmdline").read_bytes()
+                    if b"java" in command.split(b"\0")[0]:
+                        return int(pid)
+        return None
+
+    def sample(self) -> tuple[float, float] | None:
+        """(monotonic seconds, the JVM's compile seconds so far), or None."""
+        pid = self._jvm()
+        if self._jstat is None or pid is None:
+            return None
+        out = subprocess.run(
+            [self._jstat, "-compiler", str(pid)], capture_output=True, text=True, check=False
+        ).stdout.split("\n")
+        if len(out) < 2 or len(out[1].split()) < 4:
+            return None
+        return time.monotonic(), float(out[1].split()[3])
+
+    @staticmethod
+    def cores(start: tuple[float, float] | None, end: tuple[float, float] | None) -> float | None:
+        """The compilers' cores between two samples."""
+        if start is None or end is None or end[0] <= start[0]:
+            return None
+        return round((end[1] - start[1]) / (end[0] - start[0]), 2)
 
 
 def nearest_rank(ordered: list[float], pct: int) -> float:
@@ -187,6 +233,7 @@ def follow(
     rate: int,
     seq0: int,
     args: argparse.Namespace,
+    jit: JitMeter,
 ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """Feed ``rate`` events/s for ``--warmup-seconds`` then ``--seconds`` without a pause,
     and follow the samples into Redis and Delta. The warm-up's percentiles on their own
@@ -196,6 +243,10 @@ def follow(
     follower.thread.start()
     delta = DeltaFollower(str(run_dir / "warehouse" / mode))
     delta.thread.start()
+    jit_samples = [jit.sample()]
+    # The end of the warm-up, sampled while the feed goes on.
+    at_warm = threading.Timer(args.warmup_seconds, lambda: jit_samples.append(jit.sample()))
+    at_warm.start()
     achieved = feed(
         bootstrap,
         topic,
@@ -208,6 +259,8 @@ def follow(
         args.delta_sample_every,
         seq0,
     )
+    at_warm.join()
+    jit_samples.append(jit.sample())
     unresolved = follower.finish(drain_seconds=120)
     measured_from = seq0 + int(rate * args.warmup_seconds)
     timed = sorted(zip(follower.sequences, follower.latencies, strict=True))
@@ -236,6 +289,7 @@ def follow(
             "p50_ms": round(nearest_rank(warm, 50), 1),
             "p99_ms": round(nearest_rank(warm, 99), 1),
             "max_ms": round(warm[-1], 1),
+            "jit_compile_cores": JitMeter.cores(jit_samples[0], jit_samples[1]),
         }
     return warmup, {
         "units": "events/s, ms",
@@ -256,6 +310,7 @@ def follow(
         "delta_unresolved": delta.pending(),
         "delta_trails_redis_p50_ms": round(nearest_rank(trail, 50)) if trail else None,
         "delta_trails_redis_p99_ms": round(nearest_rank(trail, 99)) if trail else None,
+        "jit_compile_cores": JitMeter.cores(jit_samples[1], jit_samples[2]),
     }
 
 
@@ -267,7 +322,7 @@ def main() -> None:
     parser.add_argument(
         "--warmup-seconds",
         type=float,
-        default=20,
+        default=150,
         help="feed at the first rate this long before measuring, reported on its own line",
     )
     parser.add_argument("--keys", type=int, default=100_000)
@@ -341,11 +396,12 @@ def main() -> None:
                     proc,
                 )
                 delta_caught_up_s = time.perf_counter() - started
+                jit = JitMeter(proc)
                 seq0 = 10_000_000
                 held_rates: list[int] = []
                 for rate in rates:
                     warmup, result = follow(
-                        bootstrap, redis_url, topic, mode, run_dir, rate, seq0, args
+                        bootstrap, redis_url, topic, mode, run_dir, rate, seq0, args, jit
                     )
                     seq0 += int(rate * (args.warmup_seconds + args.seconds)) + 1
                     if warmup is not None:
