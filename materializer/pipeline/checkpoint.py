@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from materializer.recovery.checkpoint_files import parse_offsets_log
+from materializer.recovery.checkpoint_files import parse_batch_time, parse_offsets_log
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -35,7 +35,7 @@ class Checkpoint:
     def __init__(self, spark: SparkSession, location: str) -> None:
         self._spark = spark
         self.location = location.rstrip("/")
-        self._offsets: OrderedDict[int, dict[str, dict[int, int]]] = OrderedDict()
+        self._batches: OrderedDict[int, tuple[dict[str, dict[int, int]], int]] = OrderedDict()
         self._hadoop: tuple[Any, Any, Any] | None = None
 
     def _read(self, relative: str) -> str:
@@ -60,13 +60,22 @@ class Checkpoint:
         """The streaming query's id: stable across restarts, new with a new checkpoint."""
         return str(orjson.loads(self._read("metadata"))["id"])
 
+    def _batch(self, batch_id: int) -> tuple[dict[str, dict[int, int]], int]:
+        """A batch's offsets log: its end offsets and its timestamp."""
+        kept = self._batches.get(batch_id)
+        if kept is None:
+            text = self._read(f"offsets/{batch_id}")
+            kept = self._batches[batch_id] = (parse_offsets_log(text), parse_batch_time(text))
+            while len(self._batches) > KEPT_BATCHES:
+                self._batches.popitem(last=False)
+        return kept
+
     def end_offsets(self, batch_id: int) -> dict[str, dict[int, int]]:
         """Per topic and partition, the next offset after ``batch_id`` (exclusive end)."""
-        offsets = self._offsets.get(batch_id)
-        if offsets is None:
-            offsets = parse_offsets_log(self._read(f"offsets/{batch_id}"))
-            self._offsets[batch_id] = offsets
-            while len(self._offsets) > KEPT_BATCHES:
-                self._offsets.popitem(last=False)
+        offsets = self._batch(batch_id)[0]
         # A copy: a caller may change what it gets without changing what others get.
         return {topic: dict(partitions) for topic, partitions in offsets.items()}
+
+    def batch_time_ms(self, batch_id: int) -> int:
+        """The batch's timestamp, the one its ``current_timestamp()`` is, in a replay too."""
+        return self._batch(batch_id)[1]

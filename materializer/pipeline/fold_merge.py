@@ -23,7 +23,8 @@ no longer counts (older than a removal) is dropped, so the state stays the
 size of the schema.
 
 Order: the event-time field if declared, then the micro-batch (its timestamp,
-which a replay reuses), then partition and offset. Kafka orders a partition
+which a replay reuses; put in on the driver or executor, ``with_batch_time``),
+then partition and offset. Kafka orders a partition
 only, so events of one key from several topics fold in batch order, then by
 partition and offset.
 
@@ -49,7 +50,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from materializer import record_columns as c
-from materializer.pipeline.fold import Event, FoldMode, order_column
+from materializer.pipeline.fold import Event, FoldMode
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
@@ -129,9 +130,7 @@ def _contains_decimal(dtype: DataType) -> bool:
 class MergeMode(FoldMode):
     """``merge``: the order has the batch in it; ``aux`` lists the explicit nulls."""
 
-    def order(self, records: DataFrame) -> Column:
-        """Event time, then the batch, then partition and offset."""
-        return order_column(records, self.fold.event_time, batch=True)
+    batch_in_order = True
 
     def shared(self, records: DataFrame) -> tuple[DataFrame, list[str]]:
         """The member names of each object of the raw JSON that has fields: ``aux`` asks

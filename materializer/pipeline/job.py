@@ -187,7 +187,9 @@ def start_map(
     # possible; every step is idempotent per batch, so a crash between two is repaired by
     # the batch's replay. The watermark after the fold, the consumer group last: it
     # reports what the stores already hold.
-    sinks: list[Sink] = [RedisFoldSink(redis_fold, checkpoint.end_offsets)]
+    sinks: list[Sink] = [
+        RedisFoldSink(redis_fold, checkpoint.end_offsets, checkpoint.batch_time_ms)
+    ]
     if side_queries and map_config.history:
         sinks.append(HistorySink(history_path(config, map_name)))
     sinks.append(

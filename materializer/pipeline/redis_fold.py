@@ -67,7 +67,7 @@ from materializer.contract.redis_layout import (
 )
 from materializer.pipeline.dead_letter import dead_letter_columns
 from materializer.pipeline.expiry import ExpirySweeper, index_expiring, sweep_expired
-from materializer.pipeline.fold import Event, FoldMode, KeyFolder
+from materializer.pipeline.fold import Event, FoldMode, KeyFolder, with_batch_time
 from materializer.pipeline.fold_modes import fold_mode
 from materializer.pipeline.redis_functions import (
     FILL,
@@ -144,10 +144,12 @@ def apply_batches(
     app_id: str,
     batches: Iterable[pa.RecordBatch],
     producer: Producer,
+    batch_time_ms: int | None = None,
 ) -> Applied:
     """Apply a batch's records (or one partition of them); see the module docstring.
 
     Runs on the driver or an executor, on the columns ``RedisFold.arrow_columns`` selects.
+    ``batch_time_ms``: the batch's timestamp, for a mode whose order has it in it.
     """
     import pyarrow as pa
 
@@ -165,7 +167,7 @@ def apply_batches(
     if target.folder is None:
         states = list(writer.latest(_winners(table)))
     else:
-        states = list(writer.fold(target.folder, _events(table)))
+        states = list(writer.fold(target.folder, _events(table, batch_time_ms)))
     keys = 0
     for key, state in states:
         deliveries.send(target.changelog_topic, key.encode(), state, headers)
@@ -188,11 +190,15 @@ def _winners(table: pa.Table) -> list[tuple[str, tuple[str, bytes | None]]]:
     return list(zip(winners[c.KEY].to_pylist(), orders_values, strict=True))
 
 
-def _events(table: pa.Table) -> list[tuple[str, list[Event]]]:
-    """Each key's events in order: sorted in Arrow, grouped in one pass."""
+def _events(table: pa.Table, batch_time_ms: int | None) -> list[tuple[str, list[Event]]]:
+    """Each key's events in order (with the batch's time in it when given): sorted in
+    Arrow, grouped in one pass."""
     import pyarrow.compute as pc
 
     folding = table.filter(pc.is_valid(table[ORDER]))
+    if batch_time_ms is not None:
+        orders = with_batch_time(folding[ORDER], batch_time_ms)
+        folding = folding.set_column(folding.schema.get_field_index(ORDER), ORDER, orders)
     folding = folding.take(pc.sort_indices(folding, [(c.KEY, "ascending"), (ORDER, "ascending")]))
     out: list[tuple[str, list[Event]]] = []
     last: str | None = None
@@ -377,13 +383,18 @@ class _Writer:
 
 
 def _apply_partition(
-    target: FoldTarget, batch_id: int, app_id: str, batches: Iterator[pa.RecordBatch]
+    target: FoldTarget,
+    batch_id: int,
+    app_id: str,
+    batch_time_ms: int | None,
+    batches: Iterator[pa.RecordBatch],
 ) -> Iterator[pa.RecordBatch]:
     """Executor side of ``apply_batches``: one row of counts per partition."""
     import pyarrow as pa
 
     # A large batch's task: a producer of its own costs little against its records.
-    done = apply_batches(target, batch_id, app_id, batches, new_producer(target))
+    producer = new_producer(target)
+    done = apply_batches(target, batch_id, app_id, batches, producer, batch_time_ms)
     yield pa.RecordBatch.from_pydict(
         {"keys": [done.keys], "dead_letters": [done.dead_letters]},
         schema=pa.schema([("keys", pa.int64()), ("dead_letters", pa.int64())]),
@@ -487,12 +498,29 @@ class RedisFold:
             ]
         return events.select(*self._columns)
 
-    def apply(self, events: DataFrame, batch_id: int, app_id: str, rows: int | None) -> Applied:
-        """Apply one batch of ``events``: on the driver when it has at most ``DRIVER_ROWS``."""
+    def apply(
+        self,
+        events: DataFrame,
+        batch_id: int,
+        app_id: str,
+        rows: int | None,
+        batch_time_ms: int | None = None,
+    ) -> Applied:
+        """Apply one batch of ``events``: on the driver when it has at most ``DRIVER_ROWS``.
+        ``batch_time_ms``: the batch's timestamp, which a mode with ``batch_in_order`` needs."""
+        if self.mode.batch_in_order and batch_time_ms is None:
+            raise ValueError(f"map {self.target.map_name}: the fold's order needs the batch's time")
         with self._lock:
-            return self._apply(events, batch_id, app_id, rows)
+            return self._apply(events, batch_id, app_id, rows, batch_time_ms)
 
-    def _apply(self, events: DataFrame, batch_id: int, app_id: str, rows: int | None) -> Applied:
+    def _apply(
+        self,
+        events: DataFrame,
+        batch_id: int,
+        app_id: str,
+        rows: int | None,
+        batch_time_ms: int | None,
+    ) -> Applied:
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
@@ -501,13 +529,15 @@ class RedisFold:
             if self._producer is None:
                 self._producer = new_producer(self.target)
             batches = columns.toArrow().to_batches()
-            return apply_batches(self.target, batch_id, app_id, batches, self._producer)
+            return apply_batches(
+                self.target, batch_id, app_id, batches, self._producer, batch_time_ms
+            )
         if self.spread_keys:
             # Two tasks applying one key would race to the changelog: the Delta table
             # could keep the older state. One task per key keeps its records in order.
             columns = columns.repartition(F.col(c.KEY))
         counts = columns.mapInArrow(
-            functools.partial(_apply_partition, self.target, batch_id, app_id),
+            functools.partial(_apply_partition, self.target, batch_id, app_id, batch_time_ms),
             T.StructType(
                 [T.StructField("keys", T.LongType()), T.StructField("dead_letters", T.LongType())]
             ),
@@ -528,10 +558,15 @@ class RedisFoldSink(Sink):
     name = "fold"
 
     def __init__(
-        self, fold: RedisFold, end_offsets: Callable[[int], dict[str, dict[int, int]]]
+        self,
+        fold: RedisFold,
+        end_offsets: Callable[[int], dict[str, dict[int, int]]],
+        batch_time: Callable[[int], int],
     ) -> None:
+        """``batch_time``: a batch's timestamp as Spark keeps it (``Checkpoint.batch_time_ms``)."""
         self.fold = fold
         self._end_offsets = end_offsets
+        self._batch_time = batch_time
         self._last: Applied | None = None
         self._sweeper = (
             None if fold.target.ttl_ms is None else ExpirySweeper(fold.target.map_name, fold.sweep)
@@ -542,7 +577,8 @@ class RedisFoldSink(Sink):
         if batch.records is None:
             raise ValueError("the fold in Redis needs the batch's records")
         rows = records_in(self._end_offsets, batch.batch_id)
-        self._last = self.fold.apply(batch.records, batch.batch_id, batch.app_id, rows)
+        time_ms = self._batch_time(batch.batch_id) if self.fold.mode.batch_in_order else None
+        self._last = self.fold.apply(batch.records, batch.batch_id, batch.app_id, rows, time_ms)
 
     def rows_out(self) -> int | None:
         """Keys the last batch touched."""

@@ -161,6 +161,13 @@ class CheckpointFiles:
             self._fs.delete_file(crc)
 
 
+def parse_batch_time(text: str) -> int:
+    """One ``offsets/<batch_id>`` file: the batch's timestamp (``batchTimestampMs`` of its
+    metadata line), which Spark gives the batch's ``current_timestamp()``, in a replay too."""
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return int(orjson.loads(lines[1])["batchTimestampMs"])
+
+
 def parse_offsets_log(text: str) -> dict[str, dict[int, int]]:
     """One ``offsets/<batch_id>`` file: per topic and partition, the batch's end offsets.
 

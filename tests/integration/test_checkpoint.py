@@ -2,26 +2,36 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
+import redis
 
 from materializer.config import AppConfig
 from materializer.pipeline.checkpoint import KEPT_BATCHES, Checkpoint
 from materializer.pipeline.job import start_map
+from materializer.pipeline.redis_functions import state_key
 from materializer.resources import checkpoint_path
 from materializer.testing import produce
 from tests.helpers.slices import config, slice_config
 
 
 def run_map(
-    spark, bootstrap: str, redis_url: str, topic: str, tmp_path: Path, rounds: list[list]
+    spark,
+    bootstrap: str,
+    redis_url: str,
+    topic: str,
+    tmp_path: Path,
+    rounds: list[list],
+    **extra: Any,
 ) -> tuple[AppConfig, str]:
     """A map over ``topic`` that folds each round of records in a batch of its own."""
     name = f"ckpt{uuid.uuid4().hex[:8]}"
-    cfg = config(slice_config(tmp_path, bootstrap, redis_url, topic, map_name=name))
+    cfg = config(slice_config(tmp_path, bootstrap, redis_url, topic, map_name=name, **extra))
     queries = start_map(spark, cfg, name)
     try:
         for records in rounds:
@@ -76,3 +86,28 @@ def test_a_checkpoint_view_keeps_its_last_batches_offsets(
     assert {batch: view.end_offsets(batch)[topic][0] for batch in kept} == expected
     with pytest.raises(Exception, match="FileNotFound|does not exist"):
         view.end_offsets(last - KEPT_BATCHES)
+
+
+def test_a_merge_order_holds_its_batch_time_from_the_offsets_log(
+    spark, kafka_bootstrap, redis_url, new_topic, tmp_path: Path
+):
+    """``merge`` orders events by their batch's timestamp, which the fold takes from the
+    batch's offsets log (not from the plan, whose code would change every batch)."""
+    topic = new_topic(1)
+    started_ms = int(time.time() * 1000)
+    rounds = [[(b"a", orjson.dumps({"id": "a", "age": r}))] for r in range(2)]
+    cfg, name = run_map(
+        spark, kafka_bootstrap, redis_url, topic, tmp_path, rounds, fold={"mode": "merge"}
+    )
+    ended_ms = int(time.time() * 1000)
+
+    view = Checkpoint(spark, checkpoint_path(cfg, name, "fold"))
+    offsets = Path(checkpoint_path(cfg, name, "fold")) / "offsets"
+    last = max(int(p.name) for p in offsets.iterdir() if p.name.isdigit())
+    ends = [view.end_offsets(b).get(topic, {}).get(0, 0) for b in range(last + 1)]
+    second = ends.index(2)  # the batch that read offset 1, the second round's event
+    batch_ms = view.batch_time_ms(second)
+    assert started_ms <= batch_ms <= ended_ms
+    state = orjson.loads(redis.Redis.from_url(redis_url).get(state_key(name, "a")))
+    # The last event's order: the batch's timestamp, then partition 0 and offset 1.
+    assert state["e"] == f"{batch_ms:020d}" + f"{0:010d}{1:019d}"

@@ -227,12 +227,8 @@ def test_aggregate_folds_declared_aggregates_across_batches(
     _assert_stores_match(spark, redis_client, cfg, "agg", expected)
 
 
-def test_merge_parses_each_raw_object_once_per_record(
-    spark, kafka_bootstrap, redis_url, new_topic, tmp_path: Path
-):
-    """The explicit-null search reads the member names of the root and of ``address``;
-    each is computed once per record, not once per field that asks (four times the
-    fold's own cost in bench/merge_aux_spike.py)."""
+def _merge_plan(spark, kafka_bootstrap, redis_url, new_topic, tmp_path: Path):
+    """A ``merge`` map's events and their plan as Spark's optimizer leaves it."""
     from materializer.pipeline.job import records
     from materializer.pipeline.redis_fold import RedisFold
     from materializer.pipeline.redis_functions import FoldTarget
@@ -257,5 +253,28 @@ def test_merge_parses_each_raw_object_once_per_record(
     # A streaming plan runs only in a query: Spark's optimizer applied to it directly.
     analyzed = events._jdf.queryExecution().analyzed()
     plan = spark._jsparkSession.sessionState().optimizer().execute(analyzed).toString()
+    return events, plan
+
+
+def test_merge_parses_each_raw_object_once_per_record(
+    spark, kafka_bootstrap, redis_url, new_topic, tmp_path: Path
+):
+    """The explicit-null search reads the member names of the root and of ``address``;
+    each is computed once per record, not once per field that asks (four times the
+    fold's own cost in bench/merge_aux_spike.py)."""
+    events, plan = _merge_plan(spark, kafka_bootstrap, redis_url, new_topic, tmp_path)
     assert plan.count("jsonObjectKeys(") == 2  # json_object_keys, as Spark plans it
     assert not [n for n in events.columns if "members" in n]  # the shared columns are gone
+
+
+def test_merge_plan_holds_nothing_of_the_batch(
+    spark, kafka_bootstrap, redis_url, new_topic, tmp_path: Path
+):
+    """The batch's timestamp in ``merge``'s order is put in by the fold, not by the plan:
+    Spark would put a batch's ``current_timestamp()`` in as a literal after optimising,
+    into generated code then compiled again every batch."""
+    events, _ = _merge_plan(spark, kafka_bootstrap, redis_url, new_topic, tmp_path)
+    # As analysed: the optimiser would replace a current_timestamp() with this moment.
+    plan = events._jdf.queryExecution().analyzed().toString()
+    assert "__order" in plan
+    assert "current_timestamp" not in plan.lower()

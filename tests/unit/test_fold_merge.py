@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import orjson
+import pyarrow as pa
 from pyspark.sql.types import (
     ArrayType,
     DecimalType,
@@ -16,7 +17,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from materializer.pipeline.fold import Event
+from materializer.pipeline.fold import Event, with_batch_time
 from materializer.pipeline.fold_merge import MergeFolder, fields_of
 from materializer.testing.reference import json_merge_patch
 
@@ -142,3 +143,14 @@ def test_an_entity_without_a_state_is_its_own_seed():
         _, got = FOLDER(seeded, [as_event(1, patch)])
         expected = None if patch is None else json_merge_patch(entity, patch)
         assert (None if got is None else orjson.loads(got)) == expected, patch
+
+
+def test_the_batch_time_goes_between_the_event_time_and_the_position():
+    place = f"{3:010d}{42:019d}"
+    orders = pa.chunked_array([[place, "1é2026\x00" + place], ["0\x00" + place]])
+    batch = f"{1795663113920:020d}"
+    assert with_batch_time(orders, 1795663113920).to_pylist() == [
+        batch + place,
+        "1é2026\x00" + batch + place,
+        "0\x00" + batch + place,
+    ]
