@@ -6,11 +6,16 @@ a 4-partition topic, read as one batch through the map's own decode, transforms
 and keys. Each line forces a plan with Spark's ``noop`` writer (nothing reaches
 Redis) and reports seconds and the ratio to the raw read of the same run:
 
+  read_warm     the raw read again, once the JVM has run it four more times;
   events        the map's events (decode, keys, order), nothing else;
   payload       and every record's entity as JSON (the columns Python takes);
-  repartition   and shuffled by key, as the fold did for a field key;
+  observed      the same with the fold's ``observe`` (the metrics' newest timestamp and
+                dead letters), as ``materializer run`` computes it;
+  repartition   and shuffled by key, as the fold does for a field key;
   winners       each key's winner picked by Spark (``max_by`` over a struct), then JSON;
-  apply_*       the whole fold into Redis and the changelog, per plan.
+  handover      shuffled by key and handed to Python workers, which only count the rows;
+  apply_*       the whole fold into Redis and the changelog, per plan (a new map each
+                round, so the last rounds run warm).
 
     .venv/bin/python bench/latest_bulk_spike.py [--events N] [--keys K]
 """
@@ -35,12 +40,14 @@ from harness import (
     produce_bulk,
     services,
     setup_line,
+    spark_read_count,
 )
 
 from materializer import record_columns as c
 from materializer.contract.redis_client import mark_whole
 from materializer.pipeline.decode import decode
 from materializer.pipeline.job import assign_keys
+from materializer.pipeline.metrics import observe_fold_input
 from materializer.pipeline.redis_fold import _AUX as AUX
 from materializer.pipeline.redis_fold import (
     ORDER,
@@ -78,8 +85,11 @@ def winners(events: Any) -> Any:
     )
 
 
-def batch_events(spark: Any, cfg: Any, name: str, fold: RedisFold) -> Any:
-    """The map's events as ``RedisFold.events`` computes them, from a batch read."""
+def batch_events(
+    spark: Any, cfg: Any, name: str, fold: RedisFold, *, observed: bool = False
+) -> Any:
+    """The map's events as ``RedisFold.events`` computes them, from a batch read; with
+    ``observed``, through the fold's metrics observation as ``pipeline.job`` adds it."""
     map_config_ = cfg.map(name)
     reader = spark.read.format("kafka")
     options = kafka_options(cfg, map_config_.source.topics, "earliest")
@@ -88,7 +98,15 @@ def batch_events(spark: Any, cfg: Any, name: str, fold: RedisFold) -> Any:
     raw = reader.load()
     raw = raw.select(*[raw[n].alias(a) for n, a in c.SOURCE_COLUMNS.items()])
     keyed = assign_keys(apply_transforms(decode(raw, map_config_), []), map_config_)
-    return fold.events(keyed)
+    return fold.events(observe_fold_input(keyed, dead_letters=True) if observed else keyed)
+
+
+def count_rows(batches: Iterator[Any]) -> Iterator[Any]:
+    """A Python worker that takes its partition's Arrow batches and only counts them."""
+    import pyarrow as pa
+
+    rows = sum(batch.num_rows for batch in batches)
+    yield pa.RecordBatch.from_pydict({"keys": [rows], "dead_letters": [0]})
 
 
 def timed(frame: Any) -> float:
@@ -126,6 +144,8 @@ def main() -> None:
         spark = build_spark_session(cfg.spark)
         stack.callback(spark.stop)
         read = baseline_read(spark, bootstrap, topic, args.events)
+        warm = [spark_read_count(spark, bootstrap, topic)[0] for _ in range(4)]
+        emit(name="read_warm", seconds=round(min(warm), 2), runs_s=[round(s, 2) for s in warm])
         load_library(cfg.redis)
         changelog = f"{topic}.changelog"
         create_topic(bootstrap, 4, name=changelog)
@@ -146,23 +166,32 @@ def main() -> None:
             ratio = round(args.events / seconds / read, 3)
             emit(name=name, seconds=round(seconds, 2), ratio_to_read=ratio)
 
+        observed = batch_events(spark, cfg, "spike", fold, observed=True)
+        counted = "keys long, dead_letters long"
         for _ in range(args.rounds):
             line("events", timed(events))
             line("payload", timed(fold.arrow_columns(events)))
+            line("observed", timed(fold.arrow_columns(observed)))
             line("repartition", timed(fold.arrow_columns(events).repartition(F.col(c.KEY))))
             line("winners", timed(fold.arrow_columns(winners(events))))
-        for plan in ("repartition", "winners"):
-            planned = RedisFold(replace(target, map_name=f"spike_{plan}"), cfg.map("spike").fold)
-            mark_whole(client_for(cfg.redis), f"spike_{plan}")
-            planned_events = batch_events(spark, cfg, "spike", planned)
             started = time.perf_counter()
-            if plan == "winners":
-                columns = planned.arrow_columns(winners(planned_events))
-            else:
-                columns = planned.arrow_columns(planned_events).repartition(F.col(c.KEY))
-            step = functools.partial(_apply_partition, planned.target, 1, "spike")
-            columns.mapInArrow(step, "keys long, dead_letters long").collect()
-            line(f"apply_{plan}", time.perf_counter() - started)
+            shuffled = fold.arrow_columns(events).repartition(F.col(c.KEY))
+            shuffled.mapInArrow(count_rows, counted).collect()
+            line("handover", time.perf_counter() - started)
+        for round_ in range(args.rounds):
+            for plan in ("repartition", "winners"):
+                name = f"spike_{plan}_{round_}"
+                planned = RedisFold(replace(target, map_name=name), cfg.map("spike").fold)
+                mark_whole(client_for(cfg.redis), name)
+                planned_events = batch_events(spark, cfg, "spike", planned)
+                started = time.perf_counter()
+                if plan == "winners":
+                    columns = planned.arrow_columns(winners(planned_events))
+                else:
+                    columns = planned.arrow_columns(planned_events).repartition(F.col(c.KEY))
+                step = functools.partial(_apply_partition, planned.target, 1, "spike", None)
+                columns.mapInArrow(step, counted).collect()
+                line(f"apply_{plan}", time.perf_counter() - started)
 
 
 if __name__ == "__main__":
