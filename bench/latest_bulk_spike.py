@@ -9,8 +9,9 @@ Redis) and reports seconds and the ratio to the raw read of the same run:
   read_warm     the raw read again, once the JVM has run it four more times;
   events        the map's events (decode, keys, order), nothing else;
   payload       and every record's entity as JSON (the columns Python takes);
-  observed      the same with the fold's ``observe`` (the metrics' newest timestamp and
-                dead letters), as ``materializer run`` computes it;
+  observed      the same with Spark's ``observe`` of the metrics' newest timestamp and
+                dead letters, as ``materializer run`` computed them before the fold
+                counted them on its own Arrow rows;
   repartition   and shuffled by key, as the fold does for a field key;
   winners       each key's winner picked by Spark (``max_by`` over a struct), then JSON;
   handover      shuffled by key and handed to Python workers, which only count the rows;
@@ -47,7 +48,6 @@ from materializer import record_columns as c
 from materializer.contract.redis_client import mark_whole
 from materializer.pipeline.decode import decode
 from materializer.pipeline.job import assign_keys
-from materializer.pipeline.metrics import observe_fold_input
 from materializer.pipeline.redis_fold import _AUX as AUX
 from materializer.pipeline.redis_fold import (
     ORDER,
@@ -98,7 +98,18 @@ def batch_events(
     raw = reader.load()
     raw = raw.select(*[raw[n].alias(a) for n, a in c.SOURCE_COLUMNS.items()])
     keyed = assign_keys(apply_transforms(decode(raw, map_config_), []), map_config_)
-    return fold.events(observe_fold_input(keyed, dead_letters=True) if observed else keyed)
+    return fold.events(observe(keyed) if observed else keyed)
+
+
+def observe(records: Any) -> Any:
+    """The metrics' two observations as the fold's query carried them: the newest Kafka
+    timestamp of the records that fold, and how many fail."""
+    from pyspark.sql import functions as F
+
+    folds = F.col(c.ERROR_STAGE).isNull()
+    newest = F.max(F.when(folds, F.unix_micros(F.col(c.TIMESTAMP)))).alias("newest")
+    failed = F.count(F.when(~folds, F.lit(1))).alias("records")
+    return records.observe("fold_input", newest).observe("dead_letters", failed)
 
 
 def count_rows(batches: Iterator[Any]) -> Iterator[Any]:

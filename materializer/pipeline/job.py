@@ -42,11 +42,16 @@ from materializer.pipeline.formats.batch_typing import (
     EntityTyper,
 )
 from materializer.pipeline.keys import assign_keys
-from materializer.pipeline.metrics import BatchMetrics, observe_fold_input
+from materializer.pipeline.metrics import BatchMetrics
 from materializer.pipeline.progress import BatchLog
 from materializer.pipeline.projector import Projector, report_rows_out
 from materializer.pipeline.query_group import QueryGroup
-from materializer.pipeline.redis_fold import RedisFold, RedisFoldSink, producer_settings
+from materializer.pipeline.redis_fold import (
+    Applied,
+    RedisFold,
+    RedisFoldSink,
+    producer_settings,
+)
 from materializer.pipeline.redis_functions import FoldTarget, load_library
 from materializer.pipeline.restore import ensure_whole
 from materializer.pipeline.source import read_source
@@ -178,7 +183,7 @@ def start_map(
         spread_keys=not one_partition_per_key,
     )
     with map_key_paths(map_name):
-        events = redis_fold.events(observe_fold_input(keyed, dead_letters=letters is not None))
+        events = redis_fold.events(keyed)
         entity = redis_fold.entity_type(keyed)
     load_library(config.redis)
     # A copy a server lost while the map was stopped is restored before anything folds.
@@ -188,7 +193,12 @@ def start_map(
     # the batch's replay. The watermark after the fold, the consumer group last: it
     # reports what the stores already hold.
     sinks: list[Sink] = [
-        RedisFoldSink(redis_fold, checkpoint.end_offsets, checkpoint.batch_time_ms)
+        RedisFoldSink(
+            redis_fold,
+            checkpoint.end_offsets,
+            checkpoint.batch_time_ms,
+            None if metrics is None else functools.partial(_report_applied, metrics, map_name),
+        )
     ]
     if side_queries and map_config.history:
         sinks.append(HistorySink(history_path(config, map_name)))
@@ -225,6 +235,10 @@ def start_map(
             start_delta_query, spark, config, map_name, entity, rows_out, generation, catch_up=True
         ),
     )
+
+
+def _report_applied(metrics: BatchMetrics, map_name: str, applied: Applied) -> None:
+    metrics.fold_applied(map_name, applied.newest_timestamp_us, applied.dead_letters)
 
 
 def producer_options(config: AppConfig, max_record_bytes: int) -> dict[str, str]:

@@ -2,13 +2,10 @@
 
 They come from Spark's progress events (one per committed batch, per query),
 except rows out, which the projector counts inside the fold's and the Delta
-query's batches (the same count the batch log line shows, not a second one).
-Two numbers Spark does not have are measured with ``DataFrame.observe`` and
-arrive with the progress: the newest Kafka timestamp the fold takes in, and the
-dead letters a batch sends, since the ``kafka`` sink of the dead-letter query
-reports every record it reads as input, good or bad. The observations are
-declared here, next to the listener that reads them, and applied by
-``pipeline.job``.
+query's batches (the same count the batch log line shows, not a second one),
+and two numbers Spark does not have, which the fold counts on the rows it
+applies (``fold_applied``): the newest Kafka timestamp it folded, and the dead
+letters it sent.
 
 Queries are named ``<map>.<query>`` (``users.fold``); map names may hold dots,
 query names do not.
@@ -17,13 +14,13 @@ query names do not.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from materializer import record_columns as c
 from materializer.config import MetricsConfig
 from materializer.contract.redis_layout import GENERATION_MARK
 from materializer.errors import SetupError
@@ -32,45 +29,10 @@ from materializer.pipeline.listener import Progress, QueryListener
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
 
-    from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
 
-FOLD_INPUT = "materializer_fold_input"
-"""The observation on the fold's input: the newest Kafka timestamp of the batch."""
-NEWEST_TIMESTAMP_US = "newest_timestamp_us"
-DEAD_LETTERS = "materializer_dead_letters"
-"""The observation on the dead-letter query's records: how many the batch sent."""
-RECORDS = "records"
-
 FOLD, DEAD_LETTER = "fold", "dead_letter"
-
-
-def observe_fold_input(records: DataFrame, dead_letters: bool = False) -> DataFrame:
-    """``records`` (what the fold takes in) reporting the newest Kafka timestamp of each batch.
-
-    Microseconds since the epoch, so that the value is the same number in
-    every session time zone; null for a batch with nothing to fold. With
-    ``dead_letters`` (a map whose one query also sends them), the records
-    also report how many of them failed.
-    """
-    from pyspark.sql import functions as F
-
-    # Records not yet split by the error policy: only those that fold count as folded.
-    folds = F.col(c.ERROR_STAGE).isNull() if c.ERROR_STAGE in records.columns else F.lit(True)
-    newest = F.max(F.when(folds, F.unix_micros(F.col(c.TIMESTAMP)))).alias(NEWEST_TIMESTAMP_US)
-    observed = records.observe(FOLD_INPUT, newest)
-    if dead_letters:
-        failed = F.count(F.when(~folds, F.lit(1))).alias(RECORDS)
-        observed = observed.observe(DEAD_LETTERS, failed)
-    return observed
-
-
-def observe_dead_letters(letters: DataFrame) -> DataFrame:
-    """``letters`` (the dead-letter query's records) reporting how many each batch sends."""
-    from pyspark.sql import functions as F
-
-    return letters.observe(DEAD_LETTERS, F.count(F.lit(1)).alias(RECORDS))
 
 
 def split_query_name(name: str | None) -> tuple[str, str] | None:
@@ -119,11 +81,6 @@ def finished_at(timestamp: str, duration_ms: int) -> float:
     return started.timestamp() + duration_ms / 1000
 
 
-def _observed(progress: Progress, observation: str, metric: str) -> Any:
-    row = (progress.get("observedMetrics") or {}).get(observation)
-    return None if row is None else row.get(metric)
-
-
 class BatchMetrics(QueryListener):
     """Per map and query metrics of every batch of the session, in a registry of their own.
 
@@ -169,7 +126,7 @@ class BatchMetrics(QueryListener):
         )
         self._freshness = Gauge(
             "materializer_freshness_seconds",
-            "How old the newest folded record (Kafka timestamp) was when its batch finished.",
+            "How old the newest folded record (Kafka timestamp) was when Redis held its batch.",
             ["map"],
             registry=r,
         )
@@ -220,16 +177,20 @@ class BatchMetrics(QueryListener):
                 lags = partition_lags(source.get("endOffset"), source.get("latestOffset"))
                 for (topic, partition), lag in lags.items():
                     self._lag.labels(map_name, topic, partition).set(lag)
-            newest = _observed(progress, FOLD_INPUT, NEWEST_TIMESTAMP_US)
-            if newest is not None:
-                # Clocks of producers and of this machine may disagree a little; age is never < 0.
-                self._freshness.labels(map_name).set(max(0.0, done - int(newest) / 1_000_000))
-        if query in (FOLD, DEAD_LETTER):
-            # The dead-letter query's, or the fold's when its one query sends them.
-            letters = _observed(progress, DEAD_LETTERS, RECORDS)
-            if letters is not None:
-                self._dead_letters.labels(map_name).inc(int(letters))
-                self._rows_out.labels(map_name, DEAD_LETTER).inc(int(letters))
+
+    def fold_applied(
+        self, map_name: str, newest_timestamp_us: int | None, dead_letters: int
+    ) -> None:
+        """What one fold batch did, from inside it once Redis holds it: the newest Kafka
+        timestamp it folded (microseconds; None: nothing folded) and the dead letters it
+        sent. Called on the batch's thread, as ``rows_out``."""
+        if newest_timestamp_us is not None:
+            # Clocks of producers and of this machine may disagree a little; age is never < 0.
+            age = time.time() - newest_timestamp_us / 1_000_000
+            self._freshness.labels(map_name).set(max(0.0, age))
+        if dead_letters:
+            self._dead_letters.labels(map_name).inc(dead_letters)
+            self._rows_out.labels(map_name, DEAD_LETTER).inc(dead_letters)
 
 
 def serve_metrics(config: MetricsConfig, registry: CollectorRegistry) -> WSGIServer | None:

@@ -105,6 +105,8 @@ executors: a Python worker per partition costs ~0.1 s a task, the driver ~46 µs
 ORDER = "__order"
 _VALUE = "__value"
 _AUX = "__aux"
+_TIMESTAMP_US = "__timestamp_us"
+"""The record's Kafka timestamp in microseconds: the batch's newest folded one is its age."""
 _LETTER_KEY, _LETTER_VALUE, _LETTER_HEADERS = "__dl_key", "__dl_value", "__dl_headers"
 """A failed record's key, value and headers (its own, then the error's, as a JSON array of
 ``{"key": ..., "value": <base64>}``); null for the others."""
@@ -120,6 +122,7 @@ def _arrow_schema() -> pa.Schema:
             (ORDER, pa.string()),
             (_VALUE, pa.binary()),
             (_AUX, pa.string()),
+            (_TIMESTAMP_US, pa.int64()),
             (_LETTER_KEY, pa.binary()),
             (_LETTER_VALUE, pa.binary()),
             (_LETTER_HEADERS, pa.string()),
@@ -129,13 +132,21 @@ def _arrow_schema() -> pa.Schema:
 
 @dataclass(frozen=True)
 class Applied:
-    """What one batch did: keys it touched (their states went to the changelog), dead letters."""
+    """What one batch did: keys it touched (their states went to the changelog), dead letters,
+    and the newest Kafka timestamp it folded (microseconds; None: it folded nothing).
+
+    The fold counts these on the Arrow rows it already holds: Spark's ``observe`` would
+    count them too, but its per-record accumulator sits outside the generated code and
+    cost a 1M-record backlog ~0.5-1 s (bench/latest_bulk_spike.py)."""
 
     keys: int = 0
     dead_letters: int = 0
+    newest_timestamp_us: int | None = None
 
     def __add__(self, other: Applied) -> Applied:
-        return Applied(self.keys + other.keys, self.dead_letters + other.dead_letters)
+        stamps = [t for t in (self.newest_timestamp_us, other.newest_timestamp_us) if t is not None]
+        newest = max(stamps, default=None)
+        return Applied(self.keys + other.keys, self.dead_letters + other.dead_letters, newest)
 
 
 def apply_batches(
@@ -173,7 +184,15 @@ def apply_batches(
         deliveries.send(target.changelog_topic, key.encode(), state, headers)
         keys += 1
     deliveries.flush()
-    return Applied(keys=keys, dead_letters=letters)
+    return Applied(keys=keys, dead_letters=letters, newest_timestamp_us=_newest(table))
+
+
+def _newest(table: pa.Table) -> int | None:
+    """The newest Kafka timestamp of the records that fold (a failed one has no order)."""
+    import pyarrow.compute as pc
+
+    newest = pc.max(pc.filter(table[_TIMESTAMP_US], pc.is_valid(table[ORDER]))).as_py()
+    return None if newest is None else int(newest)
 
 
 def _winners(table: pa.Table) -> list[tuple[str, tuple[str, bytes | None]]]:
@@ -396,9 +415,17 @@ def _apply_partition(
     producer = new_producer(target)
     done = apply_batches(target, batch_id, app_id, batches, producer, batch_time_ms)
     yield pa.RecordBatch.from_pydict(
-        {"keys": [done.keys], "dead_letters": [done.dead_letters]},
-        schema=pa.schema([("keys", pa.int64()), ("dead_letters", pa.int64())]),
+        {
+            "keys": [done.keys],
+            "dead_letters": [done.dead_letters],
+            "newest_timestamp_us": [done.newest_timestamp_us],
+        },
+        schema=pa.schema([(name, pa.int64()) for name in _COUNTS]),
     )
+
+
+_COUNTS = ("keys", "dead_letters", "newest_timestamp_us")
+"""The row of counts each executor task of a large batch returns (``Applied``)."""
 
 
 class RedisFold:
@@ -490,6 +517,7 @@ class RedisFold:
                 F.col(ORDER),
                 self.mode.payload(F.col(c.ENTITY)).cast("binary").alias(_VALUE),
                 F.col(_AUX),
+                F.unix_micros(F.col(c.TIMESTAMP)).alias(_TIMESTAMP_US),
                 F.when(failed, key).alias(_LETTER_KEY),
                 F.when(failed, value).alias(_LETTER_VALUE),
                 # As JSON text: an Arrow column of nested headers costs the whole batch
@@ -538,13 +566,11 @@ class RedisFold:
             columns = columns.repartition(F.col(c.KEY))
         counts = columns.mapInArrow(
             functools.partial(_apply_partition, self.target, batch_id, app_id, batch_time_ms),
-            T.StructType(
-                [T.StructField("keys", T.LongType()), T.StructField("dead_letters", T.LongType())]
-            ),
+            T.StructType([T.StructField(name, T.LongType()) for name in _COUNTS]),
         ).collect()
         total = Applied()
         for row in counts:
-            total += Applied(int(row["keys"]), int(row["dead_letters"]))
+            total += Applied(*(row[name] for name in _COUNTS))
         return total
 
 
@@ -562,11 +588,14 @@ class RedisFoldSink(Sink):
         fold: RedisFold,
         end_offsets: Callable[[int], dict[str, dict[int, int]]],
         batch_time: Callable[[int], int],
+        on_applied: Callable[[Applied], None] | None = None,
     ) -> None:
-        """``batch_time``: a batch's timestamp as Spark keeps it (``Checkpoint.batch_time_ms``)."""
+        """``batch_time``: a batch's timestamp as Spark keeps it (``Checkpoint.batch_time_ms``).
+        ``on_applied`` hears what each batch did once Redis holds it (the metrics)."""
         self.fold = fold
         self._end_offsets = end_offsets
         self._batch_time = batch_time
+        self._on_applied = on_applied
         self._last: Applied | None = None
         self._sweeper = (
             None if fold.target.ttl_ms is None else ExpirySweeper(fold.target.map_name, fold.sweep)
@@ -579,6 +608,8 @@ class RedisFoldSink(Sink):
         rows = records_in(self._end_offsets, batch.batch_id)
         time_ms = self._batch_time(batch.batch_id) if self.fold.mode.batch_in_order else None
         self._last = self.fold.apply(batch.records, batch.batch_id, batch.app_id, rows, time_ms)
+        if self._on_applied is not None:
+            self._on_applied(self._last)
 
     def rows_out(self) -> int | None:
         """Keys the last batch touched."""

@@ -14,8 +14,11 @@ from materializer.pipeline.redis_functions import (
 )
 
 
-def records(rows: list[tuple[str, str, dict | None]]) -> list[pa.RecordBatch]:
-    """(key, order, entity or None for a delete) as the columns ``arrow_columns`` selects."""
+def records(
+    rows: list[tuple[str, str, dict | None]], timestamps_us: list[int] | None = None
+) -> list[pa.RecordBatch]:
+    """(key, order, entity or None for a delete) as the columns ``arrow_columns`` selects,
+    with the records' Kafka timestamps (by default their indexes)."""
     return [
         pa.RecordBatch.from_pydict(
             {
@@ -25,6 +28,7 @@ def records(rows: list[tuple[str, str, dict | None]]) -> list[pa.RecordBatch]:
                     [None if e is None else orjson.dumps(e) for _, _, e in rows], pa.binary()
                 ),
                 "__aux": pa.array([None] * len(rows), pa.string()),
+                "__timestamp_us": pa.array(timestamps_us or range(len(rows)), pa.int64()),
                 "__dl_key": pa.array([None] * len(rows), pa.binary()),
                 "__dl_value": pa.array([None] * len(rows), pa.binary()),
                 "__dl_headers": pa.array([None] * len(rows), pa.string()),

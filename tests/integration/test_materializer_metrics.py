@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Iterator
@@ -12,14 +11,13 @@ from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka import Producer
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from materializer import record_columns as c
 from materializer.pipeline.job import start_map
 from materializer.pipeline.listener import QueryListener, listen
-from materializer.pipeline.metrics import BatchMetrics, observe_dead_letters, observe_fold_input
-from materializer.testing import produce
+from materializer.pipeline.metrics import BatchMetrics
 from materializer.testing.waiting import wait_until
 from tests.helpers.slices import config, slice_config
 
@@ -81,75 +79,25 @@ def listening(spark) -> Iterator[Listening]:
     remove()
 
 
-# ---------------------------------------------------------------- observations, no Kafka
-
-
-def _files(spark, folder: Path, rows: list[dict[str, Any]]) -> Any:
-    folder.mkdir()
-    (folder / "part-0.json").write_text("\n".join(json.dumps(r) for r in rows))
-    frame = spark.readStream.schema("id STRING, bad BOOLEAN, ts TIMESTAMP").json(str(folder))
-    return frame.withColumnRenamed("ts", c.TIMESTAMP)
-
-
-def _run_once(frame: Any, name: str, checkpoint: Path) -> Any:
-    query = (
-        frame.writeStream.queryName(name)
-        .format("noop")
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    return query
-
-
-def test_fold_and_dead_letter_observations_reach_the_metrics(
-    spark, listening: Listening, tmp_path: Path
-):
-    map_name = f"obs.{uuid.uuid4().hex[:6]}"  # a map name may hold dots
-    rows = [
-        {"id": "a", "bad": False, "ts": "2024-05-01T10:00:00Z"},
-        {"id": "b", "bad": True, "ts": "2024-05-01T10:00:07Z"},
-        {"id": "c", "bad": False, "ts": "2024-05-01T10:00:05Z"},
-        {"id": "d", "bad": True, "ts": "2024-05-01T09:00:00Z"},
-        {"id": "e", "bad": True, "ts": None},
-    ]
-    newest = 1714557607.0  # 2024-05-01T10:00:07Z
-    frame = _files(spark, tmp_path / "in", rows)
-    before = time.time()
-    fold = _run_once(observe_fold_input(frame), f"{map_name}.fold", tmp_path / "fold")
-    letters = _run_once(
-        observe_dead_letters(frame.where("bad")), f"{map_name}.dead_letter", tmp_path / "dl"
-    )
-    # What the projector reports from inside a batch:
-    listening.metrics.rows_out(f"{map_name}.fold", 0, 3)
-    samples = listening.scrape_after([fold, letters])
-    after = time.time()
-
-    assert value(samples, "materializer_rows_in_total", map=map_name, query="fold") == 5
-    assert value(samples, "materializer_rows_out_total", map=map_name, query="fold") == 3
-    # Rows in are what the source reports: here the file source already skips what the
-    # filter drops; the Kafka source of a map reads every record (see the test below).
-    read = letters.recentProgress[0]["numInputRows"]
-    assert value(samples, "materializer_rows_in_total", map=map_name, query="dead_letter") == read
-    assert value(samples, "materializer_rows_out_total", map=map_name, query="dead_letter") == 3
-    assert value(samples, "materializer_dead_letters_total", map=map_name) == 3
-    freshness = value(samples, "materializer_freshness_seconds", map=map_name)
-    assert freshness is not None
-    # The batch finished between `before` and `after`; its newest record is `newest`.
-    assert before - newest - 1 <= freshness <= after - newest
-    for query in ("fold", "dead_letter"):
-        finished = value(
-            samples, "materializer_last_batch_timestamp_seconds", map=map_name, query=query
-        )
-        assert finished is not None and before - 1 <= finished <= after
-    # A file source has no partitions: no lag is made up for it.
-    assert not [
-        k for k in samples if k[0] == "materializer_lag_records" and ("map", map_name) in k[1]
-    ]
-
-
 # ---------------------------------------------------------------- a map on Kafka
+
+
+def produce_at(
+    bootstrap: str, topic: str, records: list[tuple[tuple[bytes, bytes], int]]
+) -> list[tuple[int, int]]:
+    """Produce ``((key, value), timestamp_ms)`` records, each with its own Kafka timestamp;
+    (partition, offset) of each."""
+    producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+    positions: list[tuple[int, int]] = []
+
+    def delivered(err: Any, msg: Any) -> None:
+        assert err is None, err
+        positions.append((msg.partition(), msg.offset()))
+
+    for (key, value_), timestamp_ms in records:
+        producer.produce(topic, value_, key, timestamp=timestamp_ms, on_delivery=delivered)
+    assert producer.flush(30) == 0
+    return positions
 
 
 def test_a_running_map_reports_rows_dead_letters_lag_and_freshness(
@@ -161,7 +109,11 @@ def test_a_running_map_reports_rows_dead_letters_lag_and_freshness(
     good = [(f"u{i % 7}".encode(), orjson.dumps({"id": f"u{i % 7}", "age": i})) for i in range(30)]
     undecodable = [(f"x{i}".encode(), b"{not json") for i in range(4)]
     before = time.time()
-    positions = produce(kafka_bootstrap, topic, good + undecodable)
+    # The good records an hour old, the undecodable ones new: freshness is the age of the
+    # newest record folded, not of the newest read.
+    hour_ago_ms = int((before - 3600) * 1000)
+    positions = produce_at(kafka_bootstrap, topic, [(r, hour_ago_ms) for r in good])
+    positions += produce_at(kafka_bootstrap, topic, [(r, int(before * 1000)) for r in undecodable])
     keys = {k for k, _ in good}
     assert {p for p, _ in positions} == {0, 1}
 
@@ -190,7 +142,7 @@ def test_a_running_map_reports_rows_dead_letters_lag_and_freshness(
         lag = value(samples, "materializer_lag_records", map=name, topic=topic, partition=partition)
         assert lag == 0
     freshness = value(samples, "materializer_freshness_seconds", map=name)
-    assert freshness is not None and 0 <= freshness <= after - before
+    assert freshness is not None and 3600 <= freshness <= 3600 + after - before
     for query in ("fold", "delta"):
         finished = value(
             samples, "materializer_last_batch_timestamp_seconds", map=name, query=query

@@ -117,6 +117,7 @@ def stateful(rows: list[tuple[str, int, int | None]]) -> list[pa.RecordBatch]:
                 ORDER: [f"{0:010d}{o:019d}" for _, o, _ in rows],
                 "__value": [None if a is None else orjson.dumps([str(a)]) for _, _, a in rows],
                 "__aux": ["t"] * len(rows),
+                "__timestamp_us": pa.array(range(len(rows)), pa.int64()),
                 "__dl_key": pa.array([None] * len(rows), pa.binary()),
                 "__dl_value": pa.array([None] * len(rows), pa.binary()),
                 "__dl_headers": pa.array([None] * len(rows), pa.string()),
@@ -403,16 +404,19 @@ def test_dead_letters_keep_their_headers_null_values_included(target, kafka_boot
     ]
     batch = pa.RecordBatch.from_pydict(
         {
-            c.KEY: pa.array([None], pa.string()),
-            ORDER: pa.array([None], pa.string()),
-            "__value": pa.array([None], pa.binary()),
-            "__dl_key": pa.array([b"k"], pa.binary()),
-            "__dl_value": pa.array([b"{broken"], pa.binary()),
-            "__dl_headers": pa.array([orjson.dumps(headers).decode()], pa.string()),
+            c.KEY: pa.array(["a", None], pa.string()),
+            ORDER: pa.array(["01", None], pa.string()),
+            "__value": pa.array([b'{"v":1}', None], pa.binary()),
+            "__aux": pa.array([None, None], pa.string()),
+            # The dead letter is the newer record: the batch's newest folded one is "a".
+            "__timestamp_us": pa.array([1_000, 2_000], pa.int64()),
+            "__dl_key": pa.array([None, b"k"], pa.binary()),
+            "__dl_value": pa.array([None, b"{broken"], pa.binary()),
+            "__dl_headers": pa.array([None, orjson.dumps(headers).decode()], pa.string()),
         }
     )
     done = apply_batches(letters, 0, "app", [batch], new_producer(letters))
-    assert (done.keys, done.dead_letters) == (0, 1)
+    assert (done.keys, done.dead_letters, done.newest_timestamp_us) == (1, 1, 1_000)
     [msg] = read_topic(kafka_bootstrap, letters.dead_letter_topic)
     assert (msg.key(), msg.value()) == (b"k", b"{broken")
     assert msg.headers() == [("trace", b"t"), ("empty", None), ("x-error-stage", b"decode")]
