@@ -179,6 +179,7 @@ def main() -> None:
 
         observed = batch_events(spark, cfg, "spike", fold, observed=True)
         counted = "keys long, dead_letters long"
+        applied = counted + ", newest_timestamp_us long"  # the apply's row (``Applied``)
         for _ in range(args.rounds):
             line("events", timed(events))
             line("payload", timed(fold.arrow_columns(events)))
@@ -201,7 +202,7 @@ def main() -> None:
                 else:
                     columns = planned.arrow_columns(planned_events).repartition(F.col(c.KEY))
                 step = functools.partial(_apply_partition, planned.target, 1, "spike", None)
-                columns.mapInArrow(step, counted).collect()
+                columns.mapInArrow(step, applied).collect()
                 line(f"apply_{plan}", time.perf_counter() - started)
 
 
