@@ -5,7 +5,15 @@ even when the body raised. Users reuse them for their own integration tests.
 """
 
 from materializer.testing.kafka import KafkaBroker, create_topic, produce
-from materializer.testing.ports import free_port
+from materializer.testing.ports import closed_port, free_port
 from materializer.testing.redis import RedisCluster, RedisServer
 
-__all__ = ["KafkaBroker", "RedisCluster", "RedisServer", "create_topic", "free_port", "produce"]
+__all__ = [
+    "KafkaBroker",
+    "RedisCluster",
+    "RedisServer",
+    "closed_port",
+    "create_topic",
+    "free_port",
+    "produce",
+]

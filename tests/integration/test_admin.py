@@ -22,7 +22,7 @@ from materializer.contract.redis_layout import (
     meta_key,
     status_key,
 )
-from materializer.testing import free_port, produce
+from materializer.testing import closed_port, produce
 from materializer.testing.process import ManagedProcess
 from materializer.v1 import admin_service_pb2 as pb
 from tests.helpers.admin import call
@@ -105,16 +105,16 @@ def test_status_reports_state_and_lag_against_the_log_end(
 def test_status_of_silent_and_unstarted_maps_and_unreachable_kafka(
     redis_url, redis_client: redis.Redis
 ):
+    with closed_port() as kafka_port:
+        cfg = two_maps(f"127.0.0.1:{kafka_port}", redis_url, "ta", "tb")
+        a, b = sorted(cfg.maps)
+        long_ago = int(time.time() * 1000) - 3_600_000
+        report = MapReport("running", reported_at_ms=long_ago)
+        redis_client.hset(status_key(a), mapping=report.to_hash())
+        mark = Watermark(batch_id=1, offsets={"ta": {0: 5}})
+        redis_client.hset(meta_key(a), mapping=mark.to_hash())
 
-    cfg = two_maps(f"127.0.0.1:{free_port()}", redis_url, "ta", "tb")
-    a, b = sorted(cfg.maps)
-    long_ago = int(time.time() * 1000) - 3_600_000
-    redis_client.hset(
-        status_key(a), mapping=MapReport("running", reported_at_ms=long_ago).to_hash()
-    )
-    redis_client.hset(meta_key(a), mapping=Watermark(batch_id=1, offsets={"ta": {0: 5}}).to_hash())
-
-    statuses = {s.map: s for s in call(cfg, "GetStatus", pb.GetStatusRequest()).maps}
+        statuses = {s.map: s for s in call(cfg, "GetStatus", pb.GetStatusRequest()).maps}
 
     # A materializer that went silent (killed) is not reported as running.
     assert statuses[a].state == State.STOPPED

@@ -22,7 +22,7 @@ import redis
 
 from materializer.config import AppConfig, parse_config
 from materializer.contract.redis_layout import Watermark, entity_key, meta_key
-from materializer.testing import free_port, produce
+from materializer.testing import closed_port, produce
 from materializer.testing.reference import fold_latest
 from materializer.testing.waiting import eventually
 from materializer.v1 import common_pb2 as common
@@ -480,7 +480,6 @@ def test_requests_taken_with_a_bad_one_are_answered_before_the_stream_fails(
 
 
 def test_redis_down_is_unavailable(maps: Maps) -> None:
-    config = make_config(f"redis://127.0.0.1:{free_port()}/0", maps)
     lookups = by_user(maps)
 
     async def body(channel: grpc.aio.Channel) -> grpc.aio.AioRpcError:
@@ -489,7 +488,8 @@ def test_redis_down_is_unavailable(maps: Maps) -> None:
         )
         return error
 
-    error = run(config, body)
+    with closed_port() as port:
+        error = run(make_config(f"redis://127.0.0.1:{port}/0", maps), body)
 
     assert error.code() == grpc.StatusCode.UNAVAILABLE
     assert "redis" in error.details()

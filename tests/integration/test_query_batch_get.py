@@ -18,7 +18,7 @@ import redis
 from materializer.config import AppConfig
 from materializer.contract.redis_layout import Watermark, entity_key, meta_key
 from materializer.pipeline.job import start_map
-from materializer.testing import free_port, produce
+from materializer.testing import closed_port, produce
 from materializer.testing.reference import fold_latest
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import map_service_pb2 as pb
@@ -160,9 +160,9 @@ def test_unknown_map_is_not_found(redis_url: str, map_name: str) -> None:
 
 
 def test_redis_down_is_unavailable(map_name: str) -> None:
-    error = batch_get_error(
-        make_config(f"redis://127.0.0.1:{free_port()}/0", map_name), map_name, ["a"]
-    )
+    with closed_port() as port:
+        config = make_config(f"redis://127.0.0.1:{port}/0", map_name)
+        error = batch_get_error(config, map_name, ["a"])
 
     assert error.code() == grpc.StatusCode.UNAVAILABLE
 

@@ -28,7 +28,7 @@ from materializer.contract.redis_layout import (
     meta_key,
     status_key,
 )
-from materializer.testing import free_port
+from materializer.testing import closed_port, free_port
 from materializer.v1 import common_pb2
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
@@ -205,9 +205,8 @@ def test_oversized_request_is_resource_exhausted(redis_url: str, map_name: str) 
 
 
 def test_redis_down_is_unavailable(map_name: str) -> None:
-    config = make_config(f"redis://127.0.0.1:{free_port()}/0", map_name)
-
-    error = get_error(config, map_name, "u1")
+    with closed_port() as port:
+        error = get_error(make_config(f"redis://127.0.0.1:{port}/0", map_name), map_name, "u1")
 
     assert error.code() == grpc.StatusCode.UNAVAILABLE
     assert "redis" in error.details()
