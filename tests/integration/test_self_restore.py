@@ -148,10 +148,21 @@ def test_redis_restarted_empty_under_a_live_run_restores_itself_exactly_once(
                 time.sleep(0.1)
             reference = fold_aggregate(produced, "id", REFERENCE)
 
-            def restored_and_caught_up() -> bool:
-                return redis_map(client, "restored") == reference
+            held: dict[str, object] = {}
 
-            wait_until("Redis to hold the reference fold again", restored_and_caught_up)
+            def restored_and_caught_up() -> bool:
+                held.clear()
+                held.update(redis_map(client, "restored"))
+                return held == reference
+
+            try:
+                wait_until("Redis to hold the reference fold again", restored_and_caught_up)
+            except TimeoutError:
+                wrong = {k: (held.get(k), v) for k, v in reference.items() if held.get(k) != v}
+                pytest.fail(
+                    f"{len(wrong)} keys differ (Redis, reference): {dict(list(wrong.items())[:5])}"
+                    f"\n{proc.log()[-6000:]}"
+                )
             lookups.stop.set()
             lookups.thread.join(30)
             table = tmp_path / "warehouse" / "restored"
