@@ -20,8 +20,16 @@ action as Spark (``txn`` with the batch's app id and id) and checks the table's 
 before it merges, so a replay is skipped whichever engine wrote the first attempt: the
 table has one writer, the map's Delta query, so nothing can commit between the check and
 the MERGE. ``spark`` runs it as a Spark job, for batches the driver cannot hold.
-Creating the table and adding columns stay with Spark either way: they are rare, and
-Spark's DDL is what data teams see.
+
+With ``delta_rs`` delta-rs also creates the table and adds its columns, where the
+entity's types map one to one (``_rs_schema``): Spark's ``CREATE`` is the first
+Delta code a run's JVM executes, 4.4 s of a cold JVM's time beside the fold's first
+batch, where delta-rs takes 0.02 s (docs/fold-design.md). Either way the table is the
+same to its readers: the same schema as Spark reads it, the same protocol, the table
+properties the session gives new tables (``tests/integration/test_delta_engines.py``).
+A type delta-rs would write otherwise (a ``TIMESTAMP_NTZ``, whose table feature it
+lists without ``invariants``, which the NOT NULL ``_key`` needs; a variant, a
+collated string, field metadata, a name Delta refuses) leaves the DDL with Spark.
 """
 
 from __future__ import annotations
@@ -94,14 +102,55 @@ class DeltaSink(Sink):
             )
         if self._columns is None:
             schema = StructType([*own, *entity.fields])
-            table = DeltaTable.createIfNotExists(spark).location(self.path).addColumns(schema)
-            table.execute()
-            self._columns = set(DeltaTable.forPath(spark, self.path).toDF().columns)
+            rs_schema = self._rs_schema(schema)
+            if rs_schema is not None:
+                self._columns = self._create_rs(spark, rs_schema)
+            else:
+                table = DeltaTable.createIfNotExists(spark).location(self.path).addColumns(schema)
+                table.execute()
+                self._columns = set(DeltaTable.forPath(spark, self.path).toDF().columns)
         missing = [f for f in [*own[1:], *entity.fields] if f.name not in self._columns]
         if missing:
-            columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}" for f in missing)
-            spark.sql(f"ALTER TABLE delta.{quote(self.path)} ADD COLUMNS ({columns})")
+            rs_missing = self._rs_schema(StructType(missing))
+            if rs_missing is not None:
+                from deltalake import DeltaTable as RsTable
+                from deltalake import Schema
+
+                uri, options = self.location
+                fields = Schema.from_arrow(rs_missing).fields
+                RsTable(uri, storage_options=options).alter.add_columns(fields)
+            else:
+                columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}" for f in missing)
+                spark.sql(f"ALTER TABLE delta.{quote(self.path)} ADD COLUMNS ({columns})")
             self._columns.update(f.name for f in missing)
+
+    def _rs_schema(self, schema: StructType) -> pa.Schema | None:
+        """The Arrow schema delta-rs makes the table's DDL from, or None: Spark makes it
+        (the ``spark`` engine, or a type delta-rs would write otherwise)."""
+        if self.engine != "delta_rs" or not all(_same_in_delta_rs(f) for f in schema.fields):
+            return None
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        # The zone only names UTC instants, as Spark's TIMESTAMP columns hold them.
+        return to_arrow_schema(schema, timezone="UTC")
+
+    def _create_rs(self, spark: SparkSession, schema: pa.Schema) -> set[str]:
+        """Create the table with delta-rs unless it exists; its columns. New tables get the
+        properties the session sets for them (``...delta.properties.defaults.*``), as
+        Spark's ``CREATE`` gives them."""
+        from deltalake import DeltaTable as RsTable
+
+        defaults = "spark.databricks.delta.properties.defaults."
+        properties = {
+            "delta." + key[len(defaults) :]: value
+            for key, value in spark.conf.getAll.items()
+            if key.startswith(defaults)
+        }
+        uri, options = self.location
+        table = RsTable.create(
+            uri, schema, mode="ignore", configuration=properties, storage_options=options
+        )
+        return {f.name for f in table.schema().fields}
 
     def rows_out(self) -> int | None:
         """The last batch's rows, which delta-rs's MERGE counts as it collects them."""
@@ -222,3 +271,41 @@ def _last_per_key(rows: pa.Table) -> pa.Table:
 def _sql_name(name: str) -> str:
     """A column name as delta-rs's SQL (DataFusion) quotes it: case and dots kept."""
     return '"' + name.replace('"', '""') + '"'
+
+
+def _same_in_delta_rs(field: StructField) -> bool:
+    """Whether delta-rs writes this field as Spark's DDL does (see the module docstring)."""
+    from pyspark.sql import types as T
+
+    plain = {
+        T.BinaryType,
+        T.BooleanType,
+        T.ByteType,
+        T.DateType,
+        T.DecimalType,
+        T.DoubleType,
+        T.FloatType,
+        T.IntegerType,
+        T.LongType,
+        T.ShortType,
+        T.TimestampType,
+    }
+
+    def same(dt: T.DataType) -> bool:
+        if isinstance(dt, T.ArrayType):
+            return same(dt.elementType)
+        if isinstance(dt, T.MapType):
+            return same(dt.keyType) and same(dt.valueType)
+        if isinstance(dt, T.StructType):
+            return all(_same_in_delta_rs(f) for f in dt.fields)
+        if type(dt) is T.StringType:
+            return dt.collation == "UTF8_BINARY"
+        return type(dt) in plain
+
+    # Names Delta refuses without column mapping fail with Spark's own error.
+    return not field.metadata and not _NOT_IN_NAMES & set(field.name) and same(field.dataType)
+
+
+_NOT_IN_NAMES = set(" ,;{}()\n\t=")
+"""What a Delta column name may not hold without column mapping, which Spark checks and
+delta-rs does not."""

@@ -163,3 +163,72 @@ def test_timestamps_keep_their_instant_whatever_the_sessions_zone(spark, warehou
     assert row["seen"] == dt.datetime(2026, 1, 2, 3, 4, 5, 123456)  # read back in UTC
     assert row["address"]["at"] == row["seen"]
     assert row["stamps"][0] == row["seen"]
+
+
+WIDE = (
+    "s STRING, i INT, l BIGINT, sh SMALLINT, b TINYINT, d DOUBLE, f FLOAT, dec DECIMAL(12,3), "
+    "ok BOOLEAN, day DATE, ts TIMESTAMP, raw BINARY, `a.b` INT, tags ARRAY<STRING>, "
+    "items ARRAY<STRUCT<sku: STRING, qty: INT>>, attrs MAP<STRING, INT>, "
+    "addr STRUCT<city: STRING, geo: STRUCT<lat: DOUBLE, lon: DOUBLE>>"
+)
+
+
+def _ddl(spark, path: str) -> tuple:
+    """What the table's readers see of its DDL: Spark's schema, the protocol, the
+    properties, and who wrote each commit."""
+    from deltalake import DeltaTable
+
+    table = DeltaTable(path)
+    writers = [commit.get("engineInfo", "") for commit in reversed(table.history())]
+    schema = spark.read.format("delta").load(path).schema
+    return schema, table.protocol(), table.metadata().configuration, writers
+
+
+def test_delta_rs_creates_and_widens_the_table_spark_would(spark, warehouse: Path):
+    """With the delta_rs engine delta-rs runs the DDL (a cold JVM's seconds at a map's
+    start): the table, and the columns a later entity adds, as Spark's DDL makes them."""
+    from pyspark.sql import types as T
+
+    entity = T._parse_datatype_string(WIDE)
+    strict = T.StructType(
+        [
+            *entity.fields,
+            T.StructField("codes", T.ArrayType(T.LongType(), containsNull=False)),
+            T.StructField("sizes", T.MapType(T.StringType(), T.IntegerType(), False)),
+        ]
+    )
+    wider = T.StructType([*strict.fields, *T._parse_datatype_string("n BIGINT, o STRUCT<p: DATE>")])
+    ddl = {}
+    for engine in ("spark", "delta_rs"):
+        sink = DeltaSink(str(warehouse / engine), engine=engine, updated_at=True)
+        sink.ensure_table(spark, strict)
+        sink.ensure_table(spark, wider)
+        ddl[engine] = _ddl(spark, str(warehouse / engine))
+    assert ddl["delta_rs"][:3] == ddl["spark"][:3]
+    assert ddl["spark"][0].names == [c.TABLE_KEY, c.TABLE_UPDATED_AT, *wider.names]
+    assert ddl["spark"][0][c.TABLE_KEY].nullable is False
+    assert ddl["spark"][2] == {"delta.enableDeletionVectors": "false"}
+    assert all(w.startswith("delta-rs") for w in ddl["delta_rs"][3]), ddl["delta_rs"][3]
+    assert not any(w.startswith("delta-rs") for w in ddl["spark"][3]), ddl["spark"][3]
+
+
+def test_a_type_delta_rs_would_write_otherwise_leaves_the_ddl_with_spark(spark, warehouse: Path):
+    """A TIMESTAMP_NTZ column: delta-rs would list its table feature without the
+    ``invariants`` the NOT NULL key needs, and Spark could not read the table."""
+    from pyspark.sql import types as T
+
+    path = str(warehouse / "ntz")
+    sink = DeltaSink(path, engine="delta_rs")
+    sink.ensure_table(spark, T._parse_datatype_string("s STRING, at TIMESTAMP_NTZ"))
+    schema, _, _, writers = _ddl(spark, path)
+    assert schema[c.TABLE_KEY].nullable is False
+    assert isinstance(schema["at"].dataType, T.TimestampNTZType)
+    assert not any(w.startswith("delta-rs") for w in writers), writers
+    rows = spark.createDataFrame(
+        [("k1", False, ("x", dt.datetime(2026, 1, 2, 3, 4, 5)))],
+        f"{c.KEY} STRING, {c.DELETED} BOOLEAN, {c.ENTITY} STRUCT<s: STRING, at: TIMESTAMP_NTZ>",
+    )
+    sink.write(Batch(rows, 0, "app"))
+    assert _table(spark, path) == [
+        {c.TABLE_KEY: "k1", "s": "x", "at": dt.datetime(2026, 1, 2, 3, 4, 5)}
+    ]
