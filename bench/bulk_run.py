@@ -34,7 +34,7 @@ from pathlib import Path
 import redis
 from confluent_kafka import Consumer, TopicPartition
 from harness import PARTITIONS, baseline_read, emit, map_config, produce_bulk, services, setup_line
-from live import delta_rows, entity_count, wait_for, write_config
+from live import add_spark_conf, delta_rows, entity_count, wait_for, write_config
 
 from materializer.contract.redis_layout import Watermark, meta_key
 from materializer.spark.session import build_spark_session
@@ -69,13 +69,7 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=100_000)
     parser.add_argument("--modes", default="latest,merge,aggregate")
     parser.add_argument("--keep-logs", help="copy each run's log into this folder")
-    parser.add_argument(
-        "--spark-conf",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a Spark setting for the runs (spark.conf of the config); may repeat",
-    )
+    add_spark_conf(parser)
     args = parser.parse_args()
     spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
 

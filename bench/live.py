@@ -190,6 +190,17 @@ def write_config(
     return path
 
 
+def add_spark_conf(parser: argparse.ArgumentParser) -> None:
+    """``--spark-conf KEY=VALUE``, repeatable: Spark settings in the runs' config."""
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Spark setting for the runs (spark.conf of the config); may repeat",
+    )
+
+
 def wait_for(what: str, check: Any, timeout: float, proc: ManagedProcess) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -338,13 +349,7 @@ def main() -> None:
         help="run each mode once per Delta MERGE engine, e.g. 'delta_rs,spark' "
         "(default: the config's, once)",
     )
-    parser.add_argument(
-        "--spark-conf",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a Spark setting for the runs (spark.conf of the config); may repeat",
-    )
+    add_spark_conf(parser)
     args = parser.parse_args()
     spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
     rates = [int(r) for r in args.rates.split(",")]
