@@ -4,12 +4,14 @@ typed client's deadlines and retries — all through real channels to a real ser
 from __future__ import annotations
 
 import asyncio
+import ssl
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp
 import grpc
 import orjson
 import pytest
@@ -29,7 +31,7 @@ from materializer.v1 import enrich_service_pb2_grpc as enrich_grpc
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
 from query_service.client import MaterializerClient
-from query_service.server import create_server
+from query_service.server import create_server, create_servers
 from query_service.stores.redis import RedisMapStore
 
 T = TypeVar("T")
@@ -287,6 +289,71 @@ def test_tls_and_mutual_tls(redis_url: str, redis_client: redis.Redis, pki: dict
     )
     assert _get_over(mutual, public, with_cert).entity == b'{"id":"u1"}'
     assert _get_over(mutual, public, trusting) == grpc.StatusCode.UNAVAILABLE  # no client cert
+
+
+def _https_answers(cfg: AppConfig, path: str, contexts: dict[str, ssl.SSLContext | None]) -> dict:
+    """Each client's answer from the HTTP front of ``cfg``: (status, body), or the class of
+    the error that kept it from one."""
+
+    async def main() -> dict[str, Any]:
+        store = RedisMapStore.from_url(cfg.redis.url)
+        servers = await create_servers(cfg, store=store, http=("127.0.0.1", 0))
+        await servers.start()
+        answers: dict[str, Any] = {}
+        try:
+            async with aiohttp.ClientSession() as http:
+                for name, context in contexts.items():
+                    scheme = "http" if context is None else "https"
+                    url = f"{scheme}://127.0.0.1:{servers.http_port}{path}"
+                    options: dict[str, Any] = {"timeout": aiohttp.ClientTimeout(total=10)}
+                    if context is not None:
+                        options |= {"ssl": context, "server_hostname": "localhost"}
+                    try:
+                        async with http.get(url, **options) as response:
+                            answers[name] = (response.status, await response.read())
+                    except (aiohttp.ClientError, ssl.SSLError, OSError) as exc:
+                        answers[name] = type(exc).__name__
+        finally:
+            await servers.stop(None)
+            await store.close()
+        return answers
+
+    return asyncio.run(main())
+
+
+def test_the_http_front_speaks_the_same_tls(
+    redis_url: str, redis_client: redis.Redis, pki: dict[str, Any], tmp_path: Path
+):
+    """``query.tls`` puts the HTTP port behind the gRPC port's certificate, and mutual TLS
+    asks the same client certificate of an HTTP client."""
+    public, private = names()
+    redis_client.set(entity_key(public, "u1"), b'{"id":"u1"}')
+    files = pki["files"]
+    tls = {"cert_file": str(files["cert"]), "key_file": str(files["key"])}
+    trusting = ssl.create_default_context(cadata=pki["ca_pem"].decode())
+    untrusting = ssl.create_default_context(cadata=trustme.CA().cert_pem.bytes().decode())
+    (tmp_path / "client.pem").write_bytes(pki["client_cert"])
+    (tmp_path / "client.key").write_bytes(pki["client_key"])
+    with_cert = ssl.create_default_context(cadata=pki["ca_pem"].decode())
+    with_cert.load_cert_chain(tmp_path / "client.pem", tmp_path / "client.key")
+    path = f"/v1/maps/{public}/entities/u1"
+
+    one_way = parse_config(config_doc(redis_url, public, private, tls=tls))
+    answers = _https_answers(
+        one_way, path, {"trusting": trusting, "untrusting": untrusting, "plaintext": None}
+    )
+    status, body = answers["trusting"]
+    assert status == 200 and orjson.loads(body)["entity"] == {"id": "u1"}, answers
+    assert answers["untrusting"] == "ClientConnectorCertificateError", answers
+    assert isinstance(answers["plaintext"], str), answers  # no answer in clear text
+
+    mutual = parse_config(
+        config_doc(redis_url, public, private, tls={**tls, "client_ca_file": str(files["ca"])})
+    )
+    answers = _https_answers(mutual, path, {"with_cert": with_cert, "without": trusting})
+    status, body = answers["with_cert"]
+    assert status == 200 and orjson.loads(body)["entity"] == {"id": "u1"}, answers
+    assert isinstance(answers["without"], str), answers  # the handshake refused it
 
 
 def test_unreadable_tls_files_name_the_key(redis_url: str, tmp_path: Path):
