@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, cast
 
@@ -273,26 +274,10 @@ class RedisMapStore(MapStore):
             if missing or self._unchecked(physical[name]):
                 await self._check_whole(name, physical[name], missing)
             if missing and physical[name] in self._restored:
-                entities = await self._read_again(lookups, physical[name], keys, entities)
+                read = functools.partial(_read_one_by_one, lookups)
+                entities = await _read_again(read, physical[name], keys, entities)
             out[name] = BatchLookup(entities=entities, watermark=mark)
         return out
-
-    async def _read_again(
-        self, lookups: LookupConnection, physical: str, keys: Sequence[str], entities: list[Any]
-    ) -> list[Any]:
-        """The keys found missing, read again after the markers said the copy is whole.
-
-        A map this process saw lost and restored may have been restored between
-        a lookup's read and its marker check: the marker goes last, so a read
-        after the check sees the whole copy, and a key the first read missed is
-        then either there or truly absent."""
-        again = [i for i, entity in enumerate(entities) if entity is None]
-        connection = await lookups.connected()
-        futures = [connection.send("GET", entity_key(physical, keys[i])) for i in again]
-        entities = list(entities)
-        for i, value in zip(again, await _replies(futures), strict=True):
-            entities[i] = value
-        return entities
 
     def _mark_read(
         self, connection: Replies, physical: str, started: float, reply: asyncio.Future[Any]
@@ -352,11 +337,19 @@ class RedisMapStore(MapStore):
         out = {}
         for name, keys in keys_by_map.items():
             entities = [next(values) for _ in keys]
-            out[name] = BatchLookup(entities=entities, watermark=marks[name])
             missing = any(entity is None for entity in entities)
             if missing or self._unchecked(physical[name]):
                 await self._check_whole(name, physical[name], missing)
+            if missing and physical[name] in self._restored:
+                entities = await _read_again(self._read_masters, physical[name], keys, entities)
+            out[name] = BatchLookup(entities=entities, watermark=marks[name])
         return out
+
+    async def _read_masters(self, names: list[str]) -> list[Any]:
+        """Entity keys read on a cluster, each from its master."""
+        assert self._masters is not None
+        async with self._unavailable_on_connection_errors():
+            return list(await self._masters.get(names))
 
     def _unchecked(self, physical: str) -> bool:
         """Whether a lookup that found every key should look for the map's markers: until
@@ -532,3 +525,30 @@ def _change(entry_id: bytes, fields: dict[bytes, bytes]) -> Change:
         batch_id=int(fields[b"batch_id"]),
         expired=op == EXPIRE_OP.encode(),
     )
+
+
+async def _read_again(
+    read: Callable[[list[str]], Awaitable[list[Any]]],
+    physical: str,
+    keys: Sequence[str],
+    entities: list[Any],
+) -> list[Any]:
+    """The keys found missing, read again after the markers said the copy is whole.
+
+    A map this process saw lost and restored may have been restored between a
+    lookup's read and its marker check: the marker goes last, so a read after
+    the check sees the whole copy, and a key the first read missed is then
+    either there or truly absent. One server or a cluster alike."""
+    again = [i for i, entity in enumerate(entities) if entity is None]
+    entities = list(entities)
+    for i, value in zip(
+        again, await read([entity_key(physical, keys[i]) for i in again]), strict=True
+    ):
+        entities[i] = value
+    return entities
+
+
+async def _read_one_by_one(lookups: LookupConnection, names: list[str]) -> list[Any]:
+    """Entity keys read down the lookups' connection on one server, a ``GET`` each."""
+    connection = await lookups.connected()
+    return list(await _replies([connection.send("GET", name) for name in names]))

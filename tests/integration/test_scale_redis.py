@@ -23,8 +23,15 @@ import redis
 from redis.cluster import RedisCluster as ClusterClient
 
 from materializer.config import AppConfig, KafkaConfig, RedisConfig
-from materializer.contract.redis_client import mark_whole, per_master
-from materializer.contract.redis_layout import EXPIRE_OP, changes_key, entity_key, expiry_index_key
+from materializer.contract.redis_client import mark_whole, markers, per_master
+from materializer.contract.redis_layout import (
+    EXPIRE_OP,
+    MapReport,
+    changes_key,
+    entity_key,
+    expiry_index_key,
+    status_key,
+)
 from materializer.enrichment.job import start_enrichment
 from materializer.ops.rehydrate import rehydrate
 from materializer.ops.verify import Comparison, Differences, verify
@@ -41,6 +48,7 @@ from materializer.v1 import enrich_service_pb2 as enrich_pb
 from materializer.v1 import enrich_service_pb2_grpc as enrich_grpc
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
+from query_service.errors import StoreUnavailable
 from query_service.server import create_server
 from query_service.stores.redis import RedisMapStore
 from tests.helpers.redis_fold import records
@@ -295,3 +303,54 @@ def test_a_cluster_batch_read_is_one_call_per_master_and_follows_a_moved_slot(
     expected = [f"v{i}".encode() for i in range(250)] + [None] * 50
     assert first == expected
     assert second == expected
+
+
+class _RestoredWhileChecking(RedisMapStore):
+    """A store whose next marker read finds the copy restored a moment before it: the
+    materializer's restore ending between a lookup's read and its marker check."""
+
+    restore: Any = None
+
+    async def _read_markers(self, map_name: str, physical: str) -> tuple[bool, bool]:
+        if self.restore is not None:
+            self.restore()
+            self.restore = None
+        return await super()._read_markers(map_name, physical)
+
+
+@pytest.mark.parametrize("where", ["server", "cluster"])
+def test_a_key_restored_between_a_lookups_read_and_its_marker_check_is_found(
+    where: str, redis_url: str, redis_cluster: RedisCluster
+):
+    cfg = RedisConfig(url=redis_url if where == "server" else redis_cluster.url)
+    cfg = cfg.model_copy(update={"cluster": where == "cluster"})
+    name = f"restored_{uuid.uuid4().hex[:8]}"
+    client = client_for(cfg)
+    entity = b'{"id":"k"}'
+
+    def restore() -> None:  # as the materializer's restore: the entities, then the markers
+        client.set(entity_key(name, "k"), entity)
+        mark_whole(client, name)
+
+    restore()
+    client.hset(status_key(name), mapping=MapReport(state="running").to_hash())
+
+    async def body() -> tuple[Any, ...]:
+        store = _RestoredWhileChecking.from_config(cfg)
+        try:
+            seen = await store.get_with_watermark(name, "k")  # the copy seen whole here
+            client.delete(entity_key(name, "k"), *markers(client, name).values())  # lost
+            with pytest.raises(StoreUnavailable) as lost:
+                await store.get_with_watermark(name, "k")
+            store.restore = restore
+            again = await store.get_with_watermark(name, "k")
+            absent = await store.get_with_watermark(name, "absent")
+            return seen.entity, lost.value, again.entity, absent.entity
+        finally:
+            await store.close()
+
+    seen, lost, again, absent = asyncio.run(body())
+    assert seen == entity
+    assert "Redis lost its copy" in str(lost)
+    assert again == entity  # read again once whole, not answered NOT_FOUND
+    assert absent is None
