@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
+import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -17,20 +16,16 @@ GRACE_SECONDS = 120.0
 a run under load may need most of it to finish the batches it has in flight."""
 
 
-PR_SET_PDEATHSIG = 1
+def _dies_with_parent(args: list[str]) -> list[str]:
+    """``args`` run so that Linux sends the process SIGTERM when its parent dies, however
+    it dies: through util-linux's ``setpriv --pdeathsig``, which sets it and execs them.
 
-
-def _die_with(parent: int) -> Callable[[], None]:
-    """What a child runs before its program: ask Linux for SIGTERM when ``parent`` dies, and
-    leave at once if it already has."""
-
-    def arrange() -> None:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != parent:
-            os._exit(1)
-
-    return arrange
+    Not ``prctl`` from a ``preexec_fn``: that runs Python in the forked child
+    of a parent with other threads, and a child forked while gRPC's threads
+    ran in a test process crashed there before its program started.
+    """
+    setpriv = shutil.which("setpriv") if sys.platform == "linux" else None
+    return args if setpriv is None else [setpriv, "--pdeathsig", "TERM", "--", *args]
 
 
 class ManagedProcess:
@@ -46,13 +41,12 @@ class ManagedProcess:
         self.log_path = log_path
         self._log: IO[bytes] = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(
-            args,
+            _dies_with_parent(args),
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
             env=env,
-            preexec_fn=_die_with(os.getpid()) if sys.platform == "linux" else None,
         )
 
     def alive(self) -> bool:
