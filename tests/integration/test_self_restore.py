@@ -137,7 +137,9 @@ def test_redis_restarted_empty_under_a_live_run_restores_itself_exactly_once(
         lookups = _Lookups(parse_config(doc))
         try:
             wait_until(
-                "every key in Redis", lambda: len(redis_map(client, "restored")) == len(KEYS)
+                "every key in Redis",
+                lambda: len(redis_map(client, "restored")) == len(KEYS),
+                alive=proc.alive,
             )
             lookups.thread.start()
             rng = random.Random(11)
@@ -156,12 +158,17 @@ def test_redis_restarted_empty_under_a_live_run_restores_itself_exactly_once(
                 return held == reference
 
             try:
-                wait_until("Redis to hold the reference fold again", restored_and_caught_up)
-            except TimeoutError:
+                wait_until(
+                    "Redis to hold the reference fold again",
+                    restored_and_caught_up,
+                    alive=proc.alive,
+                )
+            except (TimeoutError, RuntimeError):
                 wrong = {k: (held.get(k), v) for k, v in reference.items() if held.get(k) != v}
+                state = "still running" if proc.alive() else "exited"
                 pytest.fail(
-                    f"{len(wrong)} keys differ (Redis, reference): {dict(list(wrong.items())[:5])}"
-                    f"\n{proc.log()[-6000:]}"
+                    f"{len(wrong)} keys differ (Redis, reference): {dict(list(wrong.items())[:5])};"
+                    f" the run {state}:\n{proc.log()[-6000:]}"
                 )
             lookups.stop.set()
             lookups.thread.join(30)
