@@ -34,7 +34,14 @@ from pathlib import Path
 import redis
 from confluent_kafka import Consumer, TopicPartition
 from harness import PARTITIONS, baseline_read, emit, map_config, produce_bulk, services, setup_line
-from live import add_spark_conf, delta_rows, entity_count, wait_for, write_config
+from live import (
+    add_spark_conf,
+    delta_rows,
+    entity_count,
+    spark_settings,
+    wait_for,
+    write_config,
+)
 
 from materializer.contract.redis_layout import Watermark, meta_key
 from materializer.spark.session import build_spark_session
@@ -71,7 +78,7 @@ def main() -> None:
     parser.add_argument("--keep-logs", help="copy each run's log into this folder")
     add_spark_conf(parser)
     args = parser.parse_args()
-    spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
+    spark_conf = spark_settings(args)
 
     work = Path(tempfile.mkdtemp(prefix="materializer-bulk-run-"))
     with contextlib.ExitStack() as stack:

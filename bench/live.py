@@ -201,6 +201,11 @@ def add_spark_conf(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def spark_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The ``--spark-conf`` settings as a dict."""
+    return dict(item.split("=", 1) for item in args.spark_conf)
+
+
 def wait_for(what: str, check: Any, timeout: float, proc: ManagedProcess) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -351,7 +356,7 @@ def main() -> None:
     )
     add_spark_conf(parser)
     args = parser.parse_args()
-    spark_conf = dict(item.split("=", 1) for item in args.spark_conf)
+    spark_conf = spark_settings(args)
     rates = [int(r) for r in args.rates.split(",")]
     engines: list[str | None] = (
         list(args.delta_engines.split(",")) if args.delta_engines else [None]
