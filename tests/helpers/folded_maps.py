@@ -47,8 +47,9 @@ def entities(client: redis.Redis, map_name: str) -> dict[str, bytes]:
     out: dict[str, bytes] = {}
     for key in client.scan_iter(match=f"{map_name}:*", count=1000):
         name = key.decode().split(":", 1)[1]
-        if name not in RESERVED_KEYS:
-            out[name] = client.get(key)
+        value = client.get(key) if name not in RESERVED_KEYS else None
+        if value is not None:  # None: deleted since the SCAN listed it
+            out[name] = value
     return out
 
 

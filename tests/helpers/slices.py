@@ -51,13 +51,19 @@ def config(doc: dict[str, Any]) -> AppConfig:
 
 
 def redis_map(client: redis.Redis, map_name: str) -> dict[str, Any]:
-    """Every entity of a map in Redis, decoded."""
+    """Every entity of a map in Redis, decoded.
+
+    A running fold may delete a key between the SCAN that lists it and its GET (a
+    tombstone): such a key is absent, as it would be had the SCAN come a moment later.
+    """
     out: dict[str, Any] = {}
     for key in client.scan_iter(match=f"{map_name}:*", count=1000):
         name = key.decode().split(":", 1)[1]
         if name in RESERVED_KEYS:
             continue
-        out[name] = orjson.loads(client.get(key))
+        value = client.get(key)
+        if value is not None:
+            out[name] = orjson.loads(value)
     return out
 
 
