@@ -73,11 +73,10 @@ class FreshnessGate:
         if map_name not in self._pollers:
             self._pollers[map_name] = asyncio.create_task(self._poll(map_name))
         try:
-            async with changed:
-                await asyncio.wait_for(
-                    changed.wait_for(lambda: covers(self._latest.get(map_name), wanted)),
-                    timeout=max(budget, 0.0),
-                )
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can lose the call's
+            # cancellation when the condition is met in the same step.
+            async with asyncio.timeout(max(budget, 0.0)), changed:
+                await changed.wait_for(lambda: covers(self._latest.get(map_name), wanted))
         except TimeoutError:
             mark = self._latest.get(map_name)
             have = mark.offsets if mark else {}

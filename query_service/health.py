@@ -13,6 +13,7 @@ Redis alone: one map being restored is no reason to take a replica out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Sequence
 
@@ -68,9 +69,14 @@ class RedisHealth:
         """One ping (and each map's reported state); the health statuses follow."""
         states: list[bytes | None] = []
         try:
-            ok = bool(await asyncio.wait_for(self._client.ping(), timeout=self._interval))
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation
+            # that lands as the ping fails (a port that refuses at once), and the check
+            # then outlives the server that cancelled it.
+            async with asyncio.timeout(self._interval):
+                ok = bool(await self._client.ping())
             if ok and self._maps:
-                states = await asyncio.wait_for(self._map_states(), timeout=self._interval)
+                async with asyncio.timeout(self._interval):
+                    states = await self._map_states()
         except (RedisError, OSError, TimeoutError):
             ok = False
         if ok != self._serving:
@@ -111,6 +117,8 @@ class RedisHealth:
         """Stop checking and report NOT_SERVING: the server is about to go away."""
         if self._task is not None:
             self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task  # ended before the statuses turn, so none turns back
             self._task = None
         self._serving = False
         for service in [*self._services, *map(map_service, self._maps)]:

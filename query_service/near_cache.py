@@ -168,7 +168,8 @@ class NearCaches:
                 )
             )
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.gather(*(a.wait() for a in attempts)), timeout)
+            async with asyncio.timeout(timeout):
+                await asyncio.gather(*(a.wait() for a in attempts))
 
     async def close(self) -> None:
         """Stop the followers."""

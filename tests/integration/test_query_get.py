@@ -15,9 +15,12 @@ import grpc
 import orjson
 import pytest
 import redis
+import redis.asyncio as aioredis
 import yaml
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from materializer.config import AppConfig
 from materializer.contract.redis_layout import (
@@ -32,6 +35,7 @@ from materializer.testing import closed_port, free_port
 from materializer.v1 import common_pb2
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
+from query_service.health import RedisHealth
 from query_service.interceptors import INTERNAL_DETAILS
 from tests.helpers.query_redis import make_config, map_doc, query_service_command, run
 
@@ -406,3 +410,33 @@ def test_cli_serve_help() -> None:
 
     assert proc.returncode == 0
     assert b"--config" in proc.stdout
+
+
+def test_a_health_check_cancelled_at_any_step_of_a_refused_ping_ends() -> None:
+    # A server's health check is cancelled when the server stops; a check that kept
+    # running would keep its event loop from ever closing. Each step of a ping that a
+    # closed port refuses is tried: the step where the refusal and the cancellation
+    # meet is the one a cancellation can be lost in (Python 3.11's wait_for lost it).
+    async def cancelled_after(steps: int, port: int) -> bool:
+        # No retry, so the refusal comes at the same step each time.
+        client = aioredis.Redis(port=port, retry=Retry(NoBackoff(), retries=0))
+        health_check = RedisHealth(health.aio.HealthServicer(), client, [])
+        try:
+            task = asyncio.ensure_future(health_check.check())
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            if not task.cancel():
+                return True  # the check had ended: nothing to cancel
+            await asyncio.wait({task})
+            return task.cancelled()
+        finally:
+            await client.aclose()
+
+    async def main(port: int) -> list[int]:
+        # The refusal comes by the selector, so the step it lands on varies: many rounds.
+        return [n for _ in range(25) for n in range(40) if not await cancelled_after(n, port)]
+
+    with closed_port() as port:
+        lost = asyncio.run(main(port))
+
+    assert lost == []
