@@ -16,7 +16,7 @@ from materializer.v1 import enrich_service_pb2 as pb
 from materializer.v1 import enrich_service_pb2_grpc as pb_grpc
 from query_service.enrich.batch import Job, run_jobs
 from query_service.enrich.errors import ProfileNotFound
-from query_service.enrich.events import parse_event
+from query_service.enrich.events import parse_events
 from query_service.enrich.inbox import Inbox
 from query_service.enrich.plan import plan_from_profile, plan_from_spec
 from query_service.errors import InvalidArgument, QueryServiceError, ResourceExhausted
@@ -109,7 +109,7 @@ class EnrichServicer(pb_grpc.EnrichServiceServicer):
                 f"{where}: events: {len(request.events)} events, at most {self._max_events} "
                 "per request (query.max_batch_keys)"
             )
-        events = [parse_event(raw, f"{where}: events[{i}]") for i, raw in enumerate(request.events)]
+        events = parse_events(request.events, where)
         wanted = self._freshness(plan, request.freshness.min_offsets, where)
         return _Request(request.request_id, Job(plan, events), wanted)
 
@@ -189,8 +189,12 @@ def _response(request: _Request, marks: Mapping[str, Watermark | None]) -> pb.En
         request_id=request.request_id,
         watermarks={m: watermark_to_proto(w) for m, w in marks.items() if w is not None},
     )
-    # Built in place, as BatchGet's entries: a list given to the constructor is copied.
+    # Built in place, as BatchGet's entries: a list given to the constructor is copied. An
+    # event every lookup hit sets two fields only: each field given costs as much again.
     add = response.events.add
     for i, e in enumerate(request.job.events):
-        add(index=i, event=e.encoded(), dropped=e.dropped, error=e.error, missed=e.missed)
+        if e.missed or e.doc is None:
+            add(index=i, event=e.encoded(), dropped=e.dropped, error=e.error, missed=e.missed)
+        else:
+            add(index=i, event=e.encoded())
     return response
