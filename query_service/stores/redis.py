@@ -255,7 +255,8 @@ class RedisMapStore(MapStore):
             else:
                 commands.append(("HGETALL", meta_key(physical[name])))
         for name, keys in keys_by_map.items():
-            entity_keys = [entity_key(physical[name], k) for k in keys]
+            prefix = entity_key(physical[name], "")  # a call per key costs a batch ~10%
+            entity_keys = [prefix + k for k in keys]
             if entity_keys:
                 commands.append(("GET" if len(keys) == 1 else "MGET", *entity_keys))
         futures = iter([connection.send(*command) for command in commands])
