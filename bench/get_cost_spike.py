@@ -12,6 +12,8 @@ of the machine shows:
   get_protobuf  the same with the request parsed and a ``GetResponse`` built;
   wrapped       that handler wrapped by the service's ``MethodCall`` (metrics, error
                 mapping), as ``query-service serve`` wraps each method;
+  servicer      the service's own ``MapServicer.Get`` and store, wrapped the same way,
+                alone on this bare server (the service's other parts left out);
   service       ``MapService/Get`` of ``query-service serve`` (watermark, checks,
                 metrics, the whole lookup).
 
@@ -42,7 +44,7 @@ from materializer.testing import RedisServer, free_port
 from materializer.v1 import map_service_pb2 as map_pb
 from query_service.event_loop import EventLoop, run
 
-VARIANTS = ("echo", "suspend", "get", "get_protobuf", "wrapped", "service")
+VARIANTS = ("echo", "suspend", "get", "get_protobuf", "wrapped", "servicer", "service")
 SPIKE_SERVICE = "materializer.bench.GetCost"
 METHOD = f"/{SPIKE_SERVICE}/Get"
 
@@ -74,7 +76,15 @@ def serve(port: int, variant: str, redis_url: str) -> None:
             value = await lookups.execute("GET", f"{request.map}:{request.key}")
             return map_pb.GetResponse(found=value is not None, entity=value or b"")
 
-        if variant in ("get_protobuf", "wrapped"):
+        if variant == "servicer":
+            handler = grpc.unary_unary_rpc_method_handler(
+                MethodCall(METHOD, None, lambda *_: ()).wrap(
+                    await servicer_get(redis_url), streaming_requests=False
+                ),
+                request_deserializer=map_pb.GetRequest.FromString,
+                response_serializer=map_pb.GetResponse.SerializeToString,
+            )
+        elif variant in ("get_protobuf", "wrapped"):
             behavior = parsed
             if variant == "wrapped":
                 behavior = MethodCall(METHOD, None, lambda *_: ()).wrap(
@@ -100,6 +110,30 @@ def serve(port: int, variant: str, redis_url: str) -> None:
         lookups.close()
 
     run(main(), EventLoop.UVLOOP)
+
+
+async def servicer_get(redis_url: str) -> Any:
+    """``MapServicer.Get`` over the service's own store, as ``query-service serve`` builds
+    it for the benchmark's map."""
+    import query
+    from harness import SCHEMA
+
+    from materializer.config import load_config
+    from query_service.freshness import FreshnessGate
+    from query_service.near_cache import NearCaches
+    from query_service.services.map_service import MapServicer
+    from query_service.services.table_reads import TableReads
+    from query_service.stores.redis import RedisMapStore
+
+    config_file = Path(tempfile.mkdtemp(prefix="materializer-get-cost-")) / "query.yaml"
+    query.write_config(config_file, redis_url, SCHEMA)
+    config = load_config(config_file)
+    store = RedisMapStore.from_config(config.redis)
+    gate = FreshnessGate(store, {name: m.source.topics for name, m in config.maps.items()})
+    near_caches = NearCaches(store, config.query.near_cache)
+    await near_caches.start()
+    servicer = MapServicer(config, store, gate, TableReads(config, store.generation), near_caches)
+    return servicer.Get
 
 
 def measure(
