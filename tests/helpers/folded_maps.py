@@ -12,14 +12,13 @@ import redis
 import yaml
 
 from materializer.contract.redis_layout import (
-    RESERVED_KEYS,
     Watermark,
     meta_key,
 )
 from materializer.pipeline.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
-from tests.helpers.slices import FIELDS, config, slice_config
+from tests.helpers.slices import FIELDS, config, entities, slice_config
 
 NAMES = ["Ann", 'Zoë "Q" \\ back', "line\nbreak\ttab\x01ctl", "☃ snow", "plain"]
 
@@ -40,17 +39,6 @@ def events(start: int, n: int, keys: int) -> list[tuple[bytes | None, bytes | No
 
 def tombstones(*keys: str) -> list[tuple[bytes | None, bytes | None]]:
     return [(k.encode(), None) for k in keys]
-
-
-def entities(client: redis.Redis, map_name: str) -> dict[str, bytes]:
-    """Every entity of the map in Redis, as the bytes Redis holds."""
-    out: dict[str, bytes] = {}
-    for key in client.scan_iter(match=f"{map_name}:*", count=1000):
-        name = key.decode().split(":", 1)[1]
-        value = client.get(key) if name not in RESERVED_KEYS else None
-        if value is not None:  # None: deleted since the SCAN listed it
-            out[name] = value
-    return out
 
 
 @dataclass

@@ -50,21 +50,24 @@ def config(doc: dict[str, Any]) -> AppConfig:
     return parse_config(doc)
 
 
-def redis_map(client: redis.Redis, map_name: str) -> dict[str, Any]:
-    """Every entity of a map in Redis, decoded.
+def entities(client: redis.Redis, map_name: str) -> dict[str, bytes]:
+    """Every entity of the map in Redis, as the bytes Redis holds.
 
     A running fold may delete a key between the SCAN that lists it and its GET (a
     tombstone): such a key is absent, as it would be had the SCAN come a moment later.
     """
-    out: dict[str, Any] = {}
+    out: dict[str, bytes] = {}
     for key in client.scan_iter(match=f"{map_name}:*", count=1000):
         name = key.decode().split(":", 1)[1]
-        if name in RESERVED_KEYS:
-            continue
-        value = client.get(key)
+        value = client.get(key) if name not in RESERVED_KEYS else None
         if value is not None:
-            out[name] = orjson.loads(value)
+            out[name] = value
     return out
+
+
+def redis_map(client: redis.Redis, map_name: str) -> dict[str, Any]:
+    """Every entity of a map in Redis, decoded."""
+    return {name: orjson.loads(raw) for name, raw in entities(client, map_name).items()}
 
 
 def _drop_nulls(row: dict[str, Any]) -> dict[str, Any]:
