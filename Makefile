@@ -55,7 +55,7 @@ node: $(NODE_CLIENT) ## install the Node gRPC client used by the interop test
 setup: venv jars java redis node ## everything the tests and the demo need
 
 proto: venv ## regenerate the gRPC Python code from proto/
-	$(BIN)/python -m query_service.codegen
+	$(BIN)/python -m tools.codegen
 
 lint: venv ## ruff, mypy and the import rules between packages (import-linter)
 	$(BIN)/ruff check .
@@ -67,7 +67,10 @@ format: venv ## apply ruff's formatting and fixes
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-test: setup lint ## set up, lint, and run every test against real services
+docs: venv ## build the documentation site into site/ (strict: a broken link fails)
+	$(BIN)/mkdocs build --strict --quiet
+
+test: setup lint docs ## set up, lint, build the docs, and run every test against real services
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: setup ## run the benchmarks (JSON lines on stdout)
@@ -83,6 +86,6 @@ bench: setup ## run the benchmarks (JSON lines on stdout)
 	$(BIN)/python bench/delta_merge.py
 
 clean: ## remove the venv, resolved jars and local data
-	rm -rf $(VENV) jvm/lib warehouse checkpoints tests/interop/node_modules
+	rm -rf $(VENV) jvm/lib warehouse checkpoints site tests/interop/node_modules
 
-.PHONY: help venv jars java redis node setup proto lint format test bench clean
+.PHONY: help venv jars java redis node setup proto lint format docs test bench clean

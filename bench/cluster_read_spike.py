@@ -35,10 +35,10 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 sys.path.insert(0, os.path.dirname(__file__))
 from redis_cluster import MAP, entities, write  # noqa: E402
 
+from materializer.clients.redis import by_master  # noqa: E402
 from materializer.config import RedisConfig  # noqa: E402
-from materializer.contract.redis_client import by_master  # noqa: E402
 from materializer.contract.redis_layout import READ_FUNCTION  # noqa: E402
-from materializer.pipeline.redis_functions import load_library  # noqa: E402
+from materializer.redis.functions import load_library  # noqa: E402
 from materializer.testing import RedisCluster, RedisServer  # noqa: E402
 from query_service.stores.lookup_connection import LookupConnection, settled  # noqa: E402
 

@@ -22,8 +22,8 @@ from typing import Any
 from delta_merge import changes, delta_bench
 from harness import emit, machine
 
-from materializer.sinks.base import Batch
-from materializer.sinks.delta import DeltaSink
+from materializer.batch import Batch
+from materializer.delta.sink import DeltaSink
 
 DV_DEFAULT = "spark.databricks.delta.properties.defaults.enableDeletionVectors"
 

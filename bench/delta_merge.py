@@ -30,9 +30,9 @@ from typing import Any
 from harness import emit, machine
 
 from materializer import record_columns as c
+from materializer.batch import Batch
 from materializer.config import SparkConfig
-from materializer.sinks.base import Batch
-from materializer.sinks.delta import DeltaSink
+from materializer.delta.sink import DeltaSink
 from materializer.spark.session import build_spark_session
 
 SNAPSHOT_PARTITIONS = "spark.databricks.delta.snapshotPartitions"

@@ -29,8 +29,8 @@ from delta_merge import changes, delta_bench
 from harness import emit, machine
 
 from materializer import record_columns as c
-from materializer.sinks.base import Batch
-from materializer.sinks.delta import DeltaSink
+from materializer.batch import Batch
+from materializer.delta.sink import DeltaSink
 
 APP_ID = "bench"
 

@@ -56,11 +56,11 @@ from harness import (
     timed,
 )
 
+from materializer import job
 from materializer.contract.redis_layout import entity_key
 from materializer.enrichment.job import ENRICH_QUERY, start_enrichment
 from materializer.enrichment.outputs import KafkaOutput, TransactionalOutput
-from materializer.pipeline import job
-from materializer.sinks.group_offsets import GroupOffsetsSink
+from materializer.runtime.group_offsets import GroupOffsetsSink
 from materializer.spark.session import build_spark_session
 from materializer.testing import create_topic
 

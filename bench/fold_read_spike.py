@@ -30,11 +30,11 @@ import redis
 from harness import emit, event, machine, services
 
 from materializer.config import KafkaConfig, RedisConfig
-from materializer.contract.redis_client import mark_whole
+from materializer.contract.markers import mark_whole
 from materializer.contract.redis_layout import entity_key
-from materializer.pipeline.fold_merge import MergeFolder, fields_of
-from materializer.pipeline.redis_fold import apply_batches, producer_settings
-from materializer.pipeline.redis_functions import (
+from materializer.fold.merge import MergeFolder, fields_of
+from materializer.redis.fold import apply_batches, producer_settings
+from materializer.redis.functions import (
     CHUNK,
     READ,
     FoldTarget,

@@ -51,9 +51,9 @@ from harness import (
 
 from materializer import record_columns as c
 from materializer.config import KafkaConfig
-from materializer.pipeline.job import records
-from materializer.pipeline.redis_fold import DRIVER_ROWS, RedisFold, producer_settings
-from materializer.pipeline.redis_functions import FoldTarget, load_library
+from materializer.job import records
+from materializer.redis.fold import DRIVER_ROWS, RedisFold, producer_settings
+from materializer.redis.functions import FoldTarget, load_library
 from materializer.spark.session import build_spark_session
 from materializer.testing import create_topic
 

@@ -25,13 +25,13 @@ import orjson
 import redis
 from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
 
+from materializer import job
 from materializer.config import AppConfig, parse_config
 from materializer.contract.redis_layout import RESERVED_KEYS, entity_key
-from materializer.pipeline import job
-from materializer.pipeline.projector import Projector
-from materializer.pipeline.redis_fold import RedisFoldSink
-from materializer.sinks.delta import DeltaSink
-from materializer.sinks.redis import RedisSink
+from materializer.delta.sink import DeltaSink
+from materializer.redis.fold import RedisFoldSink
+from materializer.redis.watermark import RedisSink
+from materializer.runtime.projector import Projector
 from materializer.testing import KafkaBroker, RedisServer, create_topic
 
 PARTITIONS = 4

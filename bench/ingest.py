@@ -47,7 +47,7 @@ from harness import (
     setup_line,
 )
 
-from materializer.pipeline import job
+from materializer import job
 from materializer.spark.session import build_spark_session
 from materializer.testing import create_topic
 

@@ -45,20 +45,20 @@ from harness import (
 )
 
 from materializer import record_columns as c
-from materializer.contract.redis_client import mark_whole
-from materializer.pipeline.decode import decode
-from materializer.pipeline.job import assign_keys
-from materializer.pipeline.redis_fold import _AUX as AUX
-from materializer.pipeline.redis_fold import (
+from materializer.contract.markers import mark_whole
+from materializer.job import assign_keys
+from materializer.redis.fold import _AUX as AUX
+from materializer.redis.fold import (
     ORDER,
     RedisFold,
     _apply_partition,
     producer_settings,
 )
-from materializer.pipeline.redis_functions import FoldTarget, load_library
-from materializer.pipeline.source import kafka_options
-from materializer.pipeline.transforms import apply_transforms
-from materializer.sinks.redis import client_for
+from materializer.redis.functions import FoldTarget, load_library
+from materializer.redis.watermark import client_for
+from materializer.source.decode import decode
+from materializer.source.kafka import kafka_options
+from materializer.source.transforms import apply_transforms
 from materializer.spark.session import build_spark_session
 from materializer.testing import create_topic
 
@@ -89,7 +89,7 @@ def batch_events(
     spark: Any, cfg: Any, name: str, fold: RedisFold, *, observed: bool = False
 ) -> Any:
     """The map's events as ``RedisFold.events`` computes them, from a batch read; with
-    ``observed``, through the fold's metrics observation as ``pipeline.job`` adds it."""
+    ``observed``, through the fold's metrics observation as ``job`` adds it."""
     map_config_ = cfg.map(name)
     reader = spark.read.format("kafka")
     options = kafka_options(cfg, map_config_.source.topics, "earliest")

@@ -26,9 +26,9 @@ from harness import baseline_read, emit, map_config
 from latest_bulk_spike import batch_events, bulk_topic, timed
 from pipeline import FOLDS
 
-from materializer.pipeline.fold_merge import _flat, _members, _value, fields_of
-from materializer.pipeline.redis_fold import _AUX, ORDER, RedisFold, producer_settings
-from materializer.pipeline.redis_functions import FoldTarget
+from materializer.fold.merge import _flat, _members, _value, fields_of
+from materializer.redis.fold import _AUX, ORDER, RedisFold, producer_settings
+from materializer.redis.functions import FoldTarget
 from materializer.spark.session import build_spark_session
 
 

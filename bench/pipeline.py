@@ -46,8 +46,8 @@ from harness import (
     setup_line,
 )
 
+from materializer import job
 from materializer.contract.redis_layout import RESERVED_KEYS
-from materializer.pipeline import job
 from materializer.spark.session import build_spark_session
 from materializer.testing import create_topic
 

@@ -29,8 +29,8 @@ from typing import Any
 
 from materializer.config import RedisConfig
 from materializer.contract.redis_layout import Watermark
-from materializer.pipeline.redis_functions import load_library
-from materializer.sinks.redis import RedisSink, write_partition
+from materializer.redis.functions import load_library
+from materializer.redis.watermark import RedisSink, write_partition
 from materializer.testing import RedisCluster, RedisServer
 from query_service.stores.redis import RedisMapStore
 

@@ -9,7 +9,7 @@ All in one run, on one ``redis-server`` and one Kafka broker (no Spark):
                beforehand into Python bytes, sent as pipelined MSETs of 4,096 pairs
                through redis-py (hiredis): what any loader written in Python pays
                for Redis alone;
-  rehydrate    ``materializer.ops.rehydrate.rehydrate`` end to end into an empty
+  rehydrate    ``materializer.restore.rehydrate.rehydrate`` end to end into an empty
                Redis: SCAN for stale keys, read the table with delta-rs, encode every
                row as the pipeline's JSON, MSET, read the (empty) changelog tail,
                write the watermark;
@@ -48,9 +48,9 @@ from deltalake import DeltaTable, write_deltalake
 from materializer.config import AppConfig, parse_config
 from materializer.contract.entity_json import encode_columns
 from materializer.contract.table_layout import table_path
-from materializer.ops.rehydrate import rehydrate
-from materializer.recovery import redis_bulk
-from materializer.recovery.expected_state import BATCH_ROWS
+from materializer.restore import bulk as redis_bulk
+from materializer.restore.expected_state import BATCH_ROWS
+from materializer.restore.rehydrate import rehydrate
 from materializer.testing import KafkaBroker, RedisServer
 
 MAP = "bench"

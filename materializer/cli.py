@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
+from materializer.clients.logs import LogFormat, LogLevel, configure_logging
 from materializer.commands import maps, offsets, rebuild, rehydrate
 from materializer.commands.cli_support import ConfigOption, err, load
 from materializer.config import config_problems
-from materializer.contract.logs import LogFormat, LogLevel, configure_logging
 from materializer.errors import ConfigError, MaterializerError
 
 app = typer.Typer(help="Fold Kafka topics into Delta tables and Redis maps.", no_args_is_help=True)

@@ -25,23 +25,24 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from materializer.checkpoints.source_loss import SourceDataLoss, check_source, explain_failure
+from materializer.clients.kafka_offsets import KafkaAccessError, check_access
+from materializer.clients.redis import TRANSIENT_ERRORS
 from materializer.config import AppConfig
-from materializer.contract.kafka_offsets import KafkaAccessError, check_access
-from materializer.contract.redis_client import TRANSIENT_ERRORS, is_whole
+from materializer.contract.markers import is_whole
 from materializer.contract.redis_layout import Control, MapReport, generation_key, physical_name
 from materializer.enrichment.job import start_enrichment
 from materializer.errors import MaterializerError
-from materializer.pipeline.control import ControlChannel
-from materializer.pipeline.job import start_map
-from materializer.pipeline.listener import listen
-from materializer.pipeline.metrics import BatchMetrics, serve_metrics
-from materializer.pipeline.progress import BatchLog
-from materializer.pipeline.query_group import QueryGroup
-from materializer.pipeline.redis_functions import CopyLost
-from materializer.pipeline.restore import ensure_whole
-from materializer.pipeline.state_size import StateSize, StateSizes
-from materializer.recovery.source_loss import SourceDataLoss, check_source, explain_failure
-from materializer.sinks.redis import client_for
+from materializer.job import start_map
+from materializer.redis.functions import CopyLost
+from materializer.redis.state_size import StateSize, StateSizes
+from materializer.redis.watermark import client_for
+from materializer.restore.automatic import ensure_whole
+from materializer.runtime.control_channel import ControlChannel
+from materializer.runtime.listener import listen
+from materializer.runtime.metrics import BatchMetrics, serve_metrics
+from materializer.runtime.progress import BatchLog
+from materializer.runtime.query_group import QueryGroup
 from materializer.spark.session import build_spark_session
 
 if TYPE_CHECKING:

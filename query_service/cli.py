@@ -7,8 +7,8 @@ from typing import Annotated
 
 import typer
 
+from materializer.clients.logs import LogFormat, LogLevel, configure_logging
 from materializer.config import load_config
-from materializer.contract.logs import LogFormat, LogLevel, configure_logging
 from materializer.errors import ConfigError, MaterializerError
 from query_service.event_loop import EventLoop, run
 from query_service.server import serve as serve_forever

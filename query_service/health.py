@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from grpc_health.v1 import health, health_pb2
 from redis.exceptions import RedisError
 
-from materializer.contract.redis_client import AsyncClient
+from materializer.clients.redis import AsyncClient
 from materializer.contract.redis_layout import status_key
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,7 @@ from query_service.services.admin_service import AdminServicer
 from query_service.services.enrich_service import EnrichServicer
 from query_service.services.map_service import MapServicer
 from query_service.services.table_reads import TableReads
-from query_service.stores.control import ControlStore, LogEnds
+from query_service.stores.admin import ControlStore, LogEnds
 from query_service.stores.redis import RedisMapStore
 
 log = logging.getLogger(__name__)

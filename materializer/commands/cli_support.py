@@ -17,9 +17,9 @@ import typer
 from redis.exceptions import RedisClusterException
 from rich.console import Console
 
+from materializer.clients.redis import Client, connect
 from materializer.config import AppConfig, load_config
 from materializer.contract.control import MapControl
-from materializer.contract.redis_client import Client, connect
 from materializer.errors import MaterializerError
 
 err = Console(stderr=True)

@@ -15,6 +15,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
+from materializer.clients.kafka_offsets import admin_client, partition_offsets
 from materializer.commands.cli_support import (
     ConfigOption,
     MapArgument,
@@ -26,7 +27,6 @@ from materializer.commands.cli_support import (
 )
 from materializer.config import AppConfig
 from materializer.contract.control import MapControl, now_ms
-from materializer.contract.kafka_offsets import admin_client, partition_offsets
 from materializer.contract.status import MapView, map_view
 
 WaitOption = Annotated[

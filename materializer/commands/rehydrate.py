@@ -2,7 +2,7 @@
 
 Both read the Delta table with delta-rs and the changelog with a plain Kafka
 consumer (no Spark, no JVM), holding the map still while they work
-(``materializer.ops.rehydrate``).
+(``materializer.restore.rehydrate``).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from materializer.commands.cli_support import (
     redis_client,
 )
 from materializer.contract.redis_layout import Watermark
-from materializer.ops.rehydrate import rehydrate as rehydrate_map
 from materializer.ops.verify import Comparison
 from materializer.ops.verify import verify as verify_map
-from materializer.recovery.changelog_tail import Tail
-from materializer.recovery.expected_state import ExpectedState
+from materializer.restore.changelog_tail import Tail
+from materializer.restore.expected_state import ExpectedState
+from materializer.restore.rehydrate import rehydrate as rehydrate_map
 
 GenerationOption = Annotated[
     int | None,

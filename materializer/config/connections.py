@@ -86,7 +86,7 @@ def read_config_file(path: str, key_path: str) -> str:
 class KafkaSecurity(_Model):
     """TLS and SASL for every Kafka client the product runs: Spark's source and writers,
     dead letters, the changelog, transactional outputs, admin calls, consumer-group
-    commits and the query service's status reads (``materializer.contract.kafka_clients``)."""
+    commits and the query service's status reads (``materializer.clients.kafka``)."""
 
     tls: bool | None = None
     """Encrypt the connections; on by default when ``ca_file`` or ``cert_file`` is set."""
@@ -134,7 +134,7 @@ class RedisConfig(_Model):
     url: str = "redis://localhost:6379/0"
     cluster: bool = False
     """The URL names one node of a Redis Cluster: each entity key lands in its own hash
-    slot, so a map spreads over every master (``materializer.contract.redis_client``)."""
+    slot, so a map spreads over every master (``materializer.clients.redis``)."""
 
     @model_validator(mode="after")
     def _cluster_has_database_zero(self) -> RedisConfig:
@@ -171,7 +171,7 @@ class ObjectStoreConfig(_Model):
     """An S3 API (AWS, or a compatible server) holding ``delta.root`` and
     ``spark.checkpoint_root`` when they are ``s3a://`` URLs. Spark writes through
     hadoop-aws; the query service, ``rehydrate`` and ``verify`` read through delta-rs, both
-    with these settings (``materializer.contract.object_store``). Without keys, each uses the AWS
+    with these settings (``materializer.clients.object_store``). Without keys, each uses the AWS
     default chain (environment, profile, the node's or pod's role)."""
 
     endpoint: str | None = None

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from materializer.contract.redis_client import Client
+from materializer.clients.redis import Client
 from materializer.contract.redis_layout import (
     Control,
     MapReport,

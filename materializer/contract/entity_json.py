@@ -1,7 +1,7 @@
 """Table rows as entity JSON, byte for byte the encoding the materializer writes to Redis.
 
 The pipeline serializes entities with Spark's ``to_json`` and
-``materializer.sinks.encoding.JSON_OPTIONS`` in a UTC session (Jackson
+``materializer.encoding.JSON_OPTIONS`` in a UTC session (Jackson
 underneath): null fields left out (in nested structs too; array elements and
 map values stay), timestamps as ``yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX`` (``Z`` for
 UTC), timestamps without a zone without the offset, dates as ``yyyy-MM-dd``,

@@ -1,6 +1,6 @@
 """The Redis layout: the contract between the materializer and the query service.
 
-Written down in docs/redis-layout.md and pinned by tests/unit/test_layout.py.
+Written down in docs/redis-layout.md and pinned by tests/unit/test_redis_layout.py.
 
 - ``<map>:<key>``     string, the entity as compact JSON (UTF-8);
 - ``<map>:__meta__``  hash, the watermark of the last batch written:
@@ -31,8 +31,6 @@ partition is greater than ``o``.
 
 from __future__ import annotations
 
-import binascii
-import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -136,32 +134,6 @@ def expired_key(map_name: str, tag: str | None = None) -> str:
     (set), tagged as the marker is: a crash between the two sends them at the next sweep."""
     base = f"{map_name}{EXPIRED_MARK}"
     return base if tag is None else f"{base}{{{tag}}}"
-
-
-CLUSTER_SLOTS = 16384
-
-
-def key_slot(key: str | bytes) -> int:
-    """A key's Redis Cluster hash slot: the CRC16 of its hash tag if it has one, else of
-    the whole key (the cluster specification's rule). A plain key costs two C calls, a
-    fifth of the client's own ``keyslot``, which a batch read pays per key."""
-    raw = key.encode() if isinstance(key, str) else key
-    start = raw.find(b"{")
-    if start >= 0:
-        end = raw.find(b"}", start + 1)
-        if end > start + 1:
-            raw = raw[start + 1 : end]
-    return binascii.crc_hqx(raw, 0) % CLUSTER_SLOTS
-
-
-@functools.cache
-def slot_tag(slot: int) -> str:
-    """The first decimal number whose CRC16 hash slot is ``slot``: a hash tag that puts a
-    key on the master owning that slot."""
-    n = 0
-    while binascii.crc_hqx(str(n).encode(), 0) % CLUSTER_SLOTS != slot:
-        n += 1
-    return str(n)
 
 
 def meta_key(map_name: str) -> str:

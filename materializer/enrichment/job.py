@@ -21,13 +21,16 @@ import logging
 from typing import TYPE_CHECKING
 
 from materializer import record_columns as c
+from materializer.batch import Sink
+from materializer.checkpoints.query import Checkpoint
+from materializer.clients.kafka import librdkafka
+from materializer.clients.redis import connect, get_many
 from materializer.config import KAFKA_KEY, AppConfig, EnrichmentConfig
 from materializer.config.durations import processing_time
-from materializer.contract.join_plan import JoinPlan, LookupStep, OnMiss, plan_rounds
-from materializer.contract.kafka_clients import librdkafka
-from materializer.contract.redis_client import connect, get_many
+from materializer.config.names import MAP_GROUP, checkpoint_path
 from materializer.contract.redis_layout import generation_key, parse_generation, physical_name
 from materializer.contract.table_layout import table_path
+from materializer.encoding import entity_json
 from materializer.enrichment.outputs import KafkaOutput, TransactionalOutput
 from materializer.enrichment.partition_join import (
     DEAD,
@@ -37,21 +40,18 @@ from materializer.enrichment.partition_join import (
     found_column,
     output_schema,
 )
+from materializer.enrichment.plan import JoinPlan, LookupStep, OnMiss, plan_rounds
 from materializer.errors import ConfigError
-from materializer.pipeline.checkpoint import Checkpoint
-from materializer.pipeline.decode import decode
-from materializer.pipeline.job import producer_options
-from materializer.pipeline.metrics import BatchMetrics
-from materializer.pipeline.progress import BatchLog
-from materializer.pipeline.projector import Projector, report_rows_out
-from materializer.pipeline.query_group import QueryGroup
-from materializer.pipeline.source import read_source
-from materializer.pipeline.topics import ensure_topic
-from materializer.pipeline.transforms import apply_transforms
-from materializer.resources import MAP_GROUP, checkpoint_path
-from materializer.sinks.base import Sink
-from materializer.sinks.encoding import entity_json
-from materializer.sinks.group_offsets import GroupOffsetsSink
+from materializer.job import producer_options
+from materializer.runtime.group_offsets import GroupOffsetsSink
+from materializer.runtime.metrics import BatchMetrics
+from materializer.runtime.progress import BatchLog
+from materializer.runtime.projector import Projector, report_rows_out
+from materializer.runtime.query_group import QueryGroup
+from materializer.runtime.topics import ensure_topic
+from materializer.source.decode import decode
+from materializer.source.kafka import read_source
+from materializer.source.transforms import apply_transforms
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

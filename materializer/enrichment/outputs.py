@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from materializer.batch import Batch, Sink
 from materializer.enrichment.partition_join import DEAD, OUT, TARGET
-from materializer.sinks.base import Batch, Sink
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Producer

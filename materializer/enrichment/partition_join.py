@@ -2,7 +2,7 @@
 
 Each batch of a partition costs one Redis round trip per round of the join
 (an MGET per map, pipelined), through the one client its executor process
-keeps per Redis URL. The join's rules are ``materializer.contract.join_rounds``, the
+keeps per Redis URL. The join's rules are ``materializer.enrichment.rounds``, the
 same as the query service's Enrich, so an event enriched either way comes out the
 same. In ``delta`` mode the entities arrive as columns of the batch instead
 (Spark joined the tables), and only the assembly happens here.
@@ -23,9 +23,11 @@ import orjson
 import pyarrow as pa
 
 from materializer import record_columns as c
+from materializer.clients.redis import queue_gets
 from materializer.config import RedisConfig
-from materializer.contract.join_plan import JoinPlan, LookupStep
-from materializer.contract.join_rounds import (
+from materializer.contract.redis_layout import entity_key
+from materializer.enrichment.plan import JoinPlan, LookupStep
+from materializer.enrichment.rounds import (
     EventState,
     Found,
     apply_round,
@@ -33,9 +35,7 @@ from materializer.contract.join_rounds import (
     kind,
     round_keys,
 )
-from materializer.contract.redis_client import queue_gets
-from materializer.contract.redis_layout import entity_key
-from materializer.pipeline.dead_letter import ERROR_HEADERS
+from materializer.source.dead_letters import ERROR_HEADERS
 
 if TYPE_CHECKING:
     from pyspark.sql.types import StructType
@@ -127,7 +127,7 @@ class PartitionJoin:
                     if event_keys and isinstance(event_keys[i], str) and entity is not None:
                         found[step.map][event_keys[i]] = entity.encode()
             return found
-        from materializer.sinks.redis import client_for
+        from materializer.redis.watermark import client_for
 
         wanted: dict[str, dict[str, None]] = {step.map: {} for step in steps}
         for event_keys in keys:

@@ -26,10 +26,11 @@ from typing import TYPE_CHECKING
 
 import pyarrow.fs as pafs
 
+from materializer.clients.kafka_offsets import admin_client, partition_offsets
+from materializer.clients.redis import Client, connect
 from materializer.config import AppConfig
+from materializer.config.names import changelog_topic, checkpoint_path
 from materializer.contract.control import MapControl
-from materializer.contract.kafka_offsets import admin_client, partition_offsets
-from materializer.contract.redis_client import Client, connect
 from materializer.contract.redis_layout import (
     CONTROL_SUFFIX,
     GENERATION_SUFFIX,
@@ -40,10 +41,9 @@ from materializer.contract.redis_layout import (
 )
 from materializer.contract.table_layout import table_path
 from materializer.errors import MaterializerError
-from materializer.pipeline.job import start_map
-from materializer.pipeline.query_group import QueryGroup
-from materializer.pipeline.redis_functions import state_keys_pattern
-from materializer.resources import changelog_topic, checkpoint_path
+from materializer.job import start_map
+from materializer.redis.functions import state_keys_pattern
+from materializer.runtime.query_group import QueryGroup
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

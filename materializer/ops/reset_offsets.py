@@ -7,7 +7,7 @@ fold's state, Redis and the Delta table as they are: events skipped are never
 folded, events replayed change nothing (the fold's state knows them). To
 start over from nothing, ``rebuild`` the map instead.
 
-A map whose next records Kafka no longer holds (``materializer.recovery.source_loss``)
+A map whose next records Kafka no longer holds (``materializer.checkpoints.source_loss``)
 goes on after a reset to where records are: a batch Spark planned over the
 missing records can never run, so the reset drops it. A map whose topic now
 ends before its position was created anew: its state orders events by the
@@ -19,20 +19,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from materializer.config import AppConfig
-from materializer.contract.control import MapControl
-from materializer.contract.kafka_offsets import (
+from materializer.checkpoints.files import CheckpointError, CheckpointFiles
+from materializer.checkpoints.source_loss import find_loss
+from materializer.clients.kafka_offsets import (
     Position,
     admin_client,
     commit_group_offsets,
     group_name,
     partition_offsets,
 )
+from materializer.config import AppConfig
+from materializer.config.names import checkpoint_path
+from materializer.contract.control import MapControl
 from materializer.contract.redis_layout import physical_name
 from materializer.errors import MaterializerError
-from materializer.recovery.checkpoint_files import CheckpointError, CheckpointFiles
-from materializer.recovery.source_loss import find_loss
-from materializer.resources import checkpoint_path
 
 
 class BadPosition(MaterializerError):

@@ -1,5 +1,5 @@
 """Compare a map's Redis copy with the state its durable copies say it should hold, key by
-key (``recovery.expected_state``): digests of the expected entities against digests of
+key (``restore.expected_state``): digests of the expected entities against digests of
 what Redis holds, while the map is held still."""
 
 from __future__ import annotations
@@ -8,13 +8,13 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from materializer.clients.redis import Client
 from materializer.config import AppConfig
 from materializer.contract.control import MapControl
-from materializer.contract.redis_client import Client
 from materializer.contract.redis_layout import Watermark, physical_name
-from materializer.recovery.changelog_tail import Tail, read_tail
-from materializer.recovery.expected_state import ExpectedState, fold_watermark
-from materializer.recovery.redis_bulk import entity_values
+from materializer.restore.bulk import entity_values
+from materializer.restore.changelog_tail import Tail, read_tail
+from materializer.restore.expected_state import ExpectedState, fold_watermark
 
 
 def value_digest(value: bytes) -> bytes:
@@ -85,7 +85,7 @@ class VerifyReport:
 def _expired_keys(config: AppConfig, map_name: str, generation: int) -> set[str]:
     """Keys whose last changelog record is an expiry's tombstone (none without ``ttl.redis``);
     the whole compacted changelog is read, which keeps tombstones for a while only."""
-    from materializer.resources import changelog_topic
+    from materializer.config.names import changelog_topic
 
     map_config = config.map(map_name)
     if map_config.ttl is None or map_config.ttl.redis is None:

@@ -9,9 +9,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from materializer.clients.logs import spark_log4j2
+from materializer.clients.object_store import hadoop_conf
 from materializer.config import ObjectStoreConfig, SparkConfig
-from materializer.contract.logs import spark_log4j2
-from materializer.contract.object_store import hadoop_conf
 from materializer.jvm import jars
 
 if TYPE_CHECKING:
@@ -30,7 +30,7 @@ POOLS = """<?xml version="1.0"?>
   </pool>
 </allocations>
 """
-"""Spark's FAIR pools (``pipeline.projector.FOLD_POOL``, ``DELTA_POOL``): below its minimum share
+"""Spark's FAIR pools (``runtime.projector.FOLD_POOL``, ``DELTA_POOL``): below its minimum share
 a pool gets the next free slot, so the folds' tasks go before the Delta queries'."""
 
 

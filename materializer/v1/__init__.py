@@ -1,1 +1,1 @@
-"""Generated from proto/ by ``python -m query_service.codegen``: do not edit."""
+"""Generated from proto/ by ``python -m tools.codegen``: do not edit."""

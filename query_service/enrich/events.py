@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import orjson
 
-from materializer.contract.join_rounds import EventState, kind
+from materializer.enrichment.rounds import EventState, kind
 from query_service.errors import InvalidArgument
 
 

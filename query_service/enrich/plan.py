@@ -1,6 +1,6 @@
 """Enrich requests' join specs and configured profiles, validated into join plans.
 
-The plan itself and its rounds are ``materializer.contract.join_plan``'s, shared with
+The plan itself and its rounds are ``materializer.enrichment.plan``'s, shared with
 the streaming enrichment jobs.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 
 from materializer.config import EnrichProfileConfig
-from materializer.contract.join_plan import JoinPlan, LookupStep, OnMiss, plan_rounds
+from materializer.enrichment.plan import JoinPlan, LookupStep, OnMiss, plan_rounds
 from materializer.v1 import enrich_service_pb2 as pb
 from query_service.enrich.errors import LookupMapNotFound
 from query_service.errors import InvalidArgument

@@ -15,7 +15,7 @@ from materializer.v1 import admin_service_pb2 as pb
 from materializer.v1 import admin_service_pb2_grpc as pb_grpc
 from query_service.errors import InvalidArgument, MapNotFound
 from query_service.services.map_service import watermark_to_proto
-from query_service.stores.control import ControlStore, LogEnds, MapSnapshot
+from query_service.stores.admin import ControlStore, LogEnds, MapSnapshot
 
 State = pb.MapStatus.State
 MAX_CONFIG_BYTES = 1024 * 1024

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 import grpc
 
 from materializer.config import AppConfig
-from materializer.contract.join_plan import JoinPlan
 from materializer.contract.redis_layout import Watermark
+from materializer.enrichment.plan import JoinPlan
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import enrich_service_pb2 as pb
 from materializer.v1 import enrich_service_pb2_grpc as pb_grpc

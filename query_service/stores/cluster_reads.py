@@ -27,7 +27,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import AskError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from materializer.contract.redis_client import by_master
+from materializer.clients.redis import by_master
 from materializer.contract.redis_layout import READ_FUNCTION
 from query_service.stores.lookup_connection import LookupConnection, settled
 

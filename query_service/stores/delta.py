@@ -23,8 +23,8 @@ from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.schema import PrimitiveType
 
+from materializer.clients.object_store import delta_rs_location
 from materializer.config import AppConfig
-from materializer.contract.object_store import delta_rs_location
 from materializer.contract.redis_layout import physical_name
 from materializer.contract.table_layout import table_meta, table_path
 from query_service.errors import InvalidArgument, OutOfRange, QueryServiceError, StoreUnavailable

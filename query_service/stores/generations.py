@@ -14,7 +14,7 @@ import asyncio
 import functools
 import time
 
-from materializer.contract.redis_client import AsyncClient
+from materializer.clients.redis import AsyncClient
 from materializer.contract.redis_layout import generation_key, parse_generation, physical_name
 
 REFRESH_SECONDS = 0.5

@@ -17,14 +17,9 @@ from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from materializer.clients.redis import TRANSIENT_ERRORS, AsyncClient, connect_async, where
 from materializer.config import RedisConfig
-from materializer.contract.redis_client import (
-    TRANSIENT_ERRORS,
-    AsyncClient,
-    connect_async,
-    markers,
-    where,
-)
+from materializer.contract.markers import markers
 from materializer.contract.redis_layout import (
     EXPIRE_OP,
     Watermark,

@@ -15,7 +15,7 @@ from materializer.contract.redis_layout import (
     Watermark,
     meta_key,
 )
-from materializer.pipeline.job import start_map
+from materializer.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from tests.helpers.slices import FIELDS, config, entities, slice_config

@@ -8,9 +8,9 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from materializer.config import AppConfig
+from materializer.config.names import dead_letter_topic
 from materializer.contract.table_layout import table_path
-from materializer.pipeline.job import start_map
-from materializer.resources import dead_letter_topic
+from materializer.job import start_map
 from tests.helpers.slices import config, delta_map_rs, redis_map, slice_config
 
 

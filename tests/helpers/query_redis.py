@@ -21,7 +21,7 @@ from materializer.config import AppConfig, RedisConfig, parse_config
 from materializer.contract.redis_layout import (
     Watermark,
 )
-from materializer.sinks.redis import RedisSink, write_partition
+from materializer.redis.watermark import RedisSink, write_partition
 from query_service.near_cache import NearCaches
 from query_service.server import create_server, create_servers
 from query_service.stores.redis import RedisMapStore

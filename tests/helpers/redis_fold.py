@@ -7,8 +7,8 @@ import orjson
 import pyarrow as pa
 
 from materializer import record_columns as c
-from materializer.pipeline.redis_fold import ORDER, apply_batches
-from materializer.pipeline.redis_functions import (
+from materializer.redis.fold import ORDER, apply_batches
+from materializer.redis.functions import (
     FoldTarget,
     new_producer,
 )

@@ -11,11 +11,11 @@ import orjson
 import pytest
 import redis
 
+from materializer.checkpoints.query import KEPT_BATCHES, Checkpoint
 from materializer.config import AppConfig
-from materializer.pipeline.checkpoint import KEPT_BATCHES, Checkpoint
-from materializer.pipeline.job import start_map
-from materializer.pipeline.redis_functions import state_key
-from materializer.resources import checkpoint_path
+from materializer.config.names import checkpoint_path
+from materializer.job import start_map
+from materializer.redis.functions import state_key
 from materializer.testing import produce
 from tests.helpers.slices import config, slice_config
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 from confluent_kafka import Consumer
 
-from materializer.pipeline.job import start_map
-from materializer.resources import dead_letter_topic
+from materializer.config.names import dead_letter_topic
+from materializer.job import start_map
 from materializer.testing import create_topic, produce
 from tests.helpers.slices import config, redis_map, slice_config, watermark
 

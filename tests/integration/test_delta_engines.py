@@ -8,8 +8,8 @@ from decimal import Decimal
 from pathlib import Path
 
 from materializer import record_columns as c
-from materializer.sinks.base import Batch
-from materializer.sinks.delta import DeltaSink
+from materializer.batch import Batch
+from materializer.delta.sink import DeltaSink
 
 ENTITY = (
     "id STRING, `firstName` STRING, `a.b` INT, amount DECIMAL(10,2), seen TIMESTAMP, "
@@ -118,7 +118,7 @@ def test_a_batch_one_engine_committed_is_a_replay_for_the_other(spark, warehouse
 def test_delta_rs_keeps_each_keys_last_change_by_partition_and_offset(spark, warehouse: Path):
     """The Delta query hands delta-rs the changelog's records as read, several per key and
     in no order; the table must hold what Spark's MERGE of the last per key holds."""
-    from materializer.pipeline.delta_query import last_per_key
+    from materializer.delta.query import last_per_key
 
     records = [  # key, deleted, entity, partition, offset
         ("a", False, _entity(1, "a at 9"), 0, 9),

@@ -545,7 +545,7 @@ def test_enrich_joins_maps_the_pipeline_materialized(
     new_topic: Callable[..., str],
     tmp_path: Path,
 ) -> None:
-    from materializer.pipeline.job import start_map
+    from materializer.job import start_map
 
     rng = random.Random(21)
     users, companies = new_name("pusers"), new_name("pcompanies")

@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from materializer.config import parse_config
 from materializer.enrichment.job import start_enrichment
-from materializer.pipeline.job import start_map
+from materializer.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from materializer.testing.waiting import wait_until

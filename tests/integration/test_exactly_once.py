@@ -16,12 +16,12 @@ import yaml
 from deltalake.exceptions import TableNotFoundError
 
 from materializer import record_columns as c
+from materializer.batch import Batch
 from materializer.config import RedisConfig
 from materializer.contract.redis_layout import Watermark, changes_key, meta_key
-from materializer.pipeline.crash import CRASH_ENV
-from materializer.sinks.base import Batch
-from materializer.sinks.delta import DeltaSink
-from materializer.sinks.redis import RedisSink
+from materializer.delta.sink import DeltaSink
+from materializer.redis.watermark import RedisSink
+from materializer.runtime.crash import CRASH_ENV
 from materializer.testing import produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_aggregate, fold_latest

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from materializer.contract.table_layout import table_path
-from materializer.pipeline.job import start_map
+from materializer.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_aggregate, fold_merge, json_merge_patch
 from tests.helpers.slices import config, delta_map_rs, delta_map_spark, redis_map, slice_config
@@ -229,9 +229,9 @@ def test_aggregate_folds_declared_aggregates_across_batches(
 
 def _merge_plan(spark, kafka_bootstrap, redis_url, new_topic, tmp_path: Path):
     """A ``merge`` map's events and their plan as Spark's optimizer leaves it."""
-    from materializer.pipeline.job import records
-    from materializer.pipeline.redis_fold import RedisFold
-    from materializer.pipeline.redis_functions import FoldTarget
+    from materializer.job import records
+    from materializer.redis.fold import RedisFold
+    from materializer.redis.functions import FoldTarget
 
     topic = new_topic(1)
     doc = slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name="parsed")

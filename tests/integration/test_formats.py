@@ -10,7 +10,7 @@ import fastavro
 import orjson
 
 from materializer.contract.table_layout import table_path
-from materializer.pipeline.job import start_map
+from materializer.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from tests.helpers.slices import config, delta_map_rs, redis_map

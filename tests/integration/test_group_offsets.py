@@ -11,11 +11,11 @@ import orjson
 import pytest
 from confluent_kafka import Consumer
 
-from materializer.pipeline.checkpoint import Checkpoint
-from materializer.pipeline.job import start_map
-from materializer.resources import checkpoint_path
-from materializer.sinks.base import Batch
-from materializer.sinks.group_offsets import GroupOffsetsSink
+from materializer.batch import Batch
+from materializer.checkpoints.query import Checkpoint
+from materializer.config.names import checkpoint_path
+from materializer.job import start_map
+from materializer.runtime.group_offsets import GroupOffsetsSink
 from materializer.testing import KafkaBroker, create_topic, produce
 from materializer.testing.waiting import wait_until
 from tests.helpers.slices import config, group_offsets, slice_config, watermark
@@ -110,7 +110,7 @@ def test_a_failed_commit_leaves_the_batch_alone_and_the_next_one_mends_the_group
     member.subscribe([topic])
     try:
         wait_until("the member's assignment", lambda: bool(member.poll(0.5) or member.assignment()))
-        with caplog.at_level(logging.INFO, logger="materializer.sinks.group_offsets"):
+        with caplog.at_level(logging.INFO, logger="materializer.runtime.group_offsets"):
             sink.write(_batch(1))  # no exception: the batch goes on
             sink.write(_batch(2))
         warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
@@ -120,7 +120,7 @@ def test_a_failed_commit_leaves_the_batch_alone_and_the_next_one_mends_the_group
         member.close()
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="materializer.sinks.group_offsets"):
+    with caplog.at_level(logging.INFO, logger="materializer.runtime.group_offsets"):
         sink.write(_batch(3))
     assert "committed again" in caplog.text
     # All partitions are committed, even one whose offset went back (a fresh checkpoint).
@@ -144,7 +144,7 @@ def test_a_commit_the_stalled_broker_left_unanswered_ends_well_when_it_answers_a
         try:
             broker.pause()
             try:
-                with caplog.at_level(logging.WARNING, logger="materializer.sinks.group_offsets"):
+                with caplog.at_level(logging.WARNING, logger="materializer.runtime.group_offsets"):
                     sink.write(_batch(0))  # no exception: the batch goes on
             finally:
                 broker.resume()

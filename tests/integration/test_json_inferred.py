@@ -10,7 +10,7 @@ import pytest
 
 from materializer.contract.table_layout import table_path
 from materializer.errors import ConfigError
-from materializer.pipeline.job import records, start_map
+from materializer.job import records, start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from tests.helpers.formats import format_config, letters_of, stores

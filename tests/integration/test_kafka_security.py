@@ -1,6 +1,6 @@
 """``kafka.security`` against a broker that serves SASL_SSL (PLAIN, SCRAM) and mutual TLS.
 
-Every client the product runs takes its settings from ``materializer.contract.kafka_clients``:
+Every client the product runs takes its settings from ``materializer.clients.kafka``:
 librdkafka (admin, dead letters, changelog, group commits, status reads) and Kafka's
 Java client (Spark's source and writers). The tests' own set-up uses the broker's
 PLAINTEXT listener, so what they check was written or read through the secured one.
@@ -22,10 +22,10 @@ import pytest
 import yaml
 from confluent_kafka import Consumer, Producer
 
+from materializer.clients.kafka import librdkafka
+from materializer.clients.kafka_offsets import KafkaAccessError, check_access
 from materializer.config import AppConfig, KafkaConfig
-from materializer.contract.kafka_clients import librdkafka
-from materializer.contract.kafka_offsets import KafkaAccessError, check_access
-from materializer.pipeline.source import kafka_options
+from materializer.source.kafka import kafka_options
 from materializer.testing import produce
 from materializer.testing.kafka import create_topic
 from materializer.testing.kafka_security import PLAIN_USERS, SCRAM_USERS, SecuredBroker

@@ -15,9 +15,9 @@ from confluent_kafka import Producer
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from materializer.pipeline.job import start_map
-from materializer.pipeline.listener import QueryListener, listen
-from materializer.pipeline.metrics import BatchMetrics
+from materializer.job import start_map
+from materializer.runtime.listener import QueryListener, listen
+from materializer.runtime.metrics import BatchMetrics
 from materializer.testing.waiting import wait_until
 from tests.helpers.slices import config, slice_config
 

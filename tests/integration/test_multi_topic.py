@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 
 from materializer.contract.table_layout import table_path
-from materializer.pipeline.job import start_map
+from materializer.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_merge
 from tests.helpers.slices import config, delta_map_rs, redis_map, slice_config

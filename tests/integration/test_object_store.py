@@ -22,10 +22,10 @@ import pytest
 import yaml
 from deltalake.exceptions import TableNotFoundError
 
+from materializer.clients.object_store import delta_rs_location
 from materializer.config import AppConfig, parse_config
-from materializer.contract.object_store import delta_rs_location
 from materializer.contract.redis_layout import entity_key
-from materializer.pipeline.crash import CRASH_ENV
+from materializer.runtime.crash import CRASH_ENV
 from materializer.testing import produce
 from materializer.testing.object_store import ACCESS_KEY_ID, SECRET_ACCESS_KEY, S3Server
 from materializer.testing.process import ManagedProcess

@@ -16,7 +16,7 @@ from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from materializer.pipeline.job import start_map
+from materializer.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from materializer.testing.registry import register, serialized_descriptor, wire_value

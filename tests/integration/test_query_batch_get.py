@@ -17,7 +17,7 @@ import redis
 
 from materializer.config import AppConfig
 from materializer.contract.redis_layout import Watermark, entity_key, meta_key
-from materializer.pipeline.job import start_map
+from materializer.job import start_map
 from materializer.testing import closed_port, produce
 from materializer.testing.reference import fold_latest
 from materializer.v1 import common_pb2 as common

@@ -13,8 +13,8 @@ import grpc
 import redis
 import trustme
 
+from materializer.clients.redis import connect_async
 from materializer.config import RedisConfig
-from materializer.contract.redis_client import connect_async
 from materializer.contract.redis_layout import Watermark, entity_key, meta_key
 from materializer.testing import RedisServer, free_port
 from query_service.errors import StoreUnavailable

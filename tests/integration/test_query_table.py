@@ -25,7 +25,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from materializer.config import AppConfig
 from materializer.contract.redis_layout import entity_key
 from materializer.contract.table_layout import table_path
-from materializer.pipeline.job import start_map
+from materializer.job import start_map
 from materializer.testing import create_topic, produce
 from materializer.testing.reference import fold_latest
 from materializer.v1 import map_service_pb2 as pb

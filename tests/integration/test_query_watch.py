@@ -14,12 +14,12 @@ import pytest
 import redis
 
 from materializer.config import AppConfig, KafkaConfig, RedisConfig
-from materializer.contract.redis_client import mark_whole
+from materializer.contract.markers import mark_whole
 from materializer.contract.redis_layout import changes_key, entity_key
-from materializer.pipeline.expiry import sweep_expired
-from materializer.pipeline.job import start_map
-from materializer.pipeline.redis_fold import producer_settings
-from materializer.pipeline.redis_functions import FoldTarget, load_library, new_producer
+from materializer.job import start_map
+from materializer.redis.expiry import sweep_expired
+from materializer.redis.fold import producer_settings
+from materializer.redis.functions import FoldTarget, load_library, new_producer
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from materializer.testing.waiting import eventually, wait_until

@@ -14,7 +14,8 @@ from redis.crc import key_slot
 
 from materializer import record_columns as c
 from materializer.config import KafkaConfig, RedisConfig
-from materializer.contract.redis_client import mark_whole
+from materializer.contract.changelog import APP_HEADER, BATCH_HEADER, EXPIRED_HEADER
+from materializer.contract.markers import mark_whole
 from materializer.contract.redis_layout import (
     EXPIRE_OP,
     changes_key,
@@ -23,11 +24,11 @@ from materializer.contract.redis_layout import (
     expiry_index_key,
     marker_key,
 )
-from materializer.pipeline.expiry import sweep_expired
-from materializer.pipeline.fold import order_column
-from materializer.pipeline.fold_aggregate import AggregateFolder, Spec
-from materializer.pipeline.redis_fold import ORDER, apply_batches, producer_settings
-from materializer.pipeline.redis_functions import (
+from materializer.fold.aggregate import AggregateFolder, Spec
+from materializer.fold.base import order_column
+from materializer.redis.expiry import sweep_expired
+from materializer.redis.fold import ORDER, apply_batches, producer_settings
+from materializer.redis.functions import (
     EXPIRE,
     CopyLost,
     FoldTarget,
@@ -36,9 +37,8 @@ from materializer.pipeline.redis_functions import (
     state_key,
     state_keys_pattern,
 )
-from materializer.pipeline.state_size import StateSize, measure
-from materializer.sinks.changelog import APP_HEADER, BATCH_HEADER, EXPIRED_HEADER
-from materializer.sinks.redis import client_for
+from materializer.redis.state_size import StateSize, measure
+from materializer.redis.watermark import client_for
 from materializer.testing.waiting import wait_until
 from tests.helpers.redis_fold import apply
 from tests.helpers.slices import read_topic

@@ -142,7 +142,7 @@ def test_rows_read_by_delta_rs_encode_as_sparks_to_json(spark, tmp_path: Path):
     from deltalake import DeltaTable
     from pyspark.sql import functions as F
 
-    from materializer.sinks.encoding import JSON_OPTIONS
+    from materializer.encoding import JSON_OPTIONS
 
     doubles = [0.0, -0.0, 1.0, 1.5, 9999999.0, 1e7, 0.001, 9.99e-4, 1e-4, 123456789.123,
                0.1 + 0.2, 1.7976931348623157e308, float("nan"), float("inf"), float("-inf"),

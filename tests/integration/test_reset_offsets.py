@@ -13,12 +13,12 @@ import redis
 import yaml
 from typer.testing import CliRunner
 
+from materializer.checkpoints.files import CheckpointFiles
 from materializer.cli import app
 from materializer.config import parse_config
+from materializer.config.names import checkpoint_path
 from materializer.contract.redis_layout import MapReport, status_key
-from materializer.pipeline.job import start_map
-from materializer.recovery.checkpoint_files import CheckpointFiles
-from materializer.resources import checkpoint_path
+from materializer.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_aggregate
 from tests.helpers.slices import end_offsets, group_offsets, redis_map, slice_config

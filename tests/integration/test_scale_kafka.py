@@ -16,9 +16,9 @@ import redis
 from confluent_kafka.admin import AdminClient
 from pyspark.sql import SparkSession
 
+from materializer.config.names import changelog_topic
 from materializer.contract.table_layout import table_path
-from materializer.pipeline.job import start_map
-from materializer.resources import changelog_topic
+from materializer.job import start_map
 from materializer.testing import produce
 from materializer.testing.kafka import KafkaCluster, create_topic
 from materializer.testing.reference import fold_latest

@@ -22,8 +22,10 @@ import pytest
 import redis
 from redis.cluster import RedisCluster as ClusterClient
 
+from materializer.clients.redis import per_master
 from materializer.config import AppConfig, KafkaConfig, RedisConfig
-from materializer.contract.redis_client import mark_whole, markers, per_master
+from materializer.contract.changelog import EXPIRED_HEADER
+from materializer.contract.markers import mark_whole, markers
 from materializer.contract.redis_layout import (
     EXPIRE_OP,
     MapReport,
@@ -33,14 +35,13 @@ from materializer.contract.redis_layout import (
     status_key,
 )
 from materializer.enrichment.job import start_enrichment
-from materializer.ops.rehydrate import rehydrate
+from materializer.job import start_map
 from materializer.ops.verify import Comparison, Differences, verify
-from materializer.pipeline.expiry import sweep_expired
-from materializer.pipeline.job import start_map
-from materializer.pipeline.redis_fold import apply_batches, producer_settings
-from materializer.pipeline.redis_functions import FoldTarget, load_library, new_producer
-from materializer.sinks.changelog import EXPIRED_HEADER
-from materializer.sinks.redis import client_for
+from materializer.redis.expiry import sweep_expired
+from materializer.redis.fold import apply_batches, producer_settings
+from materializer.redis.functions import FoldTarget, load_library, new_producer
+from materializer.redis.watermark import client_for
+from materializer.restore.rehydrate import rehydrate
 from materializer.testing import RedisCluster, produce
 from materializer.testing.reference import fold_latest
 from materializer.testing.waiting import wait_until

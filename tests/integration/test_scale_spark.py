@@ -17,7 +17,7 @@ import redis
 import yaml
 
 from materializer.contract.table_layout import table_path
-from materializer.pipeline.job import start_map
+from materializer.job import start_map
 from materializer.testing import free_port, produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_latest

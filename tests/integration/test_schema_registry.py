@@ -21,7 +21,7 @@ from confluent_kafka.schema_registry.json_schema import JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from materializer.errors import SetupError
-from materializer.pipeline.job import records, start_map
+from materializer.job import records, start_map
 from materializer.testing import free_port, produce
 from materializer.testing.reference import fold_latest
 from materializer.testing.registry import ApicurioRegistry, register, wire_value

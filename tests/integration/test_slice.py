@@ -10,10 +10,10 @@ import grpc
 import orjson
 from confluent_kafka import Consumer
 
+from materializer.config.names import changelog_topic, dead_letter_topic
 from materializer.contract.redis_layout import changes_key
 from materializer.contract.table_layout import history_path, table_path
-from materializer.pipeline.job import start_map
-from materializer.resources import changelog_topic, dead_letter_topic
+from materializer.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from materializer.v1 import map_service_pb2 as pb

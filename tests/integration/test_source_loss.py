@@ -20,15 +20,15 @@ from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from typer.testing import CliRunner
 
+from materializer.checkpoints.files import CheckpointFiles
 from materializer.cli import app
 from materializer.config import parse_config
+from materializer.config.names import checkpoint_path
 from materializer.contract.redis_layout import Control, physical_name
+from materializer.job import start_map
 from materializer.ops.rebuild import rebuild
-from materializer.pipeline.job import start_map
-from materializer.pipeline.progress import BatchLog
-from materializer.recovery.checkpoint_files import CheckpointFiles
-from materializer.resources import checkpoint_path
 from materializer.run import Supervisor, _Map
+from materializer.runtime.progress import BatchLog
 from materializer.testing import create_topic, produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import Event, fold_latest

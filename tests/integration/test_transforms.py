@@ -13,11 +13,11 @@ import pytest
 
 from materializer import record_columns as c
 from materializer.config import parse_config
+from materializer.config.names import dead_letter_topic
 from materializer.contract.table_layout import table_path
 from materializer.errors import ConfigError
-from materializer.pipeline.job import records, start_map
-from materializer.pipeline.transforms import apply_transforms
-from materializer.resources import dead_letter_topic
+from materializer.job import records, start_map
+from materializer.source.transforms import apply_transforms
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from tests.helpers.slices import (

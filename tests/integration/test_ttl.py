@@ -13,6 +13,8 @@ from typing import Any
 import orjson
 import pyarrow as pa
 
+from materializer.config.names import changelog_topic
+from materializer.contract.changelog import EXPIRED_HEADER
 from materializer.contract.redis_layout import (
     EXPIRE_OP,
     changes_key,
@@ -21,13 +23,11 @@ from materializer.contract.redis_layout import (
     meta_key,
 )
 from materializer.contract.table_layout import table_path
-from materializer.ops.rehydrate import rehydrate
+from materializer.job import start_map
 from materializer.ops.replay import replay_digests
 from materializer.ops.verify import verify
-from materializer.pipeline.job import start_map
-from materializer.pipeline.topics import ensure_changelog_topic
-from materializer.resources import changelog_topic
-from materializer.sinks.changelog import EXPIRED_HEADER
+from materializer.restore.rehydrate import rehydrate
+from materializer.runtime.topics import ensure_changelog_topic
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from materializer.testing.waiting import wait_until

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from materializer.cli import app
 from materializer.config import MetricsConfig, parse_config
 from materializer.errors import ConfigError, SetupError
-from materializer.pipeline.metrics import (
+from materializer.runtime.metrics import (
     BatchMetrics,
     finished_at,
     partition_lags,

@@ -23,7 +23,7 @@ def generated_files(root: Path) -> dict[Path, bytes]:
 
 def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
     subprocess.run(
-        [sys.executable, "-m", "query_service.codegen", "--out", str(tmp_path)],
+        [sys.executable, "-m", "tools.codegen", "--out", str(tmp_path)],
         cwd=REPO,
         check=True,
         capture_output=True,

@@ -390,7 +390,7 @@ def test_a_redis_cluster_has_database_zero_only():
 
 
 def test_subject_names_follow_confluents_strategies():
-    from materializer.pipeline.formats.registry import subject_name
+    from materializer.source.formats.registry import subject_name
 
     assert subject_name("topic", "users", "shop.User") == "users-value"
     assert subject_name("record", "users", "shop.User") == "shop.User"

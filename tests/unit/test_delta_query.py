@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from materializer.config import parse_config
+from materializer.delta.query import changes_per_batch
 from materializer.errors import ConfigError
-from materializer.pipeline.delta_query import changes_per_batch
 
 MAP = {"source": {"topics": ["t"], "format": "json", "schema": "id STRING"}, "key": "id"}
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from materializer.contract.join_plan import JoinPlan
-from materializer.contract.join_rounds import BadKey, apply_round, key_of, round_keys
+from materializer.enrichment.plan import JoinPlan
+from materializer.enrichment.rounds import BadKey, apply_round, key_of, round_keys
 from materializer.v1 import enrich_service_pb2 as pb
 from query_service.enrich.events import parse_event
 from query_service.enrich.inbox import Inbox

@@ -6,8 +6,8 @@ from typing import Any
 
 import orjson
 
-from materializer.pipeline.fold import Event
-from materializer.pipeline.fold_aggregate import AggregateFolder, Spec
+from materializer.fold.aggregate import AggregateFolder, Spec
+from materializer.fold.base import Event
 
 
 def event(partition: int, offset: int, *inputs: str | None, delete: bool = False) -> Event:

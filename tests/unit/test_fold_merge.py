@@ -17,8 +17,8 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from materializer.pipeline.fold import Event, with_batch_time
-from materializer.pipeline.fold_merge import MergeFolder, fields_of
+from materializer.fold.base import Event, with_batch_time
+from materializer.fold.merge import MergeFolder, fields_of
 from materializer.testing.reference import json_merge_patch
 
 SCHEMA = StructType(

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from materializer.clients.kafka import java, librdkafka
 from materializer.config import KafkaConfig, parse_config
-from materializer.contract.kafka_clients import java, librdkafka
 from materializer.errors import ConfigError
 
 
@@ -117,7 +117,7 @@ def test_a_secret_or_file_missing_where_the_client_starts_names_its_key_path(
 
 def test_spark_readers_never_wait_out_kafkas_fetch_wait_and_properties_still_win():
     from materializer.config import AppConfig
-    from materializer.pipeline.source import FETCH_MAX_WAIT_MS, kafka_options
+    from materializer.source.kafka import FETCH_MAX_WAIT_MS, kafka_options
 
     plain = AppConfig(kafka=KafkaConfig(bootstrap_servers="b:9092"))
     options = kafka_options(plain, ["t"], "earliest")

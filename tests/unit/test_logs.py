@@ -11,9 +11,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from materializer.clients import logs
+from materializer.clients.logs import JsonFormatter, LogFormat, configure_logging
 from materializer.config import SparkConfig
-from materializer.contract import logs
-from materializer.contract.logs import JsonFormatter, LogFormat, configure_logging
 from materializer.spark.session import spark_conf
 
 OPTION = "-Dlog4j2.configurationFile=file:"
@@ -98,7 +98,7 @@ def test_text_logging_leaves_spark_its_own_configuration(restore_logging):
 
 CHILD = """
 import logging, os, subprocess
-from materializer.contract.logs import LogFormat, configure_logging
+from materializer.clients.logs import LogFormat, configure_logging
 configure_logging("ERROR", LogFormat.JSON, own_stderr=True)
 logging.getLogger("app").error("mine", extra={"batch": 3})
 logging.getLogger("app").info("below the level")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from materializer.clients.object_store import delta_rs_location, hadoop_conf
 from materializer.config import ObjectStoreConfig, SparkConfig, parse_config
-from materializer.contract.object_store import delta_rs_location, hadoop_conf
 from materializer.errors import ConfigError
 from materializer.spark.session import spark_conf
 

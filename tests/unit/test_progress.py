@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from materializer.pipeline.progress import BatchLog
+from materializer.runtime.progress import BatchLog
 
 
 def _progress(end, latest) -> dict:

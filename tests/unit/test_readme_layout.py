@@ -1,4 +1,5 @@
-"""The README's layout section names every package and top-level module of the tree."""
+"""The README's layout section and the tree agree: every package has its line, and every
+folder or module the section names exists."""
 
 from __future__ import annotations
 
@@ -6,21 +7,30 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+TOPS = ("materializer", "query_service")
+
+_ENTRY = re.compile(r"^( *)([\w.-]+(?:/[\w.-]+)*/|[\w.-]+\.py)(?: |,|;|$)")
+_FOLDER_MENTION = re.compile(r"(?<![\w/.-])([a-z_][\w-]*)/(?=[\s,);]|$)")
+_MODULE_MENTION = re.compile(r"(?<![\w/.-])([a-z_]\w*\.py)\b")
 
 
 def _layout() -> str:
     text = (ROOT / "README.md").read_text()
+    assert "\n## Layout\n" in text, "the README has no '## Layout' section"
     section = text.split("\n## Layout\n", 1)[1]
     return section.split("```", 2)[1]
 
 
-def _listed(block: str) -> set[str]:
-    """The paths the layout block names: ``name/`` or ``name.py`` at the start of a line,
-    nested by indentation, plus the modules a line lists after a comma or semicolon."""
-    listed: set[str] = set()
+def _named(block: str) -> tuple[set[str], set[str], set[str]]:
+    """The folders that have a line of their own, and every folder and module the block
+    names: a line's entry (nested by indentation) and, in its description, folders
+    (``formats/``) and modules (``run.py``) in the line's folder, or beside its module."""
+    lines: set[str] = set()
+    folders: set[str] = set()
+    modules: set[str] = set()
     parents: list[tuple[int, str]] = []
     for line in block.splitlines():
-        found = re.match(r"^( *)([\w./]+(?:/|\.py))(?:,| |$)", line)
+        found = _ENTRY.match(line)
         if not found:
             continue
         indent, name = len(found.group(1)), found.group(2)
@@ -28,28 +38,57 @@ def _listed(block: str) -> set[str]:
             parents.pop()
         prefix = parents[-1][1] if parents else ""
         path = prefix + name
-        listed.add(path.rstrip("/"))
-        listed.update(p.as_posix() for p in Path(path).parents if p.as_posix() != ".")
+        description = line[found.end() :]
         if name.endswith("/"):
+            lines.add(path.rstrip("/"))
+            folders.add(path.rstrip("/"))
             parents.append((indent, path))
-        for extra in re.findall(r"(?:^|, |; )([a-z_]+\.py)", line.strip()):
-            listed.add(prefix + extra)
-    return listed
+            here = path
+        else:
+            modules.add(path)
+            here = prefix
+        folders.update(here + m for m in _FOLDER_MENTION.findall(description))
+        modules.update(here + m for m in _MODULE_MENTION.findall(description))
+    return lines, folders, modules
 
 
-def test_the_layout_section_lists_every_package_and_module():
-    listed = _listed(_layout())
-    missing = []
-    for top in ("materializer", "query_service"):
-        for path in sorted((ROOT / top).rglob("*.py")):
-            relative = path.relative_to(ROOT)
-            folder = relative.parent
-            if "v1" in folder.parts or path.name in ("__init__.py", "__main__.py"):
-                continue
-            if folder.as_posix() not in listed:
-                missing.append(f"{folder.as_posix()}/")
-            elif folder.as_posix() == top and relative.as_posix() not in listed:
-                missing.append(relative.as_posix())
-    # Packages nested deeper (pipeline/formats/) are described by their parent's line.
-    unlisted = sorted({m for m in missing if m.count("/") <= 2})
-    assert not unlisted, f"the README's layout section does not name: {unlisted}"
+def _packages() -> set[str]:
+    """Every folder of the two Python trees that holds a module, generated code included."""
+    found = set()
+    for top in TOPS:
+        for path in (ROOT / top).rglob("*.py"):
+            if "__pycache__" not in path.parts:
+                found.add(path.parent.relative_to(ROOT).as_posix())
+    return found
+
+
+def test_every_package_has_a_line_in_the_layout():
+    lines, folders, _ = _named(_layout())
+    packages = _packages()
+    # A package's subpackages (source/formats/) may be named on their parent's line.
+    unlisted = sorted(
+        p
+        for p in packages
+        if p not in lines and not (p.count("/") >= 2 and p in {f.rstrip("/") for f in folders})
+    )
+    assert not unlisted, f"the README's layout section has no line for: {unlisted}"
+
+
+def test_everything_the_layout_names_exists():
+    lines, folders, modules = _named(_layout())
+    assert {"materializer", "query_service"} <= lines
+    gone = sorted(f + "/" for f in folders if not (ROOT / f).is_dir())
+    gone += sorted(m for m in modules if not (ROOT / m).is_file())
+    assert not gone, f"the README's layout section names what the tree does not hold: {gone}"
+
+
+def test_the_reader_of_the_layout_sees_nesting_and_mentions():
+    lines, folders, modules = _named(
+        "top/     the root; cli.py, its command\n"
+        "  pkg/   a package (sub/)\n"
+        "  run.py a module; job.py beside it\n"
+        "other/   tests: unit/, interop/\n"
+    )
+    assert lines == {"top", "top/pkg", "other"}
+    assert folders == lines | {"top/pkg/sub", "other/unit", "other/interop"}
+    assert modules == {"top/cli.py", "top/run.py", "top/job.py"}

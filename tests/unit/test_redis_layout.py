@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from materializer.clients.redis import key_slot, slot_tag
 from materializer.contract.redis_layout import (
     EXPIRE_OP,
     RESERVED_KEYS,
@@ -15,12 +16,10 @@ from materializer.contract.redis_layout import (
     expired_key,
     expiry_index_key,
     generation_key,
-    key_slot,
     marker_key,
     meta_key,
     parse_generation,
     physical_name,
-    slot_tag,
     status_key,
 )
 

@@ -7,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from materializer.recovery.changelog_tail import Tail
-from materializer.recovery.expected_state import ExpectedState
+from materializer.restore.changelog_tail import Tail
+from materializer.restore.expected_state import ExpectedState
 
 NOW_MS = 1_800_000_000_000
 TTL_MS = 5_000

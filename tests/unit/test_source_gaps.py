@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from materializer.checkpoints.source_loss import Gap, SourceDataLoss, find_gaps
 from materializer.ops.rebuild import within
-from materializer.recovery.source_loss import Gap, SourceDataLoss, find_gaps
 
 
 def test_records_deleted_under_the_position_are_named_by_partition_and_range():

@@ -21,19 +21,19 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from materializer import record_columns as c
 from materializer.config import inferred_problems, parse_config
 from materializer.errors import ConfigError, SetupError
-from materializer.pipeline.formats.arrow_decode import ArrowDecode, DecodeFailure, ValueDecoder
-from materializer.pipeline.formats.avro_types import AvroSchemaError, converter, spark_type
-from materializer.pipeline.formats.batch_typing import ddl, parse_variant_schema, with_new_fields
-from materializer.pipeline.formats.json_inferred import field_path
-from materializer.pipeline.formats.protobuf_file import ProtobufDecoder, read_descriptor_set
-from materializer.pipeline.formats.protobuf_pool import find_message
-from materializer.pipeline.formats.protobuf_registry import (
+from materializer.source.formats.arrow_decode import ArrowDecode, DecodeFailure, ValueDecoder
+from materializer.source.formats.avro_types import AvroSchemaError, converter, spark_type
+from materializer.source.formats.batch_typing import ddl, parse_variant_schema, with_new_fields
+from materializer.source.formats.json_inferred import field_path
+from materializer.source.formats.protobuf_file import ProtobufDecoder, read_descriptor_set
+from materializer.source.formats.protobuf_pool import find_message
+from materializer.source.formats.protobuf_registry import (
     message_at,
     read_message_indexes,
     schema_files,
 )
-from materializer.pipeline.formats.protobuf_types import spark_type as proto_spark_type
-from materializer.pipeline.formats.registry import (
+from materializer.source.formats.protobuf_types import spark_type as proto_spark_type
+from materializer.source.formats.registry import (
     RegistryUnavailable,
     SchemaNotFound,
     SchemaRegistryClient,

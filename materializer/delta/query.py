@@ -1,0 +1,137 @@
+"""The Delta query of a map: the changelog topic MERGEd into the map's table batch by
+batch, the last record per key winning, with the table's TTL cleanup between batches."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from materializer import record_columns as c
+from materializer.batch import Sink
+from materializer.checkpoints.query import Checkpoint
+from materializer.clients.object_store import delta_rs_location
+from materializer.config import AppConfig, is_inferred
+from materializer.config.durations import processing_time
+from materializer.config.names import (
+    changelog_topic,
+    checkpoint_path,
+)
+from materializer.contract.redis_layout import physical_name
+from materializer.contract.table_layout import table_path
+from materializer.delta.retention import Retention
+from materializer.delta.sink import DeltaSink
+from materializer.runtime.projector import DELTA_POOL, Projector
+from materializer.source.formats.batch_typing import (
+    changelog_entity,
+    typed_batches,
+)
+from materializer.source.kafka import kafka_options
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.types import StructType
+
+log = logging.getLogger(__name__)
+
+
+def last_per_key(changes: DataFrame) -> DataFrame:
+    """The last change of each key in a batch of changelog records (a key has one partition),
+    with its record's ``__timestamp`` if the records carry one."""
+    from pyspark.sql import functions as F
+
+    carried = [c.DELETED, c.ENTITY, *([c.TIMESTAMP] if c.TIMESTAMP in changes.columns else [])]
+    last = F.max_by(
+        F.struct(*[F.col(n).alias(n) for n in carried]),
+        F.struct(F.col(c.PARTITION), F.col(c.OFFSET)),
+    )
+    return changes.groupBy(c.KEY).agg(last.alias("__last")).select(c.KEY, "__last.*")
+
+
+def changes_per_batch(config: AppConfig) -> int:
+    """The Delta query's bound on a batch: ``delta.max_changes_per_batch``, or the run's
+    ``spark.max_offsets_per_trigger`` when that is smaller."""
+    bound = config.delta.max_changes_per_batch
+    run = config.spark.max_offsets_per_trigger
+    return bound if run is None else min(bound, run)
+
+
+def start_delta_query(
+    spark: SparkSession,
+    config: AppConfig,
+    map_name: str,
+    entity: StructType,
+    rows_out: Callable[[str, int, int], None] | None,
+    generation: int,
+    *,
+    catch_up: bool = False,
+) -> StreamingQuery:
+    """The changelog into the Delta table: MERGE per batch, ``txnVersion`` = this query's batch.
+
+    ``catch_up``: everything the changelog holds now, then the query ends (a stop's last).
+    """
+    from pyspark.sql import functions as F
+
+    physical = physical_name(map_name, generation)
+    map_config = config.map(map_name)
+    inferred = is_inferred(map_config)
+    # With ttl.delta each row keeps when the fold wrote its change: its record's Kafka timestamp.
+    ttl = map_config.ttl if map_config.ttl and map_config.ttl.delta else None
+    reader = spark.readStream.format("kafka")
+    changelog = changelog_topic(config, map_name, generation)
+    for key, value in kafka_options(config, [changelog], "earliest").items():
+        reader = reader.option(key, value)
+    reader = reader.option("maxOffsetsPerTrigger", str(changes_per_batch(config)))
+    raw = reader.load()
+    changes = raw.select(
+        raw["key"].cast("string").alias(c.KEY),
+        raw["value"].isNull().alias(c.DELETED),
+        changelog_entity(raw["value"].cast("string"), entity, inferred).alias(c.ENTITY),
+        F.col("partition").alias(c.PARTITION),
+        F.col("offset").alias(c.OFFSET),
+        *([F.col("timestamp").alias(c.TIMESTAMP)] if ttl else []),
+    )
+    delta_checkpoint = checkpoint_path(config, physical, "delta")
+    table = table_path(config, physical)
+    sinks: list[Sink] = [
+        DeltaSink(
+            table,
+            updated_at=ttl is not None,
+            engine=config.delta.merge_engine,
+            location=delta_rs_location(config, table),
+        )
+    ]
+    if ttl is not None and ttl.delta is not None:
+        # After the MERGE, in the same foreachBatch: the cleanup never races a MERGE.
+        sinks.append(
+            Retention(
+                table,
+                ttl=ttl.delta,
+                interval=ttl.cleanup_interval,
+                vacuum_retention=ttl.vacuum_retention,
+            )
+        )
+    projector = Projector(
+        physical,
+        sinks,
+        Checkpoint(spark, delta_checkpoint),
+        rows_out,
+        query="delta",
+        # delta-rs's MERGE takes the changes and keeps each key's last in Arrow.
+        prepare=last_per_key if config.delta.merge_engine == "spark" else None,
+        pool=DELTA_POOL,
+        # delta-rs's MERGE collects the rows once and counts them; Spark's reads them twice.
+        persist=config.delta.merge_engine == "spark",
+        count=config.delta.merge_engine == "spark",
+    )
+    writer = changes.writeStream.queryName(f"{physical}.delta").option(
+        "checkpointLocation", delta_checkpoint
+    )
+    if catch_up:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=processing_time(config.delta.trigger_interval))
+    return writer.foreachBatch(
+        typed_batches(projector, table, inferred, c.table_meta(map_config))
+    ).start()

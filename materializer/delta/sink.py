@@ -1,0 +1,312 @@
+"""The Delta table ``<root>/<map>``: one row per live key, written with MERGE.
+
+Idempotency comes from Delta's own transaction ids: the MERGE runs with
+``txnAppId`` = the batch's app id and ``txnVersion`` = its batch id, so Delta
+skips a MERGE whose (app id, version) it has already committed. The settings go
+on the batch DataFrame's own session, since each streaming query runs on a
+cloned session.
+
+The table's columns are ``_key`` then the entity's fields. A field that first
+appears in a later batch is added to the table (ADD COLUMNS, itself idempotent)
+before that batch's MERGE. A map with ``ttl.delta`` also has ``_updated_at``
+after ``_key``: each change's ``__timestamp`` (its changelog record's Kafka
+timestamp, when the fold wrote it), which the retention cleanup deletes by.
+
+Two engines run the same MERGE (``delta.merge_engine``). ``delta_rs`` collects the
+batch's changes (at most ``delta.max_changes_per_batch``) to the driver as Arrow, keeps
+each key's last one there and merges them: the table's rewrite is Rust's work in this
+process, not a Spark job on the cores the fold needs. It writes the same transaction
+action as Spark (``txn`` with the batch's app id and id) and checks the table's last one
+before it merges, so a replay is skipped whichever engine wrote the first attempt: the
+table has one writer, the map's Delta query, so nothing can commit between the check and
+the MERGE. ``spark`` runs it as a Spark job, for batches the driver cannot hold.
+
+With ``delta_rs`` delta-rs also creates the table and adds its columns, where the
+entity's types map one to one (``_rs_schema``): Spark's ``CREATE`` is the first
+Delta code a run's JVM executes, 4 s and 7 CPU seconds of a cold JVM beside the fold's
+first batch, where delta-rs takes 0.02 s (``bench/delta_ddl_spike.py``,
+docs/delta-merge.md). Either way the table is the
+same to its readers: the same schema as Spark reads it, the same protocol, the table
+properties the session gives new tables (``tests/integration/test_delta_engines.py``).
+A type delta-rs would write otherwise (a ``TIMESTAMP_NTZ``, whose table feature it
+lists without ``invariants``, which the NOT NULL ``_key`` needs; a variant, a
+collated string, field metadata, a name Delta refuses) leaves the DDL with Spark.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from materializer import record_columns as c
+from materializer.batch import Batch, Sink
+from materializer.errors import MaterializerError
+from materializer.record_columns import quote
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructField, StructType
+
+TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
+TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+
+
+class TableColumnError(MaterializerError):
+    """An entity field whose name the map's Delta table uses for a column of its own."""
+
+
+class DeltaSink(Sink):
+    """MERGE of each batch into a table keyed by ``_key``.
+
+    ``updated_at``: the rows carry ``_updated_at``, and each batch's rows a
+    ``__timestamp`` column to set it from (``ttl.delta``). ``location``: the table's URI
+    and storage options for delta-rs (``clients.object_store.delta_rs_location``);
+    ``path`` itself when it is a local folder.
+    """
+
+    name = "delta"
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        updated_at: bool = False,
+        engine: Literal["delta_rs", "spark"] = "delta_rs",
+        location: tuple[str, dict[str, str] | None] | None = None,
+    ) -> None:
+        self.path = path
+        self.updated_at = updated_at
+        self.engine = engine
+        self.location = location or (path, None)
+        self._columns: set[str] | None = None
+        self._rows_out: int | None = None
+
+    def _own_columns(self) -> list[StructField]:
+        from pyspark.sql.types import StringType, StructField, TimestampType
+
+        own = [StructField(c.TABLE_KEY, StringType(), False)]
+        if self.updated_at:
+            own.append(StructField(c.TABLE_UPDATED_AT, TimestampType(), True))
+        return own
+
+    def ensure_table(self, spark: SparkSession, entity: StructType) -> None:
+        """Create the table, or add the columns it lacks (entity fields, ``_updated_at``)."""
+        from delta.tables import DeltaTable
+        from pyspark.sql.types import StructType
+
+        own = self._own_columns()
+        clash = {f.name for f in own[1:]} & set(entity.names)
+        if clash:
+            raise TableColumnError(
+                f"Delta table {self.path}: the entity field {sorted(clash)[0]!r} has the name "
+                "of a column the table keeps for itself; rename it (a rename transform)"
+            )
+        if self._columns is None:
+            schema = StructType([*own, *entity.fields])
+            rs_schema = self._rs_schema(schema)
+            if rs_schema is not None:
+                self._columns = self._create_rs(spark, rs_schema)
+            else:
+                table = DeltaTable.createIfNotExists(spark).location(self.path).addColumns(schema)
+                table.execute()
+                self._columns = set(DeltaTable.forPath(spark, self.path).toDF().columns)
+        missing = [f for f in [*own[1:], *entity.fields] if f.name not in self._columns]
+        if missing:
+            rs_missing = self._rs_schema(StructType(missing))
+            if rs_missing is not None:
+                from deltalake import DeltaTable as RsTable
+                from deltalake import Schema
+
+                uri, options = self.location
+                fields = Schema.from_arrow(rs_missing).fields
+                RsTable(uri, storage_options=options).alter.add_columns(fields)
+            else:
+                columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}" for f in missing)
+                spark.sql(f"ALTER TABLE delta.{quote(self.path)} ADD COLUMNS ({columns})")
+            self._columns.update(f.name for f in missing)
+
+    def _rs_schema(self, schema: StructType) -> pa.Schema | None:
+        """The Arrow schema delta-rs makes the table's DDL from, or None: Spark makes it
+        (the ``spark`` engine, or a type delta-rs would write otherwise)."""
+        if self.engine != "delta_rs" or not all(_same_in_delta_rs(f) for f in schema.fields):
+            return None
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        # The zone only names UTC instants, as Spark's TIMESTAMP columns hold them.
+        return to_arrow_schema(schema, timezone="UTC")
+
+    def _create_rs(self, spark: SparkSession, schema: pa.Schema) -> set[str]:
+        """Create the table with delta-rs unless it exists; its columns. New tables get the
+        properties the session sets for them (``...delta.properties.defaults.*``), as
+        Spark's ``CREATE`` gives them."""
+        from deltalake import DeltaTable as RsTable
+
+        defaults = "spark.databricks.delta.properties.defaults."
+        properties = {
+            "delta." + key[len(defaults) :]: value
+            for key, value in spark.conf.getAll.items()
+            if key.startswith(defaults)
+        }
+        uri, options = self.location
+        table = RsTable.create(
+            uri, schema, mode="ignore", configuration=properties, storage_options=options
+        )
+        return {f.name for f in table.schema().fields}
+
+    def rows_out(self) -> int | None:
+        """The last batch's rows, which delta-rs's MERGE counts as it collects them."""
+        return self._rows_out
+
+    def write(self, batch: Batch) -> None:
+        """MERGE the batch; a replayed (app id, batch id) commits nothing."""
+        self._rows_out = None
+        spark = batch.rows.sparkSession
+        entity = batch.rows.schema[c.ENTITY].dataType
+        self.ensure_table(spark, entity)  # type: ignore[arg-type]
+        if batch.count == 0:
+            return  # a MERGE of nothing still reads the whole table
+        fields = [f.name for f in entity.fields]  # type: ignore[attr-defined]
+        own = [f.name for f in self._own_columns()]
+        stamp = [batch.rows[c.TIMESTAMP].alias(c.TABLE_UPDATED_AT)] if self.updated_at else []
+        source = batch.rows.select(
+            batch.rows[c.KEY].alias(c.TABLE_KEY),
+            *stamp,
+            c.DELETED,
+            *[batch.rows[c.ENTITY].getField(f).alias(f) for f in fields],
+            *[n for n in (c.PARTITION, c.OFFSET) if n in batch.rows.columns],
+        )
+        written = [*own, *fields]
+        # A column this batch's entities lack (an older field) is cleared, not kept.
+        cleared = sorted((self._columns or set()) - set(written))
+        if self.engine == "spark":
+            if c.PARTITION in source.columns:
+                raise ValueError("Spark's MERGE takes one row per key, not changes")
+            self._merge_spark(source, batch, written, cleared)
+        else:
+            self._merge_delta_rs(source, batch, written, cleared)
+
+    def _merge_spark(
+        self, source: DataFrame, batch: Batch, written: list[str], cleared: list[str]
+    ) -> None:
+        from delta.tables import DeltaTable
+
+        spark = source.sparkSession
+        assignments: dict[str, str | Column] = {
+            **{quote(n): f"s.{quote(n)}" for n in written},
+            **{quote(n): "NULL" for n in cleared},
+        }
+        spark.conf.set(TXN_APP_ID, batch.app_id)
+        spark.conf.set(TXN_VERSION, str(batch.batch_id))
+        try:
+            (
+                DeltaTable.forPath(spark, self.path)
+                .alias("t")
+                .merge(source.alias("s"), f"t.{c.TABLE_KEY} = s.{c.TABLE_KEY}")
+                .whenMatchedDelete(condition=f"s.{c.DELETED}")
+                .whenMatchedUpdate(condition=f"NOT s.{c.DELETED}", set=assignments)
+                .whenNotMatchedInsert(condition=f"NOT s.{c.DELETED}", values=assignments)
+                .execute()
+            )
+        finally:
+            spark.conf.unset(TXN_APP_ID)
+            spark.conf.unset(TXN_VERSION)
+
+    def _merge_delta_rs(
+        self, source: DataFrame, batch: Batch, written: list[str], cleared: list[str]
+    ) -> None:
+        from deltalake import CommitProperties, DeltaTable, Transaction
+
+        uri, options = self.location
+        table = DeltaTable(uri, storage_options=options)
+        done = table.transaction_version(batch.app_id)
+        if done is not None and done >= batch.batch_id:
+            return
+        rows = _last_per_key(source.toArrow())
+        self._rows_out = rows.num_rows
+        if rows.num_rows == 0:
+            return
+        assignments = {
+            **{_sql_name(n): f"s.{_sql_name(n)}" for n in written},
+            **{_sql_name(n): "NULL" for n in cleared},
+        }
+        deleted = f"s.{_sql_name(c.DELETED)}"
+        (
+            table.merge(
+                rows,
+                predicate=f"t.{_sql_name(c.TABLE_KEY)} = s.{_sql_name(c.TABLE_KEY)}",
+                source_alias="s",
+                target_alias="t",
+                commit_properties=CommitProperties(
+                    app_transactions=[Transaction(batch.app_id, batch.batch_id)]
+                ),
+            )
+            .when_matched_delete(predicate=deleted)
+            .when_matched_update(updates=assignments, predicate=f"NOT {deleted}")
+            .when_not_matched_insert(updates=assignments, predicate=f"NOT {deleted}")
+            .execute()
+        )
+
+
+def _last_per_key(rows: pa.Table) -> pa.Table:
+    """The last change of each key by (partition, offset), when the rows are changelog
+    records (a key's changes share its partition); rows without them are one per key.
+    In Arrow, on the driver: a Spark shuffle for this costs the query a stage a batch."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    if c.PARTITION not in rows.column_names:
+        return rows
+    ordered = rows.sort_by(
+        [(c.TABLE_KEY, "ascending"), (c.PARTITION, "ascending"), (c.OFFSET, "ascending")]
+    )
+    keys = ordered[c.TABLE_KEY]
+    count = ordered.num_rows
+    # A row is its key's last when the next row has another key (the last row always is).
+    last = pc.not_equal(keys.slice(0, max(count - 1, 0)), keys.slice(1))
+    mask = pa.chunked_array(
+        [*last.chunks, pa.array([True] if count else [], pa.bool_())], pa.bool_()
+    )
+    return ordered.filter(mask).drop_columns([c.PARTITION, c.OFFSET])
+
+
+def _sql_name(name: str) -> str:
+    """A column name as delta-rs's SQL (DataFusion) quotes it: case and dots kept."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _same_in_delta_rs(field: StructField) -> bool:
+    """Whether delta-rs writes this field as Spark's DDL does (see the module docstring)."""
+    from pyspark.sql import types as T
+
+    plain = {
+        T.BinaryType,
+        T.BooleanType,
+        T.ByteType,
+        T.DateType,
+        T.DecimalType,
+        T.DoubleType,
+        T.FloatType,
+        T.IntegerType,
+        T.LongType,
+        T.ShortType,
+        T.TimestampType,
+    }
+
+    def same(dt: T.DataType) -> bool:
+        if isinstance(dt, T.ArrayType):
+            return same(dt.elementType)
+        if isinstance(dt, T.MapType):
+            return same(dt.keyType) and same(dt.valueType)
+        if isinstance(dt, T.StructType):
+            return all(_same_in_delta_rs(f) for f in dt.fields)
+        if type(dt) is T.StringType:
+            return dt.collation == "UTF8_BINARY"
+        return type(dt) in plain
+
+    # Names Delta refuses without column mapping fail with Spark's own error.
+    return not field.metadata and not _NOT_IN_NAMES & set(field.name) and same(field.dataType)
+
+
+_NOT_IN_NAMES = set(" ,;{}()\n\t=")
+"""What a Delta column name may not hold without column mapping, which Spark checks and
+delta-rs does not."""

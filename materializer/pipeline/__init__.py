@@ -1,1 +1,0 @@
-"""The streaming side: Kafka source, decoding, the fold, and the queries that run them."""

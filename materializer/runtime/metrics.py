@@ -1,0 +1,207 @@
+"""The materializer's Prometheus metrics, served over HTTP by ``materializer run``.
+
+They come from Spark's progress events (one per committed batch, per query),
+except rows out, which the projector counts inside the fold's and the Delta
+query's batches (the same count the batch log line shows, not a second one),
+and two numbers Spark does not have, which the fold counts on the rows it
+applies (``fold_applied``): the newest Kafka timestamp it folded, and the dead
+letters it sent.
+
+Queries are named ``<map>.<query>`` (``users.fold``); map names may hold dots,
+query names do not.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from materializer.config import MetricsConfig
+from materializer.contract.redis_layout import GENERATION_MARK
+from materializer.errors import SetupError
+from materializer.runtime.listener import Progress, QueryListener
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+
+log = logging.getLogger(__name__)
+
+FOLD, DEAD_LETTER = "fold", "dead_letter"
+
+
+def split_query_name(name: str | None) -> tuple[str, str] | None:
+    """``(map, query)`` of a query this package started, None for any other query."""
+    if not name or "." not in name:
+        return None
+    map_name, query = name.rsplit(".", 1)
+    # A rebuilt generation (``<map>~<n>``) is still the same map to whoever watches it.
+    return map_name.split(GENERATION_MARK, 1)[0], query
+
+
+def partition_lags(end: Any, latest: Any) -> dict[tuple[str, str], int]:
+    """Per (topic, partition), records available but not yet read: latest minus end offset.
+
+    Spark's Kafka source reports both as JSON objects (``{"topic": {"0": 42}}``), parsed
+    or as text; a source that has no offsets to report yet (a restart), or offsets of
+    another shape (not Kafka), gives no lags rather than an error.
+    """
+    try:
+        ends, latests = (
+            orjson.loads(v or "null") if isinstance(v, str | bytes | None) else v
+            for v in (end, latest)
+        )
+    except orjson.JSONDecodeError:
+        return {}
+    if not isinstance(ends, dict) or not isinstance(latests, dict):
+        return {}
+    lags: dict[tuple[str, str], int] = {}
+    for topic, partitions in latests.items():
+        done = ends.get(topic)
+        if not isinstance(partitions, dict) or not isinstance(done, dict | None):
+            return {}
+        for partition, offset in partitions.items():
+            lags[(topic, str(partition))] = max(
+                0, int(offset) - int((done or {}).get(partition, 0))
+            )
+    return lags
+
+
+def finished_at(timestamp: str, duration_ms: int) -> float:
+    """When a batch finished, in seconds since the epoch, from its progress report.
+
+    Spark reports the batch's trigger time (ISO 8601, UTC) and how long it took.
+    """
+    started = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    return started.timestamp() + duration_ms / 1000
+
+
+class BatchMetrics(QueryListener):
+    """Per map and query metrics of every batch of the session, in a registry of their own.
+
+    Progress events arrive on Spark's listener thread after each batch
+    commits; ``rows_out`` is called by the projector from inside the batch.
+    A replayed batch counts again, as it was processed again.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self._batch_duration = Histogram(
+            "materializer_batch_duration_seconds",
+            "Time each batch took, from its trigger to its commit.",
+            ["map", "query"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            registry=r,
+        )
+        self._rows_in = Counter(
+            "materializer_rows_in",
+            "Records the query read from its topics (for the fold and the dead-letter query:"
+            " every source record, good or bad).",
+            ["map", "query"],
+            registry=r,
+        )
+        self._rows_out = Counter(
+            "materializer_rows_out",
+            "Rows the query wrote: entity changes (fold), table rows (delta), dead letters.",
+            ["map", "query"],
+            registry=r,
+        )
+        self._dead_letters = Counter(
+            "materializer_dead_letters",
+            "Records sent to the map's dead-letter topic.",
+            ["map"],
+            registry=r,
+        )
+        self._lag = Gauge(
+            "materializer_lag_records",
+            "Records in the partition the fold has not read, as of its last batch.",
+            ["map", "topic", "partition"],
+            registry=r,
+        )
+        self._freshness = Gauge(
+            "materializer_freshness_seconds",
+            "How old the newest folded record (Kafka timestamp) was when Redis held its batch.",
+            ["map"],
+            registry=r,
+        )
+        self._state_keys = Gauge(
+            "materializer_state_keys",
+            "Keys of the map's fold state in Redis (live entities and recently deleted ones),"
+            " measured about once a minute.",
+            ["map"],
+            registry=r,
+        )
+        self._state_bytes = Gauge(
+            "materializer_state_bytes",
+            "Redis memory of the map's fold state, estimated from a sample of its keys.",
+            ["map"],
+            registry=r,
+        )
+        self._last_batch = Gauge(
+            "materializer_last_batch_timestamp_seconds",
+            "When the query's last batch finished, in seconds since the epoch.",
+            ["map", "query"],
+            registry=r,
+        )
+
+    def state_size(self, map_name: str, keys: int, size_bytes: int) -> None:
+        """A map's fold state as last measured (``redis.state_size``)."""
+        self._state_keys.labels(map_name).set(keys)
+        self._state_bytes.labels(map_name).set(size_bytes)
+
+    def rows_out(self, query_name: str, batch_id: int, count: int) -> None:
+        """The projector's count of a batch's rows out (the same the batch log line shows)."""
+        names = split_query_name(query_name)
+        if names is not None:
+            self._rows_out.labels(*names).inc(count)
+
+    def progress(self, progress: Progress) -> None:
+        """Record one committed batch."""
+        names = split_query_name(progress["name"])
+        if names is None:
+            return
+        map_name, query = names
+        duration = int(progress.get("batchDuration", 0))
+        done = finished_at(str(progress["timestamp"]), duration)
+        self._batch_duration.labels(map_name, query).observe(duration / 1000)
+        self._rows_in.labels(map_name, query).inc(int(progress.get("numInputRows", 0)))
+        self._last_batch.labels(map_name, query).set(done)
+        if query == FOLD:
+            for source in progress.get("sources", []):
+                lags = partition_lags(source.get("endOffset"), source.get("latestOffset"))
+                for (topic, partition), lag in lags.items():
+                    self._lag.labels(map_name, topic, partition).set(lag)
+
+    def fold_applied(
+        self, map_name: str, newest_timestamp_us: int | None, dead_letters: int
+    ) -> None:
+        """What one fold batch did, from inside it once Redis holds it: the newest Kafka
+        timestamp it folded (microseconds; None: nothing folded) and the dead letters it
+        sent. Called on the batch's thread, as ``rows_out``."""
+        if newest_timestamp_us is not None:
+            # Clocks of producers and of this machine may disagree a little; age is never < 0.
+            age = time.time() - newest_timestamp_us / 1_000_000
+            self._freshness.labels(map_name).set(max(0.0, age))
+        if dead_letters:
+            self._dead_letters.labels(map_name).inc(dead_letters)
+            self._rows_out.labels(map_name, DEAD_LETTER).inc(dead_letters)
+
+
+def serve_metrics(config: MetricsConfig, registry: CollectorRegistry) -> WSGIServer | None:
+    """Serve ``/metrics`` of ``registry`` on a daemon thread; None when ``port`` is 0."""
+    if config.port == 0:
+        return None
+    try:
+        server, _ = start_http_server(config.port, addr=config.host, registry=registry)
+    except OSError as exc:
+        raise SetupError(
+            f"metrics: cannot listen on {config.host}:{config.port}: {exc.strerror or exc}"
+        ) from None
+    log.info("metrics on http://%s:%d/metrics", config.host, config.port)
+    return server

@@ -1,0 +1,192 @@
+"""Avro in Confluent's wire format, schemas from a schema registry, decoded on the executors.
+
+The reader schema is the latest version of ``<first topic>-value`` when the
+map starts; its fields are the map's fields. Each record names its writer
+schema by id; the writer schema is fetched once per id and process, and Avro
+schema resolution reads the record into the reader's shape: a field the
+writer lacks takes the reader's default, a field only the writer has is
+skipped. So records of a version registered after the map started decode
+with no restart; their new fields reach the map when it starts again with the
+newer latest version as its reader (a ``latest`` fold keeps the entity's
+typed fields in its state, so there a changed reader needs a new checkpoint).
+
+With ``subject_name_strategy`` ``record`` or ``topic_record`` a topic carries
+several record types (``record_types``), each with its own subject and so its
+own latest version as reader. A record goes to the reader of its writer
+schema's full name; the map's fields are the union of the readers' fields
+(one name, one type), and a type without a field leaves it null.
+
+A value without the wire-format header, with an id the registry does not
+know, written by a schema that does not resolve against the reader, of a
+record type the map does not read, with bytes left over, or met while the
+registry is unreachable, is a decode error naming the cause.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from materializer.config import MapConfig
+from materializer.errors import ConfigError
+from materializer.source.formats.arrow_decode import DecodeFailure, ValueDecoder, decode_in_python
+from materializer.source.formats.avro_types import AvroSchemaError, converter, spark_type
+from materializer.source.formats.registry import (
+    RegistryError,
+    WireFormatError,
+    client_for,
+    reader_schema,
+    split_header,
+    subject_name,
+    union_fields,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+_readers: dict[tuple[str, int], tuple[Any, Any]] = {}
+"""(url, reader id) → (parsed reader schema, value converter), per process."""
+_writers: dict[tuple[str, int], Any] = {}
+"""(url, writer id) → parsed writer schema, per process."""
+
+
+def _parse(text: str) -> Any:
+    import fastavro
+
+    return fastavro.parse_schema(orjson.loads(text))
+
+
+@dataclass(frozen=True)
+class Reader:
+    """A reader schema as registered: for one record type, or (``record_type`` None) for
+    every record of the topic."""
+
+    record_type: str | None
+    schema_id: int
+    text: str
+
+
+class AvroRegistryDecoder(ValueDecoder):
+    """Executor side: header, writer schema by id, then fastavro with its reader schema."""
+
+    def __init__(self, url: str, readers: Sequence[Reader]) -> None:
+        self.url = url
+        self.readers = tuple(readers)
+        self._by_type = {r.record_type: r for r in self.readers}
+        self._by_id = {r.schema_id: r for r in self.readers}
+
+    def _reader(self, reader: Reader) -> tuple[Any, Any]:
+        key = (self.url, reader.schema_id)
+        found = _readers.get(key)
+        if found is None:
+            parsed = _parse(reader.text)
+            found = (parsed, converter(parsed))
+            _readers[key] = found
+        return found
+
+    def _pick(self, schema_id: int) -> tuple[Reader, Any]:
+        """The reader of a writer schema id, and the parsed writer (None: the reader)."""
+        same = self._by_id.get(schema_id)
+        if same is not None:
+            return same, None
+        writer = self._writer(schema_id)
+        if None in self._by_type:
+            return self._by_type[None], writer
+        name = writer.get("name") if isinstance(writer, dict) else None
+        reader = self._by_type.get(name)
+        if reader is None:
+            known = ", ".join(str(r.record_type) for r in self.readers)
+            raise DecodeFailure(
+                f"record type {name} (writer schema id {schema_id}) is not one the map "
+                f"reads (record_types: {known})"
+            )
+        return reader, writer
+
+    def _writer(self, schema_id: int) -> Any:
+        key = (self.url, schema_id)
+        found = _writers.get(key)
+        if found is not None:
+            return found
+        try:
+            schema = client_for(self.url).by_id(schema_id)
+        except RegistryError as exc:
+            raise DecodeFailure(f"writer schema id {schema_id}: {exc}") from None
+        if schema.schema_type != "AVRO":
+            raise DecodeFailure(f"writer schema id {schema_id} is {schema.schema_type}, not AVRO")
+        try:
+            found = _parse(schema.text)
+        except Exception as exc:  # fastavro raises several types for a bad schema
+            raise DecodeFailure(f"writer schema id {schema_id} does not parse: {exc}") from None
+        _writers[key] = found
+        return found
+
+    def decode(self, value: bytes) -> dict[str, Any]:
+        """One wire-format value as the reader schema's fields."""
+        import fastavro
+
+        try:
+            schema_id, payload = split_header(value)
+        except WireFormatError as exc:
+            raise DecodeFailure(str(exc)) from None
+        chosen, writer = self._pick(schema_id)
+        reader, convert = self._reader(chosen)
+        buffer = io.BytesIO(payload)
+        try:
+            record = fastavro.schemaless_reader(
+                buffer, reader if writer is None else writer, None if writer is None else reader
+            )
+        except Exception as exc:  # truncated or corrupt bytes, or schemas that do not resolve
+            detail = str(exc) or type(exc).__name__
+            raise DecodeFailure(
+                f"not Avro of writer schema id {schema_id} read as id {chosen.schema_id}: {detail}"
+            ) from None
+        left = len(payload) - buffer.tell()
+        if left:
+            raise DecodeFailure(
+                f"{left} bytes left after the Avro record: not a value of writer schema "
+                f"id {schema_id}"
+            )
+        if not isinstance(record, dict):
+            raise DecodeFailure(f"writer schema id {schema_id} is not a record schema")
+        return convert(record) if convert is not None else record
+
+
+def decode_avro_registry(raw: DataFrame, map_config: MapConfig) -> DataFrame:
+    """The reader schemas from the registry now; every record decoded on the executors."""
+    src = map_config.source
+    url = src.schema_registry_url or ""
+    topic = src.topics[0]
+    types: list[str | None] = [*src.record_types] if src.record_types else [None]
+    readers = []
+    for record_type in types:
+        subject = subject_name(src.subject_name_strategy, topic, record_type)
+        latest = reader_schema(url, topic, "AVRO", subject=subject)
+        readers.append(Reader(record_type, latest.id, latest.text))
+    return decode_in_python(raw, _fields(readers), AvroRegistryDecoder(url, readers))
+
+
+def _fields(readers: Sequence[Reader]) -> StructType:
+    """The union of the readers' fields (``union_fields``)."""
+    parts = []
+    for reader in readers:
+        try:
+            fields = spark_type(_parse(reader.text))
+        except AvroSchemaError as exc:
+            raise ConfigError(
+                "", [f"source.schema_registry_url: reader schema id {reader.schema_id}: {exc}"]
+            ) from None
+        except Exception as exc:  # fastavro raises several types for a bad schema
+            raise ConfigError(
+                "",
+                [
+                    f"source.schema_registry_url: reader schema id {reader.schema_id} "
+                    f"does not parse: {exc}"
+                ],
+            ) from None
+        parts.append((reader.record_type or f"schema id {reader.schema_id}", fields))
+    return union_fields(parts)

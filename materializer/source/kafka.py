@@ -1,0 +1,49 @@
+"""Spark's ``kafka`` source, configured from a map's source block."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from materializer import record_columns as c
+from materializer.clients.kafka import java
+from materializer.config import AppConfig, MapConfig
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+
+FETCH_MAX_WAIT_MS = 20
+"""How long the broker may hold a fetch of Spark's readers that finds no new records.
+
+A task reads offsets that exist (its batch's end was read before it ran), but the
+consumer it borrows may still have a fetch on its way for offsets past the log's end,
+sent ahead by its last poll, and a new fetch waits for that one. At Kafka's 500 ms a
+Delta query's tasks ran 0.3-0.9 s on 40-70 ms of CPU, holding both task slots while a
+fold batch waited for one: fold batches beside each MERGE took ~1.2 s instead of ~0.3 s
+(bench/live.py, BENCHMARKS.md). ``kafka.properties`` can set another value."""
+
+
+def kafka_options(
+    config: AppConfig, source_topics: list[str], starting_offsets: str
+) -> dict[str, str]:
+    """Options for ``readStream.format("kafka")``: the Java client's settings, prefixed."""
+    settings = java(config.kafka, **{"fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS)})
+    options = {f"kafka.{key}": value for key, value in settings.items()}
+    options |= {
+        "subscribe": ",".join(source_topics),
+        "startingOffsets": starting_offsets,
+        "includeHeaders": "true",
+    }
+    if config.spark.max_offsets_per_trigger is not None:
+        options["maxOffsetsPerTrigger"] = str(config.spark.max_offsets_per_trigger)
+    return options
+
+
+def read_source(spark: SparkSession, config: AppConfig, map_config: MapConfig) -> DataFrame:
+    """The map's topics as a stream of raw records, columns renamed to ``__key``, ``__value``..."""
+    src = map_config.source
+    reader = spark.readStream.format("kafka")
+    for key, value in kafka_options(config, src.topics, src.starting_offsets).items():
+        reader = reader.option(key, value)
+    raw = reader.load()
+    return raw.select(*[raw[name].alias(alias) for name, alias in c.SOURCE_COLUMNS.items()])

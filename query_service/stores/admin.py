@@ -1,0 +1,106 @@
+"""The admin side of ``<map>:__status__`` / ``<map>:__control__``, and the source log ends.
+
+The materializer reports each map's state and obeys the control hash
+(``materializer.runtime.control_channel``); this store reads the one and writes the
+other, on the query service's shared Redis client. Log end offsets come from
+Kafka itself, so lag is measured against the log, not against what the
+materializer last saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any, NamedTuple, cast
+
+from materializer.clients.kafka_offsets import admin_client, partition_offsets
+from materializer.clients.redis import AsyncClient, get_many_async, where
+from materializer.config import KafkaConfig
+from materializer.contract.control import control_fields
+from materializer.contract.redis_layout import (
+    Control,
+    MapReport,
+    Watermark,
+    control_key,
+    generation_key,
+    meta_key,
+    parse_generation,
+    physical_name,
+    status_key,
+)
+from query_service.stores.redis import unavailable_on_connection_errors
+
+log = logging.getLogger(__name__)
+
+
+class MapSnapshot(NamedTuple):
+    """What Redis says of one map: its watermark, last report and pending request."""
+
+    watermark: Watermark | None
+    report: MapReport | None
+    control: Control
+
+
+class ControlStore:
+    """Reads reports and writes requests for the admin API."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+        self._where = where(client)
+
+    async def snapshot(self, names: Sequence[str]) -> dict[str, MapSnapshot]:
+        """Watermark (of the map's current generation), report and control of each map.
+
+        Two round trips: the generations, then everything else.
+        """
+        if not names:
+            return {}
+        async with unavailable_on_connection_errors(self._where):
+            generations = await get_many_async(self._client, [generation_key(n) for n in names])
+        async with (
+            unavailable_on_connection_errors(self._where),
+            self._client.pipeline(transaction=False) as pipe,
+        ):
+            for name, generation in zip(names, generations, strict=True):
+                pipe.hgetall(meta_key(physical_name(name, parse_generation(generation))))
+                pipe.hgetall(status_key(name))
+                pipe.hgetall(control_key(name))
+            replies = iter(await pipe.execute())
+        return {
+            name: MapSnapshot(
+                Watermark.from_hash(next(replies)),
+                MapReport.from_hash(next(replies)),
+                Control.from_hash(next(replies)),
+            )
+            for name in names
+        }
+
+    async def request(
+        self, name: str, *, desired: str | None = None, restart: bool = False
+    ) -> None:
+        """Ask the materializer to change a map's state (it obeys within one loop)."""
+        fields = control_fields(desired, restart)
+        async with unavailable_on_connection_errors(self._where):
+            await self._client.hset(control_key(name), mapping=cast("Any", fields))
+
+
+class LogEnds:
+    """Log end offsets of source partitions, asked of Kafka's admin API."""
+
+    def __init__(self, kafka: KafkaConfig) -> None:
+        self._kafka = kafka
+        self._admin: Any = None
+
+    def _client(self) -> Any:
+        if self._admin is None:
+            self._admin = admin_client(self._kafka)
+        return self._admin
+
+    async def ends(self, topics: Sequence[str]) -> dict[str, dict[int, int]] | None:
+        """Per topic and partition, the log end offset now; ``None`` when Kafka cannot say."""
+        try:
+            return await asyncio.to_thread(partition_offsets, self._client(), list(topics))
+        except Exception as exc:  # Kafka down or slow: lag is unknown, status still answers
+            log.warning("cannot read log end offsets of %s: %s", ", ".join(topics), exc)
+            return None

@@ -1,0 +1,2 @@
+"""Build-time tools: the generated gRPC code and the generated reference pages. Not part of
+the installed package."""
