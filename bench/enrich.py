@@ -61,6 +61,7 @@ from materializer.contract.redis_layout import entity_key
 from materializer.enrichment.job import ENRICH_QUERY, start_enrichment
 from materializer.enrichment.outputs import KafkaOutput, TransactionalOutput
 from materializer.runtime.group_offsets import GroupOffsetsSink
+from materializer.runtime.projector import Projector
 from materializer.spark.session import build_spark_session
 from materializer.testing import create_topic
 
@@ -175,7 +176,7 @@ def check_output(
 def instrument() -> None:
     """Time each batch's projector and its sinks: the projector joins the batch and caches
     it (``persist`` + ``count``), then the sinks write it from the cache."""
-    timed(job.Projector, "__call__", "projector")
+    timed(Projector, "__call__", "projector")
     timed(KafkaOutput, "write", "output")
     timed(TransactionalOutput, "write", "output")
     timed(GroupOffsetsSink, "write", "offsets")

@@ -29,7 +29,7 @@ from materializer import job
 from materializer.config import AppConfig, parse_config
 from materializer.contract.redis_layout import RESERVED_KEYS, entity_key
 from materializer.delta.sink import DeltaSink
-from materializer.redis.fold import RedisFoldSink
+from materializer.redis.sink import RedisFoldSink
 from materializer.redis.watermark import RedisSink
 from materializer.runtime.projector import Projector
 from materializer.testing import KafkaBroker, RedisServer, create_topic

@@ -10,7 +10,7 @@ import multiprocessing as mp
 import statistics
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -286,7 +286,7 @@ def generators(loads: Sequence[Load]) -> Iterator[tuple[list[Connection], list[i
 
 
 def run_phase(
-    loads: Sequence[Load], warmup: float, seconds: float, watch: dict[str, Sequence[int]]
+    loads: Sequence[Load], warmup: float, seconds: float, watch: Mapping[str, Sequence[int]]
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Start the generators, warm up together, measure together; the summed tallies and
     the CPU each watched group (plus the generators) used over the measured window."""

@@ -131,7 +131,7 @@ def load_map(
         updated_at_ms=int(time.time() * 1000),
         app_id=APP_ID,
     )
-    client.hset(meta_key(MAP), mapping=dict(mark.to_hash()))
+    client.hset(meta_key(MAP), mapping=dict[Any, Any](mark.to_hash()))
     seconds = time.perf_counter() - started
     return {
         "entities": n,
@@ -267,7 +267,7 @@ def check_service(
     the wire sizes the echo server has to match."""
     rng = random.Random(1)
     with grpc.insecure_channel(target, options=CHANNEL_OPTIONS) as channel:
-        maps = map_grpc.MapServiceStub(channel)
+        maps = map_grpc.MapServiceStub(channel)  # type: ignore[no-untyped-call]
         sizes = []
         for i in rng.sample(range(entities), 200):
             response = maps.Get(map_pb.GetRequest(map=MAP, key=key_of(i)), timeout=CALL_TIMEOUT)
@@ -280,7 +280,7 @@ def check_service(
         batch = maps.BatchGet(map_pb.BatchGetRequest(map=MAP, keys=keys), timeout=CALL_TIMEOUT)
         if [e.key for e in batch.entries if e.found] != keys:
             raise RuntimeError("BatchGet does not find every key")
-        enrich = enrich_grpc.EnrichServiceStub(channel)
+        enrich = enrich_grpc.EnrichServiceStub(channel)  # type: ignore[no-untyped-call]
         events = [order_event(i, entities, rng) for i in range(10)]
         answers = list(enrich.Enrich(iter([enrich_request(events, "check", True)]), timeout=30))
         joined = [e.event for a in answers for e in a.events]

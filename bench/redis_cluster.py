@@ -3,8 +3,9 @@
 All in one run, no Kafka, no Spark: one ``redis-server`` (the baseline) and a
 Redis Cluster of three masters, both started here on loopback.
 
-  write        the Redis sink's executor-side writer (``write_partition``): N entities
-               of ~200 bytes, pipelined SETs in chunks; entities/s;
+  write        the fold's writer (``materializer.redis.writer``, the ``latest`` mode's
+               function): N entities of ~200 bytes in chunks of keys, each chunk one
+               call on the master holding it, then the watermark; entities/s;
   batch_get    the query service's ``RedisMapStore.get_many``, closed loop with several
                calls in flight, K random keys per call; keys/s.
 
@@ -27,10 +28,13 @@ import random
 import time
 from typing import Any
 
+from materializer.clients.redis import client_for
 from materializer.config import RedisConfig
+from materializer.contract.markers import mark_whole
 from materializer.contract.redis_layout import Watermark
-from materializer.redis.functions import load_library
-from materializer.redis.watermark import RedisSink, write_partition
+from materializer.redis.functions import FoldTarget, load_library
+from materializer.redis.watermark import RedisSink
+from materializer.redis.writer import Writer
 from materializer.testing import RedisCluster, RedisServer
 from query_service.stores.redis import RedisMapStore
 
@@ -38,20 +42,28 @@ MAP = "bench_users"
 IN_FLIGHT = 8
 
 
-def entities(n: int) -> list[tuple[str, bool, bytes]]:
-    """Rows as the sink's executors get them: key, deleted, entity JSON (~200 bytes)."""
+def entities(n: int) -> list[tuple[str, tuple[str, bytes | None]]]:
+    """Each key's winning record as the fold hands it to Redis: key, (order, entity JSON
+    of ~200 bytes)."""
     pad = "x" * 120
     return [
-        (f"u{i}", False, json.dumps({"id": f"u{i}", "name": f"user {i}", "pad": pad}).encode())
+        (
+            f"u{i}",
+            (f"{i:012d}", json.dumps({"id": f"u{i}", "name": f"user {i}", "pad": pad}).encode()),
+        )
         for i in range(n)
     ]
 
 
-def write(config: RedisConfig, rows: list[tuple[str, bool, bytes]]) -> float:
-    """Seconds to write every row, then the watermark, as the sink does."""
+def write(config: RedisConfig, winners: list[tuple[str, tuple[str, bytes | None]]]) -> float:
+    """Seconds to apply every key's record, then commit the watermark, as the fold does."""
+    load_library(config)
+    mark_whole(client_for(config), MAP)
+    target = FoldTarget(redis=config, map_name=MAP, changelog_topic="unused", producer=())
     started = time.perf_counter()
-    write_partition(config, MAP, rows)
-    RedisSink(config, MAP, lambda _: {}).commit(Watermark(batch_id=0, app_id="bench"), [])
+    for _ in Writer(target, 0).latest(winners):
+        pass
+    RedisSink(config, MAP, lambda _: {}).commit(Watermark(batch_id=0, app_id="bench"))
     return time.perf_counter() - started
 
 
@@ -80,8 +92,7 @@ async def batch_gets(config: RedisConfig, n: int, keys: int, seconds: float) -> 
 
 def measure(config: RedisConfig, args: argparse.Namespace) -> dict[str, float]:
     rows = entities(args.entities)
-    write_s = write(config, rows)
-    load_library(config)  # as every materializer start does: batch reads use its read function
+    write_s = write(config, rows)  # loads the library: batch reads use its read function
     read, read_s = asyncio.run(batch_gets(config, args.entities, args.keys, args.seconds))
     return {"write_per_s": args.entities / write_s, "keys_per_s": read / read_s}
 

@@ -134,7 +134,7 @@ def encoded_pairs(path: str) -> tuple[list[list[bytes]], int]:
 def raw_mset(client: redis.Redis, commands: list[list[bytes]]) -> None:
     pipe = client.pipeline(transaction=False)
     for i, args in enumerate(commands, 1):
-        pipe.execute_command("MSET", *args)
+        pipe.execute_command("MSET", *args)  # type: ignore[no-untyped-call]
         if i % redis_bulk.IN_FLIGHT == 0:
             pipe.execute()
     pipe.execute()
@@ -249,4 +249,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -46,7 +46,7 @@ from materializer.testing import KafkaBroker, RedisServer, create_topic
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_aggregate, fold_latest
 
-MAPS = {
+MAPS: dict[str, dict[str, Any]] = {
     "soak_latest": {"mode": "latest"},
     "soak_aggregate": {"mode": "aggregate", "aggregates": AGGREGATES},
 }

@@ -45,14 +45,12 @@ from materializer.contract.table_layout import history_path, table_path
 from materializer.delta.history import HistorySink
 from materializer.delta.query import start_delta_query
 from materializer.errors import ConfigError
-from materializer.redis.fold import (
-    Applied,
-    RedisFold,
-    RedisFoldSink,
-    producer_settings,
-)
+from materializer.redis.apply import Applied
+from materializer.redis.deliveries import producer_settings
+from materializer.redis.expiry import expiry_ms
 from materializer.redis.functions import FoldTarget, load_library
-from materializer.redis.watermark import RedisSink, expiry_ms
+from materializer.redis.sink import RedisFold, RedisFoldSink
+from materializer.redis.watermark import RedisSink
 from materializer.restore.automatic import ensure_whole
 from materializer.runtime.group_offsets import GroupOffsetsSink
 from materializer.runtime.metrics import BatchMetrics

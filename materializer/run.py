@@ -27,7 +27,7 @@ import redis
 
 from materializer.checkpoints.source_loss import SourceDataLoss, check_source, explain_failure
 from materializer.clients.kafka_offsets import KafkaAccessError, check_access
-from materializer.clients.redis import TRANSIENT_ERRORS
+from materializer.clients.redis import TRANSIENT_ERRORS, client_for
 from materializer.config import AppConfig
 from materializer.contract.markers import is_whole
 from materializer.contract.redis_layout import Control, MapReport, generation_key, physical_name
@@ -36,7 +36,6 @@ from materializer.errors import MaterializerError
 from materializer.job import start_map
 from materializer.redis.functions import CopyLost
 from materializer.redis.state_size import StateSize, StateSizes
-from materializer.redis.watermark import client_for
 from materializer.restore.automatic import ensure_whole
 from materializer.runtime.control_channel import ControlChannel
 from materializer.runtime.listener import listen

@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 import pyarrow.fs as pafs
 
-from materializer.config import OBJECT_STORE_SCHEMES, ObjectStoreConfig
 from materializer.clients.object_store import arrow_filesystem
+from materializer.config import OBJECT_STORE_SCHEMES, ObjectStoreConfig
 from materializer.errors import MaterializerError
 
 

@@ -31,16 +31,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException
 
-from materializer.config import AppConfig
+from materializer.checkpoints.files import CheckpointFiles
 from materializer.clients.kafka_offsets import (
     KAFKA_TIMEOUT_SECONDS,
     admin_client,
     partition_offsets,
 )
+from materializer.config import AppConfig
+from materializer.config.names import checkpoint_path
 from materializer.contract.redis_layout import physical_name
 from materializer.errors import MaterializerError
-from materializer.checkpoints.files import CheckpointFiles
-from materializer.config.names import checkpoint_path
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery

@@ -50,6 +50,19 @@ def connect(config: RedisConfig, **options: Any) -> Client:
     return redis.Redis.from_url(config.url, **options)
 
 
+_clients: dict[RedisConfig, Client] = {}
+
+
+def client_for(config: RedisConfig) -> Client:
+    """The process's one client (and connection pool) for a server or cluster, reused across
+    batches and calls: a client per call would open a connection per call."""
+    client = _clients.get(config)
+    if client is None:
+        client = connect(config)
+        _clients[config] = client
+    return client
+
+
 def connect_async(config: RedisConfig, **options: Any) -> AsyncClient:
     """The asyncio client for the configured server or cluster; connects on first use.
 

@@ -136,6 +136,31 @@ def expired_key(map_name: str, tag: str | None = None) -> str:
     return base if tag is None else f"{base}{{{tag}}}"
 
 
+STATE_MARK = b"\x00o:"
+"""Joins a map's physical name and the rest of a state key: no entity key holds it there."""
+
+
+def state_key(map_name: str, key: str) -> bytes:
+    """Where an entity's fold state is kept (``latest``: its winning order; the other modes:
+    their state as JSON): ``<map>\\0o:`` and a hash tag of the entity key's slot, so the
+    fold of one key touches one slot.
+
+    An entity key without a hash tag hashes whole, so the state key tags it
+    whole; one with a tag (``{...}`` in the key) keeps that tag. State keys
+    never match ``<map>:*``, so scans of a map's entities never see them.
+    """
+    entity = entity_key(map_name, key).encode()
+    start = entity.find(b"{")
+    end = entity.find(b"}", start + 1) if start >= 0 else -1
+    rest = key.encode() if start >= 0 and end > start + 1 else b"{" + entity + b"}"
+    return map_name.encode() + STATE_MARK + rest
+
+
+def state_keys_pattern(map_name: str) -> bytes:
+    """A ``SCAN`` pattern for a map's state keys (map names hold no glob characters)."""
+    return map_name.encode() + STATE_MARK + b"*"
+
+
 def meta_key(map_name: str) -> str:
     """The Redis hash that holds a map's watermark."""
     return f"{map_name}:{META_SUFFIX}"

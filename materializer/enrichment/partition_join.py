@@ -127,7 +127,7 @@ class PartitionJoin:
                     if event_keys and isinstance(event_keys[i], str) and entity is not None:
                         found[step.map][event_keys[i]] = entity.encode()
             return found
-        from materializer.redis.watermark import client_for
+        from materializer.clients.redis import client_for
 
         wanted: dict[str, dict[str, None]] = {step.map: {} for step in steps}
         for event_keys in keys:

@@ -4,7 +4,7 @@ Spark decodes, transforms and keys each micro-batch without any state of its
 own. Each record leaves it as an *event*: its key, its *order* (text whose
 byte order is the order the fold applies events in) and its *payload* (text;
 null for a delete), with an optional mode-specific ``aux`` text. The fold's
-state lives in Redis beside each entity (``materializer.redis.fold``):
+state lives in Redis beside each entity (``materializer.redis.sink``):
 
 - ``latest`` keeps the winning order only. A record applies when its order is
   greater than the stored one, which Redis compares itself, so each key sends

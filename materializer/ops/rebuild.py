@@ -38,11 +38,11 @@ from materializer.contract.redis_layout import (
     generation_key,
     marker_key,
     physical_name,
+    state_keys_pattern,
 )
 from materializer.contract.table_layout import table_path
 from materializer.errors import MaterializerError
 from materializer.job import start_map
-from materializer.redis.functions import state_keys_pattern
 from materializer.runtime.query_group import QueryGroup
 
 if TYPE_CHECKING:

@@ -28,13 +28,15 @@ Why nothing is lost or sent out of order:
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from redis.cluster import RedisCluster
 
-from materializer.clients.redis import per_master
+from materializer.clients.redis import client_for, per_master
 from materializer.contract.changelog import EXPIRED_HEADER
 from materializer.contract.markers import markers
 from materializer.contract.redis_layout import (
@@ -44,7 +46,6 @@ from materializer.contract.redis_layout import (
     expired_key,
     expiry_index_key,
 )
-from materializer.redis.watermark import client_for
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -54,6 +55,12 @@ if TYPE_CHECKING:
     from materializer.redis.functions import FoldTarget
 
 log = logging.getLogger(__name__)
+
+
+def expiry_ms(ttl: timedelta | None) -> int | None:
+    """A TTL as whole milliseconds for ``SET .. PX`` (rounded up: at least 1); None stays None."""
+    return None if ttl is None else max(1, math.ceil(ttl / timedelta(milliseconds=1)))
+
 
 SWEEP_KEYS = 1000
 """Keys one ``EXPIRE`` call handles at most: a call holds its master only briefly."""
@@ -65,7 +72,8 @@ SWEEP_INTERVAL_S = 1.0
 def sweep_expired(target: FoldTarget, producer: Producer) -> int:
     """Find the keys Redis expired and send them to the change stream and the changelog;
     how many tombstones were sent. The caller holds the fold's lock."""
-    from materializer.redis.functions import EXPIRE, Deliveries, call_function
+    from materializer.redis.deliveries import Deliveries
+    from materializer.redis.functions import EXPIRE, call_function
 
     client = client_for(target.redis)
     name = target.map_name

@@ -1,7 +1,7 @@
 """How large each map's fold state is: keys and bytes, for status and metrics.
 
 The fold keeps one state key per entity it knows (``<map>\\0o:...``, see
-``materializer.redis.fold``), live or deleted within
+``materializer.redis.sink``), live or deleted within
 ``fold.deleted_retention``. Whether that stays bounded under churn is what an
 operator wants to see, so the run counts the keys with ``SCAN`` (every
 master on a cluster) and estimates their memory from ``MEMORY USAGE`` of a
@@ -17,10 +17,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from materializer.clients.redis import TRANSIENT_ERRORS, Client
+from materializer.clients.redis import TRANSIENT_ERRORS, Client, client_for
 from materializer.config import RedisConfig
-from materializer.redis.functions import state_keys_pattern
-from materializer.redis.watermark import client_for
+from materializer.contract.redis_layout import state_keys_pattern
 
 log = logging.getLogger(__name__)
 

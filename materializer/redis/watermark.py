@@ -1,88 +1,34 @@
-"""The Redis map's bookkeeping: the change entries and the watermark of each batch.
+"""The Redis map's watermark: ``<map>:__meta__``, committed once a batch is applied.
 
-The fold (``redis_fold``) puts a batch's entities in place, and on one server
-their change entries in the same atomic call; the watermark goes last, after
-every entity of the batch. ``write_partition`` writes entities as final state
-(SET or DEL) for those who hold entities already folded, so writing them
-twice writes the same values.
+The fold (``materializer.redis.sink``) puts a batch's entities in place, and on
+one server their change entries in the same atomic call; the watermark goes
+last, after every entity of the batch, so a reader that reads the watermark
+first and an entity second sees an entity at least as new as the watermark.
 
-Why a replay is safe: each batch's watermark (and change entries written
-here) carry the batch's id and its query's app id, and a step whose key
-already holds that batch is skipped (``commit``).
-
-With a TTL (``ttl.redis``), every SET also sets the key's expiry (``PX``): a key
-not written again within it expires. Bookkeeping keys (``__meta__``, ...) never
-expire.
+Why a replay is safe: the watermark carries the batch's id and its query's app
+id, and a commit whose key already holds that batch is skipped (``commit``).
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Iterable, Mapping
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from materializer.batch import Batch, Sink
-from materializer.clients.redis import TRANSIENT_ERRORS, Client, connect
+from materializer.clients.redis import TRANSIENT_ERRORS, client_for
 from materializer.config import RedisConfig
-from materializer.contract.redis_layout import (
-    Watermark,
-    change_entry,
-    changes_key,
-    entity_key,
-    meta_key,
-)
+from materializer.contract.redis_layout import Watermark, meta_key
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-CHUNK = 2000
 WATERMARK_WAIT_S = 120.0
 """How long a batch's watermark waits for a Redis that does not answer (``RedisSink.write``)."""
-_clients: dict[RedisConfig, Client] = {}
-
-
-def client_for(config: RedisConfig) -> Client:
-    """One client (and connection pool) per process and server, reused across batches."""
-    client = _clients.get(config)
-    if client is None:
-        client = connect(config)
-        _clients[config] = client
-    return client
-
-
-def expiry_ms(ttl: timedelta | None) -> int | None:
-    """A TTL as whole milliseconds for ``SET .. PX`` (rounded up: at least 1); None stays None."""
-    return None if ttl is None else max(1, math.ceil(ttl / timedelta(milliseconds=1)))
-
-
-def write_partition(
-    config: RedisConfig, map_name: str, rows: Iterable[Any], ttl_ms: int | None = None
-) -> None:
-    """Executor side: SET or DEL each row's key, pipelined in chunks (not atomic, final-state).
-
-    ``ttl_ms``: each SET also sets the key to expire that many milliseconds later.
-    """
-    pipe = client_for(config).pipeline(transaction=False)
-    pending = 0
-    for row in rows:
-        key = entity_key(map_name, row[0])
-        if row[1]:
-            pipe.delete(key)
-        else:
-            pipe.set(key, row[2], px=ttl_ms)
-        pending += 1
-        if pending >= CHUNK:
-            pipe.execute()
-            pending = 0
-    if pending:
-        pipe.execute()
 
 
 class RedisSink(Sink):
     """``<map>:__meta__``, the batch's watermark, once the fold has put its entities and
-    change entries in place (``redis_fold``)."""
+    change entries in place (``materializer.redis.sink``)."""
 
     name = "redis"
 
@@ -118,25 +64,16 @@ class RedisSink(Sink):
         deadline = time.monotonic() + WATERMARK_WAIT_S
         while True:
             try:
-                self.commit(watermark, [])
+                self.commit(watermark)
                 return
             except TRANSIENT_ERRORS:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
 
-    def commit(self, watermark: Watermark, changes: list[tuple[str, bool]]) -> None:
-        """The change entries, then the watermark, each once per (app id, batch id).
-
-        The entity writes before them are final-state and may run twice; the
-        change stream must not get a replayed batch's entries twice. Each step
-        is a transaction on one key, so it works on a Redis Cluster too, where
-        ``__changes__`` and ``__meta__`` sit in different slots. Each step
-        skips a batch its key already holds: the stream knows it by the batch
-        and app id on its last entry, the watermark by its own, so a crash
-        between the two steps leaves nothing to do twice.
-        """
-        self.append_changes(watermark, changes)
+    def commit(self, watermark: Watermark) -> None:
+        """The watermark, once per (app id, batch id): one transaction on ``__meta__``,
+        skipped when it already holds this batch or a later one of the same query."""
         meta = meta_key(self.map_name)
         with client_for(self.config).pipeline(transaction=True) as pipe:
             pipe.watch(meta)
@@ -146,31 +83,6 @@ class RedisSink(Sink):
             fields: dict[Any, Any] = dict(watermark.to_hash())
             pipe.hset(meta, mapping=fields)
             pipe.execute()
-
-    def append_changes(self, watermark: Watermark, changes: list[tuple[str, bool]]) -> None:
-        """The batch's change entries, unless the stream's last entry closed this batch."""
-        if not changes:
-            return
-        stream = changes_key(self.map_name)
-        with client_for(self.config).pipeline(transaction=True) as pipe:
-            pipe.watch(stream)
-            newest: list[Any] = pipe.xrevrange(stream, count=1)  # type: ignore[assignment]
-            if newest and _holds(last_batch(newest[0][1]), watermark):
-                return
-            pipe.multi()
-            for i, (key, deleted) in enumerate(changes):
-                entry: dict[Any, Any] = change_entry(key, deleted, watermark.batch_id)
-                if i == len(changes) - 1:
-                    entry["app_id"] = watermark.app_id
-                pipe.xadd(stream, entry, maxlen=self.changes_max_len, approximate=True)
-            pipe.execute()
-
-
-def last_batch(fields: Mapping[Any, Any]) -> Watermark | None:
-    """The batch a stream's last entry closed, from its ``batch_id`` and ``app_id``."""
-    if b"app_id" not in fields:
-        return None
-    return Watermark(batch_id=int(fields[b"batch_id"]), app_id=fields[b"app_id"].decode())
 
 
 def _holds(current: Watermark | None, batch: Watermark) -> bool:

@@ -30,13 +30,13 @@ import time
 from dataclasses import dataclass
 
 from materializer.checkpoints.files import CheckpointFiles
+from materializer.clients.redis import client_for
 from materializer.config import AppConfig
 from materializer.config.names import checkpoint_path
 from materializer.contract.markers import is_whole, mark_whole
 from materializer.contract.redis_layout import meta_key, physical_name
-from materializer.redis.fold import fill
 from materializer.redis.functions import load_library
-from materializer.redis.watermark import client_for
+from materializer.redis.writer import fill
 from materializer.restore.expected_state import ExpectedState, fold_watermark
 
 log = logging.getLogger(__name__)

@@ -31,7 +31,7 @@ from materializer.contract.entity_json import encode_columns
 from materializer.contract.redis_layout import Watermark, physical_name
 from materializer.contract.table_layout import TABLE_KEY, TABLE_UPDATED_AT, table_meta, table_path
 from materializer.errors import MaterializerError
-from materializer.redis.watermark import expiry_ms
+from materializer.redis.expiry import expiry_ms
 from materializer.restore.changelog_tail import Tail, read_tail
 
 BATCH_ROWS = 16_384

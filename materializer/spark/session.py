@@ -1,4 +1,6 @@
-"""The one place a SparkSession is built: local jars, Delta, RocksDB state."""
+"""The one place a SparkSession is built: local jars, Delta, the scheduler's pools.
+
+No map keeps state in Spark (the fold's state lives in Redis), so no state store is set up."""
 
 from __future__ import annotations
 
@@ -16,9 +18,6 @@ from materializer.jvm import jars
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-
 
 POOLS = """<?xml version="1.0"?>
 <allocations>
@@ -66,10 +65,6 @@ def spark_conf(
     conf = {
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
-        "spark.sql.streaming.stateStore.providerClass": ROCKSDB_PROVIDER,
-        # A state-store fold commits a batch's changed keys only, not a RocksDB snapshot
-        # per batch: 1.7x the bulk rate in bench/fold_spike.py.
-        "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true",
         # The folds' jobs run in a pool that takes every free task slot first, so a live
         # batch waits for the Delta MERGE's running tasks at most, never its queued ones.
         "spark.scheduler.mode": "FAIR",

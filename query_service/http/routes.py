@@ -108,7 +108,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         (MAP, KEY, MIN_OFFSETS, TIMEOUT,
          Param("as_of_version", "query", "a Delta table version", {"type": "integer"}),
          Param("as_of_timestamp", "query", "RFC 3339: the version current then")),
-        answer=shapes.Entity,
+        answer=shapes.EntityLookup,
     ),
     Endpoint("POST", "/v1/maps/{map}/entities:batchGet", "batch_get",
              "Entities of many keys in one call", _MAPS + "BatchGet", (MAP,),

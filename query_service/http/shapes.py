@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import orjson
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 
 from materializer.v1 import common_pb2
 
@@ -54,6 +54,11 @@ class EntityAsOf(_Shape):
     entity: dict[str, Any] | None = None
     table_version: int
     committed_at: str | None = Field(None, description="RFC 3339; when that version committed")
+
+
+class EntityLookup(RootModel[Entity | EntityAsOf]):
+    """The answer of ``GET .../entities/{key}``: the entity with the map's watermark, or, with
+    ``as_of_version`` or ``as_of_timestamp``, the entity as that version of the table held it."""
 
 
 class BatchGetBody(_Shape):

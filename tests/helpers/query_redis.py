@@ -17,11 +17,13 @@ import orjson
 import redis
 from prometheus_client import REGISTRY
 
+from materializer.clients.redis import client_for
 from materializer.config import AppConfig, RedisConfig, parse_config
-from materializer.contract.redis_layout import (
-    Watermark,
-)
-from materializer.redis.watermark import RedisSink, write_partition
+from materializer.contract.markers import mark_whole
+from materializer.contract.redis_layout import Watermark
+from materializer.redis.functions import FoldTarget, load_library
+from materializer.redis.watermark import RedisSink
+from materializer.redis.writer import Writer
 from query_service.near_cache import NearCaches
 from query_service.server import create_server, create_servers
 from query_service.stores.redis import RedisMapStore
@@ -59,7 +61,7 @@ def fresh_map(client: redis.Redis) -> Iterator[str]:
     """A map name no other test uses; every key under it is deleted afterwards."""
     name = f"qs-{uuid.uuid4().hex[:12]}"
     yield name
-    keys = list(client.scan_iter(match=f"{name}:*"))
+    keys = list(client.scan_iter(match=f"{name}*"))  # entities, bookkeeping, fold state
     if keys:
         client.delete(*keys)
 
@@ -99,20 +101,36 @@ def write_batch(
     offsets: Mapping[str, Mapping[int, int]] | None = None,
     max_len: int = 100_000,
 ) -> None:
-    """Write one micro-batch the way the materializer's Redis sink does, with its own code:
-    entities first (``None`` deletes), then the watermark and the change entries.
+    """Write one micro-batch of a ``latest`` map the way the fold does, with its own code:
+    each entity through the Redis Functions (``None`` deletes; a later batch wins), which
+    append the change entries, then the watermark. The changelog, which goes to Kafka, is
+    left out: these tests read Redis only.
 
     ``redis_url``: one server's URL, or a ``RedisConfig`` (a Redis Cluster)."""
-    target = redis_url if isinstance(redis_url, RedisConfig) else RedisConfig(url=redis_url)
-    write_partition(target, map_name, [(k, v is None, v) for k, v in entities.items()])
-    sink = RedisSink(target, map_name, lambda _: {}, changes_max_len=max_len)
-    mark = Watermark(
-        batch_id=batch_id,
-        offsets={t: dict(ps) for t, ps in (offsets or {}).items()},
-        updated_at_ms=int(time.time() * 1000),
-        app_id=APP_ID,
+    config = redis_url if isinstance(redis_url, RedisConfig) else RedisConfig(url=redis_url)
+    load_library(config)
+    mark_whole(client_for(config), map_name)
+    target = FoldTarget(
+        redis=config,
+        map_name=map_name,
+        changelog_topic=f"{map_name}.changelog",
+        producer=(),
+        changes_max_len=max_len,
     )
-    sink.commit(mark, [(k, v is None) for k, v in entities.items()])
+    winners = [
+        (key, (f"{batch_id:012d}:{i:06d}", value))
+        for i, (key, value) in enumerate(entities.items())
+    ]
+    for _ in Writer(target, batch_id).latest(winners):
+        pass
+    RedisSink(config, map_name, lambda _: {}).commit(
+        Watermark(
+            batch_id=batch_id,
+            offsets={t: dict(ps) for t, ps in (offsets or {}).items()},
+            updated_at_ms=int(time.time() * 1000),
+            app_id=APP_ID,
+        )
+    )
 
 
 def lookups(map_name: str, result: str) -> float:

@@ -7,11 +7,10 @@ import orjson
 import pyarrow as pa
 
 from materializer import record_columns as c
-from materializer.redis.fold import ORDER, apply_batches
-from materializer.redis.functions import (
-    FoldTarget,
-    new_producer,
-)
+from materializer.redis.apply import apply_batches
+from materializer.redis.deliveries import new_producer
+from materializer.redis.functions import FoldTarget
+from materializer.redis.prepare import ORDER
 
 
 def records(

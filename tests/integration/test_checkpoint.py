@@ -14,8 +14,8 @@ import redis
 from materializer.checkpoints.query import KEPT_BATCHES, Checkpoint
 from materializer.config import AppConfig
 from materializer.config.names import checkpoint_path
+from materializer.contract.redis_layout import state_key
 from materializer.job import start_map
-from materializer.redis.functions import state_key
 from materializer.testing import produce
 from tests.helpers.slices import config, slice_config
 

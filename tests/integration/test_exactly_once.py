@@ -26,6 +26,7 @@ from materializer.testing import produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_aggregate, fold_latest
 from materializer.testing.waiting import wait_until
+from tests.helpers.query_redis import write_batch
 from tests.helpers.slices import (
     FIELDS,
     delta_map_rs,
@@ -85,26 +86,30 @@ def test_replayed_batch_adds_no_delta_commit(spark, warehouse: Path, engine):
     assert delta_map_spark(spark, Path(path)) == {"a": {"id": "a", "name": "Changed"}}
 
 
-def test_replayed_batch_adds_no_change_entries(redis_url, redis_client):
-    sink = RedisSink(RedisConfig(url=redis_url), "replayed", lambda _: {}, changes_max_len=1000)
-    first = Watermark(batch_id=0, offsets={"t": {0: 2}}, updated_at_ms=1, app_id="q1:replayed")
-    sink.commit(first, [("a", False), ("b", True)])
-    sink.commit(first, [("a", False), ("b", True)])  # the same batch after a crash
-    assert redis_client.xlen(changes_key("replayed")) == 2
-    sink.commit(Watermark(batch_id=1, app_id="q1:replayed"), [("a", True)])
-    assert redis_client.xlen(changes_key("replayed")) == 3
+def test_replayed_batch_adds_no_change_entries_and_commits_its_watermark_once(
+    redis_url, redis_client
+):
+    name = f"replayed{random.randrange(10**9)}"
+    batch = {"a": b'{"id":"a"}', "b": b'{"id":"b"}'}
+    write_batch(redis_url, name, 0, batch, {"t": {0: 2}})
+    assert redis_client.xlen(changes_key(name)) == 2
+    write_batch(redis_url, name, 0, batch, {"t": {0: 2}})  # the same batch after a crash
+    assert redis_client.xlen(changes_key(name)) == 2
+    write_batch(redis_url, name, 1, {"a": None}, {"t": {0: 3}})
+    assert redis_client.xlen(changes_key(name)) == 3
+    assert redis_client.get(f"{name}:a") is None
+
+    sink = RedisSink(RedisConfig(url=redis_url), name, lambda _: {})
+    committed = Watermark.from_hash(redis_client.hgetall(meta_key(name)))
+    assert (committed.batch_id, committed.offsets) == (1, {"t": {0: 3}})
+    # An older batch of the same query, replayed, leaves the watermark where it is.
+    sink.commit(Watermark(batch_id=0, offsets={"t": {0: 2}}, app_id=committed.app_id))
+    assert Watermark.from_hash(redis_client.hgetall(meta_key(name))) == committed
     # A new checkpoint's batch 0 is a new batch, not a replay.
-    sink.commit(Watermark(batch_id=0, app_id="q2:replayed"), [("c", False)])
-    assert redis_client.xlen(changes_key("replayed")) == 4
-    mark = Watermark.from_hash(redis_client.hgetall(meta_key("replayed")))
-    assert mark == Watermark(batch_id=0, app_id="q2:replayed")
-    # A crash after the change entries, before the watermark: the replay adds none.
-    sink.append_changes(Watermark(batch_id=1, app_id="q2:replayed"), [("d", False), ("e", True)])
-    assert redis_client.xlen(changes_key("replayed")) == 6
-    sink.commit(Watermark(batch_id=1, app_id="q2:replayed"), [("d", False), ("e", True)])
-    assert redis_client.xlen(changes_key("replayed")) == 6
-    mark = Watermark.from_hash(redis_client.hgetall(meta_key("replayed")))
-    assert mark == Watermark(batch_id=1, app_id="q2:replayed")
+    sink.commit(Watermark(batch_id=0, app_id="q2:replayed"))
+    assert Watermark.from_hash(redis_client.hgetall(meta_key(name))) == Watermark(
+        batch_id=0, app_id="q2:replayed"
+    )
 
 
 def _txn_versions(table: Path) -> list[tuple[str, int]]:

@@ -230,8 +230,8 @@ def test_aggregate_folds_declared_aggregates_across_batches(
 def _merge_plan(spark, kafka_bootstrap, redis_url, new_topic, tmp_path: Path):
     """A ``merge`` map's events and their plan as Spark's optimizer leaves it."""
     from materializer.job import records
-    from materializer.redis.fold import RedisFold
     from materializer.redis.functions import FoldTarget
+    from materializer.redis.sink import RedisFold
 
     topic = new_topic(1)
     doc = slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name="parsed")

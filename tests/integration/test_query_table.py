@@ -30,6 +30,7 @@ from materializer.testing import create_topic, produce
 from materializer.testing.reference import fold_latest
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
+from query_service.http import shapes
 from tests.helpers.query_redis import Front, serve_http
 from tests.helpers.query_redis import run as serve_and_run
 from tests.helpers.slices import config, slice_config
@@ -642,6 +643,12 @@ def test_http_query_pages_and_time_travel_answer_as_grpc_does(table: Table):
         )
         assert then["found"] and then["entity"] == table.first[key]
         assert then["table_version"] == table.first_version and then["committed_at"]
+        shapes.EntityAsOf.model_validate(then)  # the answer is what the OpenAPI document says
+        document = await f.json("GET", "/openapi.json")
+        answer = document["paths"]["/v1/maps/{map}/entities/{key}"]["get"]["responses"]["200"]
+        lookup = answer["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+        shapes_named = str(document["components"]["schemas"][lookup])
+        assert "EntityAsOf" in shapes_named and "Entity'" in shapes_named
         at = await f.json(
             "GET", f"/v1/maps/{MAP}/entities/{key}?as_of_timestamp={then['committed_at']}"
         )

@@ -17,9 +17,9 @@ from materializer.config import AppConfig, KafkaConfig, RedisConfig
 from materializer.contract.markers import mark_whole
 from materializer.contract.redis_layout import changes_key, entity_key
 from materializer.job import start_map
+from materializer.redis.deliveries import new_producer, producer_settings
 from materializer.redis.expiry import sweep_expired
-from materializer.redis.fold import producer_settings
-from materializer.redis.functions import FoldTarget, load_library, new_producer
+from materializer.redis.functions import FoldTarget, load_library
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
 from materializer.testing.waiting import eventually, wait_until

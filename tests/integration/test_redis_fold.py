@@ -13,6 +13,7 @@ import pytest
 from redis.crc import key_slot
 
 from materializer import record_columns as c
+from materializer.clients.redis import client_for
 from materializer.config import KafkaConfig, RedisConfig
 from materializer.contract.changelog import APP_HEADER, BATCH_HEADER, EXPIRED_HEADER
 from materializer.contract.markers import mark_whole
@@ -23,22 +24,17 @@ from materializer.contract.redis_layout import (
     expired_key,
     expiry_index_key,
     marker_key,
-)
-from materializer.fold.aggregate import AggregateFolder, Spec
-from materializer.fold.base import order_column
-from materializer.redis.expiry import sweep_expired
-from materializer.redis.fold import ORDER, apply_batches, producer_settings
-from materializer.redis.functions import (
-    EXPIRE,
-    CopyLost,
-    FoldTarget,
-    load_library,
-    new_producer,
     state_key,
     state_keys_pattern,
 )
+from materializer.fold.aggregate import AggregateFolder, Spec
+from materializer.fold.base import order_column
+from materializer.redis.apply import apply_batches
+from materializer.redis.deliveries import new_producer, producer_settings
+from materializer.redis.expiry import sweep_expired
+from materializer.redis.functions import EXPIRE, CopyLost, FoldTarget, load_library
+from materializer.redis.prepare import ORDER
 from materializer.redis.state_size import StateSize, measure
-from materializer.redis.watermark import client_for
 from materializer.testing.waiting import wait_until
 from tests.helpers.redis_fold import apply
 from tests.helpers.slices import read_topic

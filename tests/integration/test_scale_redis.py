@@ -22,7 +22,7 @@ import pytest
 import redis
 from redis.cluster import RedisCluster as ClusterClient
 
-from materializer.clients.redis import per_master
+from materializer.clients.redis import client_for, per_master
 from materializer.config import AppConfig, KafkaConfig, RedisConfig
 from materializer.contract.changelog import EXPIRED_HEADER
 from materializer.contract.markers import mark_whole, markers
@@ -37,10 +37,10 @@ from materializer.contract.redis_layout import (
 from materializer.enrichment.job import start_enrichment
 from materializer.job import start_map
 from materializer.ops.verify import Comparison, Differences, verify
+from materializer.redis.apply import apply_batches
+from materializer.redis.deliveries import new_producer, producer_settings
 from materializer.redis.expiry import sweep_expired
-from materializer.redis.fold import apply_batches, producer_settings
-from materializer.redis.functions import FoldTarget, load_library, new_producer
-from materializer.redis.watermark import client_for
+from materializer.redis.functions import FoldTarget, load_library
 from materializer.restore.rehydrate import rehydrate
 from materializer.testing import RedisCluster, produce
 from materializer.testing.reference import fold_latest

@@ -55,9 +55,7 @@ def test_session_conf_uses_local_jars_and_delta():
     assert "spark.jars.packages" not in conf
     assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
     assert conf["spark.sql.catalog.spark_catalog"].endswith("DeltaCatalog")
-    assert conf["spark.sql.streaming.stateStore.providerClass"].endswith(
-        "RocksDBStateStoreProvider"
-    )
+    assert not [key for key in conf if key.startswith("spark.sql.streaming.stateStore.")]
     assert spark_conf(SparkConfig(conf={"spark.ui.enabled": "true"}))["spark.ui.enabled"] == "true"
 
 

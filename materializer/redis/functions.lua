@@ -1,0 +1,176 @@
+#!lua name=materializer
+-- Materializer's fold functions. Loaded with FUNCTION LOAD REPLACE at every start.
+--
+-- KEYS[1] is one entity key of the call, which routes it to its master on a cluster;
+-- every key a call touches comes in ARGV, and lives on that master (the flag below).
+-- The writing functions' ARGV start with the change stream ('' for none), PX
+-- milliseconds or '', batch id, stream MAXLEN, the entity keys' prefix length, the
+-- map's marker on this server, how long a deleted entity's state stays (PX ms) and the
+-- map's expiry index on this server ('' without a TTL).
+
+-- Whether a sorts after b byte by byte: Lua's own '<' on strings follows the server's
+-- locale (strcoll), the fold's orders follow bytes, as Spark compares strings.
+local function after(a, b)
+  if a == b then return false end
+  local n = math.min(#a, #b)
+  if string.sub(a, 1, n) == string.sub(b, 1, n) then return #a > #b end
+  local lo, hi = 1, n
+  while lo < hi do
+    local mid = math.floor((lo + hi) / 2)
+    if string.sub(a, 1, mid) == string.sub(b, 1, mid) then lo = mid + 1 else hi = mid end
+  end
+  return string.byte(a, lo) > string.byte(b, lo)
+end
+
+-- Whether this server holds the map's copy whole: a server restarted empty (or replaced)
+-- has no marker, and nothing may be folded onto it before the copy is restored.
+local function whole(args)
+  return redis.call('EXISTS', args[6]) == 1
+end
+
+-- The server's clock in epoch milliseconds: the clock its key expiries follow.
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+local function lost()
+  return redis.error_reply('MATERIALIZER_LOST this server has no marker of the map: its copy is lost')
+end
+
+-- Sets the entity (value '' deletes it) and its state, and appends its change entry.
+-- A deleted entity's state stays for the map's deleted_retention (or its TTL if shorter):
+-- long enough that a replay cannot bring the entity back, short enough that churn does
+-- not grow the map; the entity's next write takes the expiry off. An expiring entity is
+-- (re)scored in the expiry index, a deleted one leaves it.
+local function write(args, entity, state_key, state, value)
+  local stream, ttl, batch, maxlen = args[1], args[2], args[3], args[4]
+  local key = string.sub(entity, tonumber(args[5]) + 1)
+  local op = 'upsert'
+  local px = ttl
+  if value == '' then
+    redis.call('DEL', entity)
+    op = 'delete'
+    if ttl == '' or tonumber(args[7]) < tonumber(ttl) then px = args[7] end
+    if args[8] ~= '' then redis.call('ZREM', args[8], key) end
+  elseif ttl == '' then
+    redis.call('SET', entity, value)
+  else
+    redis.call('SET', entity, value, 'PX', ttl)
+    if args[8] ~= '' then redis.call('ZADD', args[8], now_ms() + tonumber(ttl), key) end
+  end
+  if px == '' then
+    redis.call('SET', state_key, state)
+  else
+    redis.call('SET', state_key, state, 'PX', px)
+  end
+  if stream ~= '' then
+    redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'key', key, 'op', op, 'batch_id', batch)
+  end
+end
+
+-- ARGV after the eight: per record its entity key, state key, order and value ('' deletes).
+-- Applies a record whose order is greater than the stored one. Returns per record 1
+-- when applied, else the entity's current value (false: none).
+local function latest(keys, args)
+  if not whole(args) then return lost() end
+  local out = {}
+  for i = 0, (#args - 8) / 4 - 1 do
+    local entity, state_key = args[9 + 4 * i], args[10 + 4 * i]
+    local order, value = args[11 + 4 * i], args[12 + 4 * i]
+    local current = redis.call('GET', state_key)
+    if (not current) or after(order, current) then
+      write(args, entity, state_key, order, value)
+      out[i + 1] = 1
+    else
+      out[i + 1] = redis.call('GET', entity)
+    end
+  end
+  return out
+end
+
+-- ARGV: state key, entity key, per key. Returns both values per key (false: none).
+local function read(keys, args)
+  local out = {}
+  for i = 1, #args do out[i] = redis.call('GET', args[i]) end
+  return out
+end
+
+-- ARGV after the eight: per key its entity key, state key, the state its fold read ('' for
+-- none), the new state and value ('' removes the entity). Writes a key only if its state
+-- is still the one its fold read. Returns per key 1 when written, 0 when its state had
+-- changed.
+local function put(keys, args)
+  if not whole(args) then return lost() end
+  local out = {}
+  for i = 0, (#args - 8) / 5 - 1 do
+    local entity, state_key = args[9 + 5 * i], args[10 + 5 * i]
+    if (redis.call('GET', state_key) or '') ~= args[11 + 5 * i] then
+      out[i + 1] = 0
+    else
+      write(args, entity, state_key, args[12 + 5 * i], args[13 + 5 * i])
+      out[i + 1] = 1
+    end
+  end
+  return out
+end
+
+-- ARGV: per key its entity key, state key, value and PX milliseconds ('' for none).
+-- Restores an entity this server lost: written only where neither it nor its state is
+-- (a key the fold wrote since, or deleted, keeps what the fold made of it). Returns how
+-- many were written.
+local function fill(keys, args)
+  local written = 0
+  for i = 0, #args / 4 - 1 do
+    local entity, state_key = args[1 + 4 * i], args[2 + 4 * i]
+    if redis.call('EXISTS', entity, state_key) == 0 then
+      if args[4 + 4 * i] == '' then
+        redis.call('SET', entity, args[3 + 4 * i])
+      else
+        redis.call('SET', entity, args[3 + 4 * i], 'PX', args[4 + 4 * i])
+      end
+      written = written + 1
+    end
+  end
+  return written
+end
+
+-- ARGV: the change stream ('' for none), its MAXLEN, the entity keys' prefix, the map's
+-- marker, expiry index and expired set on this server, and how many keys at most.
+-- Moves keys whose expiry is due and whose entity Redis has expired from the index to
+-- the expired set, with an 'expire' change entry each; a key written since (a later
+-- PTTL) is scored again. Returns the keys it found expired.
+local function expire(keys, args)
+  if redis.call('EXISTS', args[4]) == 0 then return lost() end
+  local now = now_ms()
+  local out = {}
+  local due = redis.call('ZRANGE', args[5], '-inf', now, 'BYSCORE', 'LIMIT', 0, args[7])
+  for _, key in ipairs(due) do
+    local left = redis.call('PTTL', args[3] .. key)
+    if left > 0 then
+      redis.call('ZADD', args[5], now + left, key)
+    else
+      redis.call('ZREM', args[5], key)
+      if left == -2 then
+        redis.call('SADD', args[6], key)
+        if args[1] ~= '' then
+          redis.call('XADD', args[1], 'MAXLEN', '~', args[2], '*',
+            'key', key, 'op', 'expire', 'batch_id', '-1')
+        end
+        out[#out + 1] = key
+      end
+    end
+  end
+  return out
+end
+
+redis.register_function{function_name='materializer_latest_v3', callback=latest,
+  flags={'allow-cross-slot-keys'}}
+redis.register_function{function_name='materializer_read_v3', callback=read,
+  flags={'no-writes', 'allow-cross-slot-keys'}}
+redis.register_function{function_name='materializer_put_v3', callback=put,
+  flags={'allow-cross-slot-keys'}}
+redis.register_function{function_name='materializer_fill_v3', callback=fill,
+  flags={'allow-cross-slot-keys'}}
+redis.register_function{function_name='materializer_expire_v3', callback=expire,
+  flags={'allow-cross-slot-keys'}}
