@@ -68,14 +68,12 @@ format: venv ## apply ruff's formatting and fixes
 	$(BIN)/ruff format .
 
 docs: venv ## build the documentation site into site/ (strict: a broken link fails)
-	$(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 test: setup lint docs ## set up, lint, build the docs, and run every test against real services
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 bench: setup ## run the benchmarks (JSON lines on stdout)
-	$(BIN)/python bench/ingest.py
-	$(BIN)/python bench/fold_spike.py
 	$(BIN)/python bench/pipeline.py
 	$(BIN)/python bench/live.py
 	$(BIN)/python bench/bulk_run.py

@@ -4,7 +4,7 @@ All in one run, on one broker, one Redis and one Spark session:
 
   produce     N JSON events (~200 bytes) over K keys into a 4-partition topic;
   baseline    Spark's batch ``kafka`` read + ``count()`` of the topic;
-  floor_<q>   what Spark itself does with the same events (``fold_spike``): the batch
+  floor_<q>   what Spark itself does with the same events (``floors.py``): the batch
               aggregation, the streaming one with state in RocksDB, the stateless decode;
   fold_<mode> the whole topic through decode, the fold (``latest``, ``merge``,
               ``aggregate``) and Redis, with the Delta query beside it as in a run:
@@ -105,26 +105,23 @@ def memory_per_entity(client: redis.Redis, map_name: str, samples: int) -> dict[
 def engine_floors(
     spark: Any, bootstrap: str, topic: str, work: Path, events: int, read_rate: float
 ) -> dict[str, float]:
-    """What Spark itself does with the same events, as minimal queries (``fold_spike``):
+    """What Spark itself does with the same events, as minimal queries (``floors.py``):
     seconds for the batch aggregation, the streaming one with state in RocksDB, and the
     stateless streaming decode; each emitted with its ratio to the raw read."""
     import functools
 
-    from fold_spike import aggregated, count_batch, run_stream, source
+    from floors import aggregated, count_batch, run_stream, source, use_rocksdb
 
     started = time.perf_counter()
     aggregated(source(spark, bootstrap, topic, streaming=False)).count()
     floors = {"batch_agg": time.perf_counter() - started}
     counts: list[int] = []
     step = functools.partial(count_batch, counts)
+    use_rocksdb(spark)
     frame = aggregated(source(spark, bootstrap, topic, streaming=True))
-    floors["stream_agg"], _ = run_stream(
-        spark, frame, work, "floor_agg", step, output_mode="update"
-    )
+    floors["stream_agg"] = run_stream(frame, work, "floor_agg", step, output_mode="update")
     frame = source(spark, bootstrap, topic, streaming=True)
-    floors["stateless"], _ = run_stream(
-        spark, frame, work, "floor_decode", step, output_mode="append"
-    )
+    floors["stateless"] = run_stream(frame, work, "floor_decode", step, output_mode="append")
     for name, seconds in floors.items():
         emit(
             name=f"floor_{name}",

@@ -20,6 +20,8 @@ from materializer.contract.redis_layout import (
     meta_key,
     parse_generation,
     physical_name,
+    state_key,
+    state_keys_pattern,
     status_key,
 )
 
@@ -28,6 +30,18 @@ def test_key_names_are_the_contract():
     assert entity_key("users", "u-1") == "users:u-1"
     assert entity_key("users", "a:b") == "users:a:b"
     assert meta_key("users") == "users:__meta__"
+
+
+def test_fold_state_keys_are_the_contract():
+    # Beside its entity, in its hash slot: the whole entity key as the hash tag...
+    assert state_key("users", "u-1") == b"users\x00o:{users:u-1}"
+    assert key_slot(state_key("users", "u-1")) == key_slot(entity_key("users", "u-1"))
+    # ...or the entity key's own tag, which decides its slot already.
+    assert state_key("users", "{eu}u-1") == b"users\x00o:{eu}u-1"
+    assert key_slot(state_key("users", "{eu}u-1")) == key_slot(entity_key("users", "{eu}u-1"))
+    # A scan of the map's entities (users:*) never sees them; a scan of states does.
+    assert not state_key("users", "u-1").startswith(b"users:")
+    assert state_keys_pattern("users~2") == b"users~2\x00o:*"
 
 
 def test_markers_are_the_contract():
