@@ -38,16 +38,8 @@ import redis
 import yaml
 from confluent_kafka import Producer
 from deltalake import DeltaTable
-from harness import (
-    PARTITIONS,
-    SCHEMA,
-    Follower,
-    emit,
-    produce_at_rate,
-    produce_bulk,
-    services,
-    setup_line,
-)
+from freshness import Follower, produce_at_rate
+from harness import PARTITIONS, SCHEMA, emit, produce_bulk, services, setup_line
 from pipeline import FOLDS
 
 from materializer.contract.redis_layout import meta_key

@@ -335,7 +335,7 @@ def closed_line(total: dict[str, Any], seconds: float) -> dict[str, Any]:
 
 
 def latency_line(total: dict[str, Any], rate: float, seconds: float) -> dict[str, Any]:
-    """Percentiles of an open-loop phase, as ``harness.freshness`` computes them."""
+    """Percentiles of an open-loop phase, as ``freshness.freshness`` computes them."""
     ms = sorted(x * 1000 for x in total["latencies"])
     if total["errors"] or len(ms) < 2:
         raise RuntimeError(f"{total['errors']} failed calls, first: {total['first_error']}")

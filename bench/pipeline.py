@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import Any
 
 import redis
+from freshness import freshness
 from harness import (
     PARTITIONS,
     baseline_read,
     batch_profile,
     emit,
-    freshness,
     instrument,
     map_config,
     produce_bulk,

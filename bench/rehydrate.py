@@ -31,7 +31,6 @@ import contextlib
 import os
 import platform
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Iterator

@@ -1,12 +1,11 @@
 """The event loop ``query-service serve`` runs on.
 
 uvloop by default: each lookup is a call in and a Redis command out, and
-uvloop wakes up for them at less CPU than asyncio's own loop. Measured with
-``bench/query.py --event-loop`` (the baselines on the same loop as the
-service), it carried 8–15% more HTTP lookups, batch lookups and enrichments;
-single gRPC lookups, whose cost is mostly grpc's own, about as many
-(docs/lookups.md). asyncio's loop stays a choice, for debugging and for
-platforms uvloop does not build on.
+uvloop wakes up for them at less CPU than asyncio's own loop. It carries more
+HTTP lookups, batch lookups and enrichments; single gRPC lookups, whose cost
+is mostly grpc's own, about as many
+(docs/decisions/0012-query-service-on-uvloop.md). asyncio's loop stays a
+choice, for debugging and for platforms uvloop does not build on.
 """
 
 from __future__ import annotations

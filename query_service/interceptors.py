@@ -66,9 +66,8 @@ def add_wrapped(
     generator), because grpc.aio picks how to drive a handler by inspecting
     it. Aborts a handler made itself, and cancellations, pass through.
     Wrapped at registration rather than by a server interceptor: grpc.aio
-    runs an interceptor's coroutine on every call, which cost a lookup about a
-    tenth of its CPU (``bench/query.py``). Health needs no token
-    (``OPEN_PREFIXES``).
+    runs an interceptor's coroutine on every call, a noticeable share of a
+    lookup's CPU. Health needs no token (``OPEN_PREFIXES``).
     """
     captured = _Captured()
     add_to_server(servicer, captured)

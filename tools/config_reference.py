@@ -8,27 +8,21 @@ read off them (keys, types, defaults, the attribute docstrings that describe the
 
 from __future__ import annotations
 
-import ast
-import inspect
 import itertools
-import json
-import textwrap
-import types
 import typing
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
-from functools import cache
 from pathlib import Path
 from typing import Any, Literal
 
-import annotated_types
 import pydantic
 from pydantic.fields import FieldInfo
 
 from materializer.config import ENV_OVERRIDES, AppConfig, SourceConfig
 from materializer.config import durations as duration_types
 from tools import pages
+from tools.config_docstrings import field_description, model_description, module_docstrings
+from tools.config_types import default_text, discriminator, is_model, is_union, type_text, unwrap
 
 TOOL = "config_reference"
 PAGE = pages.REPO_ROOT / "docs" / "reference" / "configuration.md"
@@ -62,240 +56,6 @@ class Block:
     children: list[Block] = field(default_factory=list)
 
 
-# --- descriptions --------------------------------------------------------------------------
-
-
-@cache
-def _attribute_docstrings(cls: type) -> dict[str, str]:
-    """The string literal after each annotated attribute of the class's own body.
-
-    Pydantic copies these into ``Field.description`` only with ``use_attribute_docstrings``,
-    which the models may not turn on; reading the source works either way.
-    """
-    try:
-        source = textwrap.dedent(inspect.getsource(cls))
-    except (OSError, TypeError):
-        return {}
-    tree = ast.parse(source)
-    body = next(
-        (n.body for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls.__name__),
-        [],
-    )
-    return _docstrings_after_assignments(body)
-
-
-@cache
-def _module_docstrings(module: types.ModuleType) -> dict[str, str]:
-    """Attribute docstrings of a module's top-level names (type aliases such as ``Duration``)."""
-    try:
-        source = inspect.getsource(module)
-    except (OSError, TypeError):
-        return {}
-    return _docstrings_after_assignments(ast.parse(source).body)
-
-
-def _docstrings_after_assignments(body: Sequence[ast.stmt]) -> dict[str, str]:
-    found: dict[str, str] = {}
-    for statement, after in itertools.pairwise(body):
-        if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
-            name = statement.target.id
-        elif (
-            isinstance(statement, ast.Assign)
-            and len(statement.targets) == 1
-            and isinstance(statement.targets[0], ast.Name)
-        ):
-            name = statement.targets[0].id
-        else:
-            continue
-        if (
-            isinstance(after, ast.Expr)
-            and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)
-        ):
-            found[name] = inspect.cleandoc(after.value.value)
-    return found
-
-
-def _field_description(model: type[pydantic.BaseModel], name: str, info: FieldInfo) -> str:
-    """The field's own description, else its docstring in the nearest class that has one."""
-    if info.description:
-        return info.description
-    for cls in model.__mro__:
-        if isinstance(cls, type) and issubclass(cls, pydantic.BaseModel):
-            docstring = _attribute_docstrings(cls).get(name)
-            if docstring:
-                return docstring
-    return ""
-
-
-def _model_description(model: type[pydantic.BaseModel]) -> str:
-    return inspect.cleandoc(model.__doc__) if model.__doc__ else ""
-
-
-# --- types ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Shape:
-    """An annotation taken apart: the type under ``Annotated`` and its constraints."""
-
-    tp: Any
-    constraints: tuple[Any, ...]
-
-
-def _unwrap(annotation: Any, metadata: Sequence[Any] = ()) -> _Shape:
-    constraints = list(metadata)
-    while typing.get_origin(annotation) is typing.Annotated:
-        annotation, *extra = typing.get_args(annotation)
-        constraints.extend(extra)
-    flat: list[Any] = []
-    for item in constraints:
-        flat.extend(item.metadata if isinstance(item, FieldInfo) else [item])
-    return _Shape(annotation, tuple(flat))
-
-
-def _is_union(tp: Any) -> bool:
-    return typing.get_origin(tp) in (typing.Union, types.UnionType)
-
-
-def _is_model(tp: Any) -> bool:
-    return isinstance(tp, type) and issubclass(tp, pydantic.BaseModel)
-
-
-def _discriminator(annotation: Any, metadata: Sequence[Any] = ()) -> str | None:
-    items = list(metadata)
-    while typing.get_origin(annotation) is typing.Annotated:
-        annotation, *extra = typing.get_args(annotation)
-        items.extend(extra)
-    for item in items:
-        if isinstance(item, FieldInfo) and isinstance(item.discriminator, str):
-            return item.discriminator
-    return None
-
-
-_SCALARS: dict[Any, str] = {
-    str: "string",
-    int: "integer",
-    float: "number",
-    bool: "boolean",
-    timedelta: "duration",
-    pydantic.SecretStr: "string",
-    type(None): "null",
-}
-
-
-def _type_text(annotation: Any, metadata: Sequence[Any] = ()) -> str:
-    """The type as a reader of YAML thinks of it, with its bounds."""
-    shape = _unwrap(annotation, metadata)
-    tp = shape.tp
-    origin = typing.get_origin(tp)
-    if _is_union(tp):
-        arms = typing.get_args(tp)
-        if sum(_is_model(_unwrap(a).tp) for a in arms) > 1:
-            return "object"
-        texts = [_type_text(a) for a in arms if a is not type(None)]
-        texts = list(dict.fromkeys(texts))
-        if type(None) in arms:
-            texts.append("null")
-        return texts[0] if len(texts) == 1 else ", ".join(texts[:-1]) + " or " + texts[-1]
-    if origin is Literal:
-        values = [f"``{v}``" for v in typing.get_args(tp)]
-        return values[0] if len(values) == 1 else "one of " + ", ".join(values)
-    if origin is list:
-        (item,) = typing.get_args(tp)
-        return _sized("list of " + _plural(_type_text(item)), shape.constraints)
-    if origin is dict:
-        key, value = typing.get_args(tp)
-        return _sized(f"map of {_type_text(key)} to {_type_text(value)}", shape.constraints)
-    if _is_model(tp):
-        return "object"
-    base = _SCALARS.get(tp, getattr(tp, "__name__", str(tp)))
-    return _bounded(base, shape.constraints)
-
-
-def _plural(text: str) -> str:
-    return text + "s" if text.endswith(tuple(_SCALARS.values()) + ("object",)) else text
-
-
-def _sized(text: str, constraints: Sequence[Any]) -> str:
-    for c in constraints:
-        if isinstance(c, annotated_types.MinLen) and c.min_length == 1:
-            text = "non-empty " + text
-        elif isinstance(c, annotated_types.MinLen) and c.min_length > 1:
-            text += f", at least {c.min_length}"
-        elif isinstance(c, annotated_types.MaxLen):
-            text += f", at most {c.max_length}"
-    return text
-
-
-def _bounded(base: str, constraints: Sequence[Any]) -> str:
-    if base == "string":
-        return _sized(base, constraints)
-    low = next((c.ge for c in constraints if isinstance(c, annotated_types.Ge)), None)
-    high = next((c.le for c in constraints if isinstance(c, annotated_types.Le)), None)
-    bounds = [
-        *(f"> {c.gt}" for c in constraints if isinstance(c, annotated_types.Gt)),
-        *(f"< {c.lt}" for c in constraints if isinstance(c, annotated_types.Lt)),
-    ]
-    if low is not None and high is not None:
-        bounds.insert(0, f"{low} to {high}")
-    elif low is not None:
-        bounds.insert(0, f">= {low}")
-    elif high is not None:
-        bounds.insert(0, f"<= {high}")
-    return f"{base} ({', '.join(bounds)})" if bounds else base
-
-
-# --- defaults ------------------------------------------------------------------------------
-
-_UNITS = (
-    (timedelta(days=1), "day"),
-    (timedelta(hours=1), "hour"),
-    (timedelta(minutes=1), "minute"),
-    (timedelta(seconds=1), "second"),
-    (timedelta(milliseconds=1), "millisecond"),
-)
-
-
-def _duration_text(value: timedelta) -> str:
-    """A duration as a configuration file writes it (``100 milliseconds``, ``7 days``)."""
-    if not value:
-        return "0 seconds"
-    for unit, word in _UNITS:
-        if value % unit == timedelta(0):
-            count = value // unit
-            return f"{count} {word}{'' if count == 1 else 's'}"
-    return f"{value.total_seconds()} seconds"
-
-
-def _value_text(value: Any) -> str:
-    """A value as YAML (flow style) would hold it; strings quoted, so ``""`` shows."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int | float):
-        return repr(value)
-    if isinstance(value, str):
-        return json.dumps(value)
-    if isinstance(value, timedelta):
-        return _duration_text(value)
-    if isinstance(value, pydantic.BaseModel):
-        changed = value.model_dump(exclude_defaults=True, by_alias=True)
-        return _value_text(changed)
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k}: {_value_text(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_value_text(v) for v in value) + "]"
-    return str(value)
-
-
-def _default_text(info: FieldInfo) -> str:
-    if info.is_required():
-        return "required"
-    return pages.code(_value_text(info.get_default(call_default_factory=True)))
-
-
 # --- the walk ------------------------------------------------------------------------------
 
 
@@ -320,19 +80,19 @@ def _walk_field(
     model: type[pydantic.BaseModel], name: str, info: FieldInfo, prefix: str, block: Block
 ) -> None:
     path = f"{prefix}.{_key(name, info)}" if prefix else _key(name, info)
-    description = _field_description(model, name, info)
+    description = field_description(model, name, info)
     nested = _models_in(info.annotation, info.metadata, path)
     union = _union_members(info.annotation, info.metadata)
     if not description and union.members:
         how = f"its ``{union.discriminator}``" if union.discriminator else "its keys"
         description = f"Each is one of the kinds below, chosen by {how}."
     elif not description and len(nested) == 1:
-        description = _model_description(nested[0][1])
+        description = model_description(nested[0][1])
     block.rows.append(
         Row(
             path=path,
-            type=_type_text(info.annotation, info.metadata),
-            default=_default_text(info),
+            type=type_text(info.annotation, info.metadata),
+            default=default_text(info),
             description=description,
         )
     )
@@ -343,7 +103,7 @@ def _walk_field(
 
 
 def _container_suffix(info: FieldInfo, path: str) -> str:
-    tp = _unwrap(info.annotation, info.metadata).tp
+    tp = unwrap(info.annotation, info.metadata).tp
     origin = typing.get_origin(tp)
     if origin is list:
         return "[]"
@@ -356,11 +116,11 @@ def _models_in(
     annotation: Any, metadata: Sequence[Any] = (), path: str = ""
 ) -> list[tuple[str, type[pydantic.BaseModel]]]:
     """The models a field holds, each with the path suffix that reaches one of them."""
-    tp = _unwrap(annotation, metadata).tp
+    tp = unwrap(annotation, metadata).tp
     origin = typing.get_origin(tp)
-    if _is_model(tp):
+    if is_model(tp):
         return [("", tp)]
-    if _is_union(tp):
+    if is_union(tp):
         found = [m for arm in typing.get_args(tp) for m in _models_in(arm, (), path)]
         return found if len(found) == 1 else []
     if origin is list:
@@ -381,15 +141,15 @@ class _Union:
 
 def _union_members(annotation: Any, metadata: Sequence[Any] = ()) -> _Union:
     """The models of a union of several, directly or as the items of a list or map."""
-    tp = _unwrap(annotation, metadata).tp
+    tp = unwrap(annotation, metadata).tp
     origin = typing.get_origin(tp)
     if origin in (list, dict):
         item = typing.get_args(tp)[-1]
         return _union_members(item)
-    if _is_union(tp):
-        members = tuple(_unwrap(a).tp for a in typing.get_args(tp) if _is_model(_unwrap(a).tp))
+    if is_union(tp):
+        members = tuple(unwrap(a).tp for a in typing.get_args(tp) if is_model(unwrap(a).tp))
         if len(members) > 1:
-            return _Union(_discriminator(annotation, metadata), members)
+            return _Union(discriminator(annotation, metadata), members)
     return _Union(None, ())
 
 
@@ -397,7 +157,7 @@ def _tag(model: type[pydantic.BaseModel], discriminator: str | None) -> str:
     if discriminator is None:
         return model.__name__
     info = model.model_fields[discriminator]
-    values = typing.get_args(_unwrap(info.annotation, info.metadata).tp)
+    values = typing.get_args(unwrap(info.annotation, info.metadata).tp)
     return f"{discriminator}: {', '.join(str(v) for v in values)}"
 
 
@@ -405,7 +165,7 @@ def _union_block(path: str, union: _Union) -> Block:
     how = f"by its `{union.discriminator}`" if union.discriminator else "by its keys"
     block = Block(title=path, text=f"Each item is one of these kinds, chosen {how}.")
     for member in union.members:
-        child = Block(title=_tag(member, union.discriminator), text=_model_description(member))
+        child = Block(title=_tag(member, union.discriminator), text=model_description(member))
         _walk(member, path, child)
         block.children.append(child)
     return block
@@ -416,8 +176,8 @@ def _union_block(path: str, union: _Union) -> Block:
 
 def _sample(annotation: Any) -> tuple[bool, Any]:
     """A value of the type that passes the field's own checks, for probing the validators."""
-    tp = _unwrap(annotation).tp
-    if _is_union(tp):
+    tp = unwrap(annotation).tp
+    if is_union(tp):
         arms = [a for a in typing.get_args(tp) if a is not type(None)]
         return _sample(arms[0]) if arms else (False, None)
     origin = typing.get_origin(tp)
@@ -458,11 +218,11 @@ def _kinds(
         for name, info in fields.items()
         if name != kind
         and not info.is_required()
-        and typing.get_origin(_unwrap(info.annotation).tp) is Literal
+        and typing.get_origin(unwrap(info.annotation).tp) is Literal
     ]
-    switch_values = [typing.get_args(_unwrap(fields[n].annotation).tp) for n in switches]
+    switch_values = [typing.get_args(unwrap(fields[n].annotation).tp) for n in switches]
     result: dict[Any, tuple[list[list[str]], list[str]]] = {}
-    for value in typing.get_args(_unwrap(fields[kind].annotation).tp):
+    for value in typing.get_args(unwrap(fields[kind].annotation).tp):
         valid: list[frozenset[str]] = []
         for chosen in _subsets(optional):
             for settings in itertools.product(*switch_values):
@@ -547,7 +307,7 @@ def page() -> str:
     every_model_forbids = all(
         m.model_config.get("extra") == "forbid" for m in _all_models(AppConfig)
     )
-    duration_doc = _module_docstrings(duration_types).get("Duration", "")
+    duration_doc = module_docstrings(duration_types).get("Duration", "")
     out = [
         "# Configuration reference",
         "",

@@ -5,8 +5,9 @@ offsets) and ``metadata`` (the query id) before a batch runs, so both are there
 when ``foreachBatch`` is called. Files are read through Hadoop's FileSystem, so
 any checkpoint location Spark accepts works.
 
-A batch's offsets are read by several of its sinks, and each read is a dozen py4j
-round trips: the view keeps the last few batches' offsets. That is safe because Spark
+A batch's offsets are read by several of its sinks, and each read is many py4j
+round trips: the view keeps the last few batches' offsets
+(docs/decisions/0014-kafka-fetch-wait-of-20-ms.md). That is safe because Spark
 never rewrites a batch's entry while its query runs, and a query that starts again
 (or an operator's offset reset, made with the map stopped) gets a new view.
 """

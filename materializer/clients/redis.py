@@ -10,8 +10,13 @@ that reads or writes maps goes through this module for both:
 - ``MGET`` takes keys of one slot only: a pipeline queues one ``GET`` per key
   instead (``queue_gets``), and a plain read splits by slot (``get_many``);
 - a ``MULTI`` touches one slot only: no transaction here spans two keys of a
-  map, and the sinks commit a batch's watermark and its change entries as
-  two transactions, each on one key (``materializer.redis.watermark``).
+  map (the watermark is one transaction on ``__meta__``, a cluster's change
+  entries one on ``__changes__``).
+
+This module is the one place that tells a single server from a cluster
+(``is_cluster``); the rest of the product asks it for the masters, the master
+of a key, the chunks of keys per master and the options that send a command to
+one of them, and writes the same code for both.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 import binascii
 import functools
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, TypeVar
 
 import redis
 import redis.asyncio as aioredis
@@ -27,6 +32,7 @@ from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import ClusterPipeline, RedisCluster
 from redis.utils import HIREDIS_AVAILABLE
+from typing_extensions import TypeIs
 
 from materializer.config import RedisConfig
 
@@ -67,8 +73,8 @@ def connect_async(config: RedisConfig, **options: Any) -> AsyncClient:
     """The asyncio client for the configured server or cluster; connects on first use.
 
     Its connections pack commands with hiredis, as redis-py's blocking client
-    does: the asyncio client packs them in Python, which costs a 100-key ``MGET``
-    70 µs against hiredis's 7 µs, more than Redis takes to answer it.
+    does: the asyncio client packs them in Python, which costs a large ``MGET``
+    several times what hiredis does, more than Redis takes to answer it.
     """
     if config.cluster:
         cluster = AsyncRedisCluster.from_url(config.url, **options)
@@ -104,6 +110,66 @@ def _hiredis_packing(connection_class: type[Any]) -> type[Any]:
     return _PACKING[connection_class]
 
 
+def is_cluster(client: Client | AsyncClient) -> TypeIs[RedisCluster | AsyncRedisCluster]:
+    """Whether a client speaks to a Redis Cluster rather than one server."""
+    return isinstance(client, RedisCluster | AsyncRedisCluster)
+
+
+def masters(client: Client) -> dict[str, Any]:
+    """Each master by node name, with the node a command is sent to (``on``); the one
+    server is ``{"": None}``."""
+    if not is_cluster(client):
+        return {"": None}
+    return {node.name: node for node in client.get_primaries()}  # type: ignore[no-untyped-call]
+
+
+def master_of(client: Client, key: str | bytes) -> str:
+    """The name of the master holding ``key`` (``""``: the one server), as ``masters``
+    names it."""
+    if not is_cluster(client):
+        return ""
+    return str(client.get_node_from_key(key).name)  # type: ignore[no-untyped-call]
+
+
+def on(node: Any) -> dict[str, Any]:
+    """The options of ``execute_command`` that send a command to ``node`` (None: the one
+    server, where no option is needed)."""
+    return {} if node is None else {"target_nodes": node}
+
+
+_T = TypeVar("_T")
+
+
+def chunks_by_master(
+    client: Client, items: Sequence[_T], key: Callable[[_T], bytes], size: int
+) -> Iterator[tuple[Any, list[_T]]]:
+    """``items`` in chunks of at most ``size``, each with the master holding every key of
+    its items (None: the one server, where ``key`` is never called)."""
+    if not is_cluster(client):
+        for start in range(0, len(items), size):
+            yield None, list(items[start : start + size])
+        return
+    for node, indexes in by_master(client, [key(item) for item in items]).values():
+        group = [items[i] for i in indexes]
+        for start in range(0, len(group), size):
+            yield node, group[start : start + size]
+
+
+def connection_options(client: AsyncClient) -> dict[str, Any]:
+    """The options the client's connections are made with (timeouts, credentials)."""
+    if is_cluster(client):
+        return dict(client.connection_kwargs)
+    return dict(client.connection_pool.connection_kwargs)
+
+
+async def close_async(client: AsyncClient) -> None:
+    """Close the client and every connection of its pools."""
+    if is_cluster(client):
+        await client.aclose()
+    else:
+        await client.aclose(close_connection_pool=True)
+
+
 def queue_gets(pipe: Any, keys: Sequence[str]) -> Callable[[Iterator[Any]], list[Any]]:
     """Queue reads of ``keys`` on a pipeline; the result takes their values from its replies.
 
@@ -123,14 +189,14 @@ def queue_gets(pipe: Any, keys: Sequence[str]) -> Callable[[Iterator[Any]], list
 
 def get_many(client: Client, keys: Sequence[str | bytes]) -> list[Any]:
     """``MGET``, split by slot on a cluster (each slot's part is still atomic)."""
-    if isinstance(client, RedisCluster):
+    if is_cluster(client):
         return list(client.mget_nonatomic(list(keys)))
     return list(client.mget(list(keys)))
 
 
 async def get_many_async(client: AsyncClient, keys: Sequence[str | bytes]) -> list[Any]:
     """``get_many`` for the asyncio client."""
-    if isinstance(client, AsyncRedisCluster):
+    if is_cluster(client):
         return list(await client.mget_nonatomic(list(keys)))
     return list(await client.mget(list(keys)))
 
@@ -138,7 +204,7 @@ async def get_many_async(client: AsyncClient, keys: Sequence[str | bytes]) -> li
 def where(client: Client | AsyncClient) -> str:
     """Host and port (or socket path) of a client, for messages: never the URL, which may
     hold a password. A cluster client names the node it was given."""
-    if isinstance(client, RedisCluster | AsyncRedisCluster):
+    if is_cluster(client):
         node = client.get_default_node()
         return f"{node.host}:{node.port}" if node is not None else "the Redis Cluster"
     kwargs = client.connection_pool.connection_kwargs
@@ -150,7 +216,7 @@ def per_master(
 ) -> dict[str, str]:
     """A key of the map's on each master, by node name (``""``: the one server): ``name``
     of the map and, on a cluster, the tag of the first slot the master owns (as markers)."""
-    if not isinstance(client, RedisCluster | AsyncRedisCluster):
+    if not is_cluster(client):
         return {"": name(map_name, None)}
     first: dict[str, int] = {}
     for slot, nodes in client.nodes_manager.slots_cache.items():
@@ -185,8 +251,8 @@ CLUSTER_SLOTS = 16384
 
 def key_slot(key: str | bytes) -> int:
     """A key's Redis Cluster hash slot: the CRC16 of its hash tag if it has one, else of
-    the whole key (the cluster specification's rule). A plain key costs two C calls, a
-    fifth of the client's own ``keyslot``, which a batch read pays per key."""
+    the whole key (the cluster specification's rule). A plain key costs two C calls, far
+    less than the client's own ``keyslot``, which a batch read pays per key."""
     raw = key.encode() if isinstance(key, str) else key
     start = raw.find(b"{")
     if start >= 0:

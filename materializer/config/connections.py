@@ -155,8 +155,9 @@ class DeltaConfig(_Model):
     Lookups never wait for it; Redis is written by the fold itself."""
     merge_engine: Literal["delta_rs", "spark"] = "delta_rs"
     """Who MERGEs a batch of changes into the table. ``delta_rs``: the driver, from the
-    batch's last change per key as Arrow; on two cores it takes a fifteenth of Spark's
-    time and CPU (docs/delta-merge.md), which the fold then has for itself. ``spark``:
+    batch's last change per key as Arrow; it takes a small fraction of Spark's time and
+    CPU (docs/decisions/0008-delta-merge-by-delta-rs.md), which the fold then has for
+    itself. ``spark``:
     the executors, for a map whose batches of changes the driver cannot hold in memory."""
     max_changes_per_batch: Annotated[int, Field(gt=0)] = 1_000_000
     """At most this many changelog records per MERGE (or ``spark.max_offsets_per_trigger``

@@ -6,15 +6,16 @@ Written down in docs/redis-layout.md and pinned by tests/unit/test_redis_layout.
 - ``<map>:__meta__``  hash, the watermark of the last batch written:
   ``batch_id`` (decimal), ``offsets`` (JSON ``{"topic": {"partition": next_offset}}``),
   ``updated_at_ms`` (UTC epoch milliseconds), ``app_id`` (the writing query);
-- ``<map>:__changes__`` stream (capped), one entry per key a batch wrote:
-  ``key``, ``op`` (``upsert`` | ``delete``), ``batch_id``, and on a batch's
-  last entry ``app_id``; and one per key ``ttl.redis`` expired: ``op``
-  ``expire``, ``batch_id`` ``-1`` (no batch made it);
+- ``<map>:__changes__`` stream (capped), one entry per key a batch changed:
+  ``key``, ``op`` (``upsert`` | ``delete``), ``batch_id``; and one per key
+  ``ttl.redis`` expired: ``op`` ``expire``, ``batch_id`` ``-1`` (no batch made it);
 - ``<map>:__status__`` hash, what the running materializer reports of the map;
 - ``<map>:__control__`` hash, what operators ask of it (pause, resume, restart);
 - ``<map>:__generation__`` string, which generation of the map readers use;
 - ``<map>\\0m:`` string (on a Redis Cluster one per master, ``<map>\\0m:{<tag>}``),
   the *marker*: this server holds the map's copy whole (``marker_key``);
+- ``<map>\\0o:{<map>:<key>}`` string, the fold's state of an entity, in its hash
+  slot (``state_key``): ``latest``'s winning order, the other modes' JSON;
 - ``<map>\\0e:`` sorted set and ``<map>\\0x:`` set (tagged per master like the
   marker), a map with ``ttl.redis`` only: keys by when they expire, and keys
   expired whose changelog tombstone is not yet sent (``expiry_index_key``).
@@ -216,9 +217,6 @@ def status_key(map_name: str) -> str:
 def control_key(map_name: str) -> str:
     """The Redis hash where operators ask the materializer to pause, resume or restart a map."""
     return f"{map_name}:{CONTROL_SUFFIX}"
-
-
-MAP_STATES = ("running", "paused", "restoring", "failed", "stopped")
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ class Retention(Sink):
     def _vacuum(self, spark: SparkSession, retention: timedelta) -> None:
         """VACUUM, with settings for this call only: a retention under Delta's safety check
         lifts the check, and the file listing runs as many tasks as a batch's shuffle (Spark's
-        default of 10,000 makes a small table's VACUUM take half a minute on a few cores)
+        default of 10,000 makes a small table's VACUUM take far longer than its files need)
         unless the Spark configuration chose a parallelism itself."""
         from delta.tables import DeltaTable
 

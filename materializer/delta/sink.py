@@ -23,9 +23,9 @@ the MERGE. ``spark`` runs it as a Spark job, for batches the driver cannot hold.
 
 With ``delta_rs`` delta-rs also creates the table and adds its columns, where the
 entity's types map one to one (``_rs_schema``): Spark's ``CREATE`` is the first
-Delta code a run's JVM executes, 4 s and 7 CPU seconds of a cold JVM beside the fold's
-first batch, where delta-rs takes 0.02 s (``bench/delta_ddl_spike.py``,
-docs/delta-merge.md). Either way the table is the
+Delta code a run's JVM executes, seconds of a cold JVM's CPU beside the fold's first
+batch, where delta-rs takes a small fraction of that
+(docs/decisions/0020-delta-table-created-by-delta-rs.md). Either way the table is the
 same to its readers: the same schema as Spark reads it, the same protocol, the table
 properties the session gives new tables (``tests/integration/test_delta_engines.py``).
 A type delta-rs would write otherwise (a ``TIMESTAMP_NTZ``, whose table feature it

@@ -14,12 +14,13 @@ state lives in Redis beside each entity (``materializer.redis.sink``):
   Redis stores the new state and entity together if the state is still the
   one read.
 
-The modes' semantics are in their own modules (``fold_merge``, ``fold_aggregate``);
-``fold_modes`` picks a map's.
+The modes' semantics are in their own modules (``latest``, ``merge``, ``aggregate``);
+``modes`` picks a map's.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Protocol
 
 from materializer import record_columns as c
@@ -58,8 +59,10 @@ class KeyFolder(Protocol):
         ...
 
 
-class FoldMode:
-    """One fold mode's halves. ``latest`` is this base; ``merge`` and ``aggregate`` extend it."""
+class FoldMode(ABC):
+    """One fold mode's halves. What the modes share is here: the entity is the record's
+    fields, ordered by event time or position, sent as its JSON; each mode says what it
+    folds in Python (``folder``) and overrides what it computes differently."""
 
     batch_in_order = False
     """Whether the order has the micro-batch's timestamp in it (``with_batch_time``)."""
@@ -101,9 +104,9 @@ class FoldMode:
         """A mode's extra text per record, or None when it needs none."""
         return None
 
+    @abstractmethod
     def folder(self, records: DataFrame) -> KeyFolder | None:
         """How a key's events fold into its state in Python; None: Redis orders them."""
-        return None
 
 
 POSITION_WIDTH = 29
@@ -124,9 +127,10 @@ def with_batch_time(orders: pa.ChunkedArray, timestamp_ms: int) -> pa.ChunkedArr
     Put in here, on the batch's rows as Arrow, not by Spark: Spark puts a streaming
     batch's ``current_timestamp()`` into the plan as a literal after optimising it, and
     the query's generated code, which inlines the literal, changes with every batch;
-    compiling it again each batch kept the JVM's compilers on a core at 5,000 events/s.
-    The timestamp is the one Spark keeps in the batch's offsets log, so a replay of the
-    batch puts in the same one.
+    compiling it again each batch kept the JVM's compilers busy on the fold's cores
+    (docs/decisions/0016-merge-batch-time-from-the-offsets-log.md). The timestamp is
+    the one Spark keeps in the batch's offsets log, so a replay of the batch puts in the
+    same one.
     """
     import pyarrow.compute as pc
 

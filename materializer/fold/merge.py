@@ -135,8 +135,8 @@ class MergeMode(FoldMode):
     def shared(self, records: DataFrame) -> tuple[DataFrame, list[str]]:
         """The member names of each object of the raw JSON that has fields: ``aux`` asks
         each for several fields. Parsed once per object, not once per field, the merge
-        fold's own columns cost about what ``latest``'s do, not four times as much
-        (bench/merge_aux_spike.py)."""
+        fold's own columns cost a little more than ``latest``'s, not several times as much
+        (docs/decisions/0015-merge-null-search-once-per-object.md)."""
         columns = {}
         for parent, name in _member_columns(fields_of(self.entity_type(records))).items():
             members = _members(parent)

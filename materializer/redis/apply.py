@@ -41,7 +41,7 @@ class Applied:
 
     The fold counts these on the Arrow rows it already holds: Spark's ``observe`` would
     count them too, but its per-record accumulator sits outside the generated code and
-    cost a 1M-record backlog 0.55-0.65 s (bench/latest_bulk_spike.py)."""
+    slows a backlog's decode (docs/decisions/0018-fold-metrics-counted-on-arrow-rows.md)."""
 
     keys: int = 0
     dead_letters: int = 0

@@ -34,9 +34,7 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from redis.cluster import RedisCluster
-
-from materializer.clients.redis import client_for, per_master
+from materializer.clients.redis import client_for, is_cluster, master_of, masters, per_master
 from materializer.contract.changelog import EXPIRED_HEADER
 from materializer.contract.markers import markers
 from materializer.contract.redis_layout import (
@@ -77,10 +75,8 @@ def sweep_expired(target: FoldTarget, producer: Producer) -> int:
 
     client = client_for(target.redis)
     name = target.map_name
-    cluster = isinstance(client, RedisCluster)
-    nodes: dict[str, Any] = {"": None}
-    if isinstance(client, RedisCluster):
-        nodes = {node.name: node for node in client.get_primaries()}  # type: ignore[no-untyped-call]
+    cluster = is_cluster(client)
+    nodes = masters(client)
     marks = markers(client, name)
     indexes = per_master(client, name, expiry_index_key)
     expired = per_master(client, name, expired_key)
@@ -135,9 +131,7 @@ def index_expiring(client: Any, physical: str, keys: list[str], expiry_ms: list[
     indexes = per_master(client, physical, expiry_index_key)
     by_index: dict[str, dict[str, int]] = {}
     for key, left in zip(keys, expiry_ms, strict=True):
-        owner = ""
-        if isinstance(client, RedisCluster):
-            owner = client.get_node_from_key(entity_key(physical, key)).name  # type: ignore[no-untyped-call]
+        owner = master_of(client, entity_key(physical, key))
         by_index.setdefault(indexes[owner], {})[key] = now + left
     with client.pipeline(transaction=False) as pipe:
         for index, scores in by_index.items():

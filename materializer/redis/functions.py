@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, TypeVar
 
-from materializer.clients.redis import by_master, client_for, where
+from materializer.clients.redis import chunks_by_master as chunks
+from materializer.clients.redis import client_for, masters, on, where
 from materializer.config import RedisConfig
 from materializer.contract.redis_layout import (
     READ_FUNCTION,
@@ -48,16 +49,9 @@ Redis's other clients for long."""
 
 def load_library(config: RedisConfig) -> None:
     """``FUNCTION LOAD REPLACE`` on every master, so the fold can ``FCALL`` at once."""
-    from redis.cluster import RedisCluster
-
     client = client_for(config)
-    if isinstance(client, RedisCluster):
-        for node in client.get_primaries():  # type: ignore[no-untyped-call]
-            client.execute_command(  # type: ignore[no-untyped-call]
-                "FUNCTION LOAD", "REPLACE", SOURCE, target_nodes=node
-            )
-    else:
-        client.function_load(SOURCE, replace=True)
+    for node in masters(client).values():
+        client.execute_command("FUNCTION LOAD", "REPLACE", SOURCE, **on(node))  # type: ignore[no-untyped-call]
 
 
 class CopyLost(MaterializerError):
@@ -105,17 +99,7 @@ def chunks_by_master(
 ) -> Iterator[tuple[Any, list[tuple[str, _T]]]]:
     """``items`` (keyed by entity key) in chunks of ``CHUNK``, each with the master holding
     its keys (None: one server)."""
-    from redis.cluster import RedisCluster
-
-    if not isinstance(client, RedisCluster):
-        for start in range(0, len(items), CHUNK):
-            yield None, items[start : start + CHUNK]
-        return
-    keys = [entity_key(map_name, key).encode() for key, _ in items]
-    for node, indexes in by_master(client, keys).values():
-        group = [items[i] for i in indexes]
-        for start in range(0, len(group), CHUNK):
-            yield node, group[start : start + CHUNK]
+    return chunks(client, items, lambda item: entity_key(map_name, item[0]).encode(), CHUNK)
 
 
 def call_function(
@@ -127,10 +111,9 @@ def call_function(
     from redis.exceptions import ResponseError
 
     command = ("FCALL_RO" if function == READ else "FCALL", function, 1, route)
-    options = {} if node is None else {"target_nodes": node}
     for attempt in range(2):
         try:
-            return list(client.execute_command(*command, *args, **options))
+            return list(client.execute_command(*command, *args, **on(node)))
         except ResponseError as exc:
             if str(exc).startswith(LOST):
                 raise CopyLost(target.map_name, where(client), node) from None

@@ -85,8 +85,9 @@ if TYPE_CHECKING:
 
 DRIVER_ROWS = 10_000
 """Batches of up to this many records are applied on the driver, larger ones on the
-executors: a Python worker per partition costs ~0.1 s a task, the driver ~46 µs a record
-(``bench/fold_spike.py``, docs/fold-design.md)."""
+executors: a Python worker per partition costs a small batch more than the driver's one
+Arrow collect does, while a large batch gains from being applied in parallel
+(docs/decisions/0002-small-batches-applied-on-the-driver.md)."""
 
 
 class RedisFold:

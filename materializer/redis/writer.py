@@ -8,10 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, TypeVar, cast
 
-from materializer.clients.redis import client_for, per_master
+from materializer.clients.redis import client_for, is_cluster, on, per_master
 from materializer.config import RedisConfig
 from materializer.contract.markers import markers
 from materializer.contract.redis_layout import (
+    change_entry,
     changes_key,
     entity_key,
     expiry_index_key,
@@ -48,8 +49,7 @@ def fill(
         for key, (value, px) in chunk:
             args += [entity_key(map_name, key).encode(), state_key(map_name, key), value]
             args.append(b"" if px is None else str(px).encode())
-        options = {} if node is None else {"target_nodes": node}
-        written += int(client.execute_command("FCALL", FILL, 1, args[0], *args, **options))  # type: ignore[no-untyped-call]
+        written += int(client.execute_command("FCALL", FILL, 1, args[0], *args, **on(node)))  # type: ignore[no-untyped-call]
     expiring = [(key, px) for key, (_, px) in entities if px is not None]
     if expiring:
         keys, left = zip(*expiring, strict=True)
@@ -61,12 +61,10 @@ class Writer:
     """A batch's calls to Redis: chunks of keys, each sent to the master holding them."""
 
     def __init__(self, target: FoldTarget, batch_id: int) -> None:
-        from redis.cluster import RedisCluster
-
         self.target = target
         self.batch_id = batch_id
         self.client = client_for(target.redis)
-        self.cluster = isinstance(self.client, RedisCluster)
+        self.cluster = is_cluster(self.client)
         self.stream = changes_key(target.map_name).encode()
         prefix = len(entity_key(target.map_name, "").encode())
         # The writing functions' first arguments; a cluster appends changes itself.
@@ -166,8 +164,9 @@ class Writer:
 
         On one server: an ``MGET`` of the states, then of the entities of the keys
         without one (a key's first event, or an entity restored without its state).
-        The read function costs Redis ~6 µs a key and this process ~8, an ``MGET`` of
-        the states ~1 and ~3 (bench/fold_read_spike.py); the fold needs a key's entity
+        An ``MGET`` of the states costs Redis and this process a fraction of what the read
+        function's ``GET`` per key does
+        (docs/decisions/0019-fold-reads-states-with-mget.md); the fold needs a key's entity
         only to seed its state, or to send it to the changelog when its events change
         nothing (a replay), and reads it then. On a cluster a chunk's keys span slots,
         which ``MGET`` refuses: the function reads states and entities together.
@@ -210,7 +209,6 @@ class Writer:
             return
         with self.client.pipeline(transaction=True) as pipe:
             for key, value in applied:
-                entry: dict[Any, Any] = {"key": key, "op": "delete" if value is None else "upsert"}
-                entry["batch_id"] = str(self.batch_id)
+                entry: dict[Any, Any] = change_entry(key, value is None, self.batch_id)
                 pipe.xadd(self.stream, entry, maxlen=self.target.changes_max_len, approximate=True)
             pipe.execute()

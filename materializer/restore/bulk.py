@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import redis
 from redis.cluster import RedisCluster
 
-from materializer.clients.redis import Client, get_many
+from materializer.clients.redis import Client, get_many, is_cluster
 from materializer.contract.redis_layout import RESERVED_KEYS
 
 PAIRS_PER_COMMAND = 4096
@@ -182,7 +182,7 @@ class ClusterBulkWriter:
 
 def bulk_writer(client: Client) -> BulkWriter | ClusterBulkWriter:
     """The bulk writer for a single server or a cluster."""
-    if isinstance(client, RedisCluster):
+    if is_cluster(client):
         return ClusterBulkWriter(client)
     return BulkWriter(client)
 

@@ -4,11 +4,10 @@ JSON document.
 PySpark's own listener bridge turns every progress event into Python field by field,
 one py4j round trip each (the sources, the sink, every metrics map, the observed
 rows, each wrapped in its exception translation), and again for each listener
-registered. In a ``materializer run`` folding 5,000 events/s that took about half of
-the driver's Python samples (py-spy), on the gateway and the GIL that the fold's
-batches need. Here an event crosses once: ``progress().json()``, one call, parsed with
-orjson and handed to every listener as the dict Spark documents
-(``StreamingQueryProgress.json``).
+registered. In a live ``materializer run`` that took a large share of the driver's
+Python time, on the gateway and the GIL that the fold's batches need. Here an event
+crosses once: ``progress().json()``, one call, parsed with orjson and handed to every
+listener as the dict Spark documents (``StreamingQueryProgress.json``).
 """
 
 from __future__ import annotations

@@ -18,9 +18,10 @@ FETCH_MAX_WAIT_MS = 20
 A task reads offsets that exist (its batch's end was read before it ran), but the
 consumer it borrows may still have a fetch on its way for offsets past the log's end,
 sent ahead by its last poll, and a new fetch waits for that one. At Kafka's 500 ms a
-Delta query's tasks ran 0.3-0.9 s on 40-70 ms of CPU, holding both task slots while a
-fold batch waited for one: fold batches beside each MERGE took ~1.2 s instead of ~0.3 s
-(bench/live.py, BENCHMARKS.md). ``kafka.properties`` can set another value."""
+Delta query's tasks spent most of their time waiting, not working, holding both task
+slots while a fold batch waited for one, so fold batches beside each MERGE took several
+times as long (docs/decisions/0014-kafka-fetch-wait-of-20-ms.md). ``kafka.properties``
+can set another value."""
 
 
 def kafka_options(

@@ -82,7 +82,8 @@ def spark_conf(
         "spark.sql.redaction.options.regex": "(?i)url|secret|password|keystore[.]key|jaas",
         # Streaming checkpoints (offsets and commits logs: two small files a batch) go
         # through Hadoop's FileContext; on a local disk, without a checksum file beside
-        # each, the two take ~25 ms a batch instead of ~45 (bench/live.py). Only the
+        # each, the two cost every batch less, a fixed cost that counts in the freshness
+        # (docs/decisions/0011-checkpoint-logs-without-checksum-files.md). Only the
         # FileContext API: Delta and Parquet write through FileSystem, checksummed still.
         "spark.hadoop.fs.AbstractFileSystem.file.impl": "org.apache.hadoop.fs.local.RawLocalFs",
         # Writes must stay readable by delta-rs in the query service: no deletion vectors.

@@ -1,4 +1,4 @@
-"""The OpenAPI 3.1 document of the HTTP front, built from ``routes.ENDPOINTS`` at start.
+"""The OpenAPI 3.1 document of the HTTP front, built from ``endpoints.ENDPOINTS`` at start.
 
 Paths and parameters come from the endpoint table the router serves, bodies
 and answers from the pydantic models in ``shapes`` and from the protobuf
@@ -16,7 +16,7 @@ from google.protobuf.message import Message
 
 from materializer import __version__
 from query_service.http import shapes
-from query_service.http.routes import ENDPOINTS, JSON, Endpoint
+from query_service.http.endpoints import ENDPOINTS, JSON, Endpoint
 
 ERRORS = {
     "400": "a malformed request: the message names the field",

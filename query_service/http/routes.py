@@ -1,10 +1,10 @@
-"""The HTTP/JSON front's endpoints: each one a servicer method, called as gRPC calls it.
+"""The HTTP/JSON front's handlers: each endpoint a servicer method, called as gRPC calls it.
 
 A handler turns the HTTP request into the method's protobuf request, calls
 the method through ``MethodCall`` (the same authorization, metrics and error
 mapping as the gRPC server) with an ``HttpContext``, and writes the answer as
-JSON. ``ENDPOINTS`` is the one table of what exists: the router, the OpenAPI
-document and the tests all read it.
+JSON. What exists is ``query_service.http.endpoints.ENDPOINTS``: ``HttpFront``
+has one handler per endpoint, found by its name.
 """
 
 from __future__ import annotations
@@ -13,15 +13,12 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 import orjson
-import pydantic
 from aiohttp import web
 from google.protobuf import json_format
-from google.protobuf.message import Message
 
 from materializer.v1 import admin_service_pb2 as admin_pb
 from materializer.v1 import common_pb2 as common
@@ -31,6 +28,17 @@ from query_service.auth import Authorizer
 from query_service.health import RedisHealth
 from query_service.http import shapes
 from query_service.http.calls import HttpAbort, HttpContext, error_body, error_response
+from query_service.http.endpoints import ADMIN_RPC, JSON, MAPS_RPC, NDJSON, SSE, Endpoint
+from query_service.http.params import (
+    body_offsets,
+    bool_param,
+    int_param,
+    invalid,
+    json_body,
+    list_param,
+    offsets_param,
+    timeout_param,
+)
 from query_service.interceptors import MethodCall, RequestMaps
 from query_service.services.admin_service import AdminServicer
 from query_service.services.enrich_service import EnrichServicer
@@ -38,9 +46,6 @@ from query_service.services.map_service import MapServicer
 
 log = logging.getLogger(__name__)
 
-JSON = "application/json"
-NDJSON = "application/x-ndjson"
-SSE = "text/event-stream"
 KEEPALIVE_S = 15.0
 """A comment line on an idle change stream: proxies keep it open, a gone client is noticed."""
 ENRICH_BATCH = 500
@@ -49,178 +54,6 @@ MAX_LINE_BYTES = 16 * 1024 * 1024
 """The longest NDJSON event line taken; the gRPC message limit."""
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass(frozen=True)
-class Param:
-    """A path, query or header parameter, for the OpenAPI document."""
-
-    name: str
-    where: str
-    description: str
-    schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
-    required: bool = False
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """One route: what it answers, from which servicer method, described for OpenAPI."""
-
-    method: str
-    path: str
-    name: str
-    """The handler's name in ``HttpFront``, and the OpenAPI operation id."""
-    summary: str
-    rpc: str | None = None
-    """The gRPC method it calls (its verb for bearer-token grants)."""
-    params: tuple[Param, ...] = ()
-    body: type[pydantic.BaseModel] | str | None = None
-    """A model of the JSON body, or the media type of a body taken as is."""
-    answer: type[pydantic.BaseModel] | type[Message] | str = shapes.Health
-    """A model, a protobuf message (admin answers) or a streamed media type."""
-    status: int = 200
-
-
-MAP = Param("map", "path", "the map's name", required=True)
-KEY = Param("key", "path", "the entity's key", required=True)
-TIMEOUT = Param(
-    "timeout_ms",
-    "query",
-    "how long to wait for min_offsets (or a query) before 504",
-    {"type": "integer", "minimum": 1},
-)
-MIN_OFFSETS = Param(
-    "min_offsets",
-    "query",
-    "read-your-writes: topic:partition:offset,... the answer must reflect",
-)
-
-_MAPS = "/materializer.v1.MapService/"
-_ADMIN = "/materializer.v1.AdminService/"
-
-ENDPOINTS: tuple[Endpoint, ...] = (
-    Endpoint("GET", "/v1/maps", "list_maps", "The declared maps", _ADMIN + "ListMaps",
-             answer=admin_pb.ListMapsResponse),
-    Endpoint(
-        "GET", "/v1/maps/{map}/entities/{key}", "get_entity",
-        "One entity and the map's watermark, or as the Delta table held it (as_of_*)",
-        _MAPS + "Get",
-        (MAP, KEY, MIN_OFFSETS, TIMEOUT,
-         Param("as_of_version", "query", "a Delta table version", {"type": "integer"}),
-         Param("as_of_timestamp", "query", "RFC 3339: the version current then")),
-        answer=shapes.EntityLookup,
-    ),
-    Endpoint("POST", "/v1/maps/{map}/entities:batchGet", "batch_get",
-             "Entities of many keys in one call", _MAPS + "BatchGet", (MAP,),
-             shapes.BatchGetBody, shapes.BatchGetAnswer),
-    Endpoint(
-        "GET", "/v1/maps/{map}/query", "query", "A page of the map's rows matching a filter",
-        _MAPS + "Query",
-        (MAP, Param("where", "query", "a SQL filter on the entity's fields, as gRPC Query"),
-         Param("fields", "query", "fields to return, comma-separated; all by default"),
-         Param("limit", "query", "rows in all pages at most", {"type": "integer"}),
-         Param("page_size", "query", "rows in this page at most", {"type": "integer"}),
-         Param("page_token", "query", "next_page_token of the page before")),
-        answer=shapes.QueryPage,
-    ),
-    Endpoint(
-        "GET", "/v1/maps/{map}/changes", "changes",
-        "The map's changes as Server-Sent Events, from now or after a change id",
-        _MAPS + "Watch",
-        (MAP, Param("after", "query", "a change id; 0 for every retained change"),
-         Param("include_entities", "query", "send upserted entities", {"type": "boolean"}),
-         Param("keys", "query", "only these keys, comma-separated"),
-         Param("Last-Event-ID", "header", "resume after this change (over 'after')")),
-        answer=SSE,
-    ),
-    Endpoint(
-        "POST", "/v1/enrich", "enrich",
-        "Newline-delimited JSON events in, enriched events out (one line each), streamed",
-        "/materializer.v1.EnrichService/Enrich",
-        (Param("profile", "query", "an enrichment profile of the configuration"),
-         Param("spec", "query", "a JoinSpec in protobuf JSON, instead of a profile"),
-         MIN_OFFSETS,
-         Param("batch", "query", "events per lookup round", {"type": "integer", "minimum": 1})),
-        NDJSON, NDJSON,
-    ),
-    Endpoint("GET", "/v1/maps/{map}/status", "status", "The map's state, lag and rates",
-             _ADMIN + "GetStatus", (MAP,), answer=admin_pb.MapStatus),
-    Endpoint("PUT", "/v1/maps/{map}/pause", "pause", "Stop folding after the batch in flight",
-             _ADMIN + "Pause", (MAP,), answer=admin_pb.ControlResponse, status=202),
-    Endpoint("PUT", "/v1/maps/{map}/resume", "resume", "Fold again from where it paused",
-             _ADMIN + "Resume", (MAP,), answer=admin_pb.ControlResponse, status=202),
-    Endpoint("POST", "/v1/maps/{map}/restart", "restart", "Stop and start the map's queries",
-             _ADMIN + "Restart", (MAP,), answer=admin_pb.ControlResponse, status=202),
-    Endpoint("PUT", "/v1/config/validate", "validate", "Check a configuration (YAML or JSON)",
-             _ADMIN + "ValidateConfig", (), "application/yaml",
-             admin_pb.ValidateConfigResponse),
-    Endpoint("GET", "/healthz", "healthz", "The process is up"),
-    Endpoint("GET", "/readyz", "readyz",
-             "Redis answers (and the map, with ?map=, is not being restored): 200, else 503",
-             params=(Param("map", "query", "one map's readiness"),)),
-    Endpoint("GET", "/openapi.json", "openapi", "This document", answer=JSON),
-)  # fmt: skip
-
-
-def _invalid(message: str) -> HttpAbort:
-    return HttpAbort(grpc.StatusCode.INVALID_ARGUMENT, message)
-
-
-def _int(request: web.Request, name: str, minimum: int | None = None) -> int | None:
-    raw = request.query.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise _invalid(f"{name}: not an integer: {raw!r}") from None
-    if minimum is not None and value < minimum:
-        raise _invalid(f"{name}: must be at least {minimum}")
-    return value
-
-
-def _bool(request: web.Request, name: str) -> bool:
-    raw = request.query.get(name, "false").lower()
-    if raw not in ("true", "false", "1", "0", ""):
-        raise _invalid(f"{name}: true or false, not {raw!r}")
-    return raw in ("true", "1")
-
-
-def _list(request: web.Request, name: str) -> list[str]:
-    return [v for raw in request.query.getall(name, []) for v in raw.split(",") if v]
-
-
-def _timeout(request: web.Request) -> float | None:
-    ms = _int(request, "timeout_ms", 1)
-    return None if ms is None else ms / 1000
-
-
-def offsets_param(raw: str | None) -> list[common.PartitionOffset]:
-    """``topic:partition:offset,...`` (Kafka topic names hold no ``:``)."""
-    out = []
-    for item in (raw or "").split(","):
-        if not item:
-            continue
-        topic, _, rest = item.partition(":")
-        partition, _, offset = rest.partition(":")
-        try:
-            out.append(
-                common.PartitionOffset(topic=topic, partition=int(partition), offset=int(offset))
-            )
-        except ValueError:
-            raise _invalid(f"min_offsets: {item!r} is not topic:partition:offset") from None
-    return out
-
-
-def _offsets(offsets: shapes.Offsets) -> list[common.PartitionOffset]:
-    try:
-        return [
-            common.PartitionOffset(topic=t, partition=int(p), offset=o)
-            for t, parts in offsets.items()
-            for p, o in parts.items()
-        ]
-    except ValueError:
-        raise _invalid("min_offsets: partitions are numbers") from None
 
 
 def _json(body: Any, status: int = 200) -> web.Response:
@@ -261,18 +94,18 @@ class HttpFront:
                 behavior, streaming_requests=streaming
             )
 
-        self._get = call(_MAPS + "Get", maps.Get)
-        self._get_as_of = call(_MAPS + "GetAsOf", maps.GetAsOf)
-        self._batch_get = call(_MAPS + "BatchGet", maps.BatchGet)
-        self._query = call(_MAPS + "Query", maps.Query)
-        self._watch = call(_MAPS + "Watch", maps.Watch)
+        self._get = call(MAPS_RPC + "Get", maps.Get)
+        self._get_as_of = call(MAPS_RPC + "GetAsOf", maps.GetAsOf)
+        self._batch_get = call(MAPS_RPC + "BatchGet", maps.BatchGet)
+        self._query = call(MAPS_RPC + "Query", maps.Query)
+        self._watch = call(MAPS_RPC + "Watch", maps.Watch)
         self._enrich = call("/materializer.v1.EnrichService/Enrich", enrich.Enrich, True)
-        self._list_maps = call(_ADMIN + "ListMaps", admin.ListMaps)
-        self._status = call(_ADMIN + "GetStatus", admin.GetStatus)
-        self._pause = call(_ADMIN + "Pause", admin.Pause)
-        self._resume = call(_ADMIN + "Resume", admin.Resume)
-        self._restart = call(_ADMIN + "Restart", admin.Restart)
-        self._validate = call(_ADMIN + "ValidateConfig", admin.ValidateConfig)
+        self._list_maps = call(ADMIN_RPC + "ListMaps", admin.ListMaps)
+        self._status = call(ADMIN_RPC + "GetStatus", admin.GetStatus)
+        self._pause = call(ADMIN_RPC + "Pause", admin.Pause)
+        self._resume = call(ADMIN_RPC + "Resume", admin.Resume)
+        self._restart = call(ADMIN_RPC + "Restart", admin.Restart)
+        self._validate = call(ADMIN_RPC + "ValidateConfig", admin.ValidateConfig)
 
     def handler(self, endpoint: Endpoint) -> Handler:
         """The handler of ``endpoint``."""
@@ -287,20 +120,20 @@ class HttpFront:
     async def get_entity(self, request: web.Request) -> web.Response:
         """``Get``, or ``GetAsOf`` with ``as_of_version`` / ``as_of_timestamp``."""
         name, key = request.match_info["map"], request.match_info["key"]
-        version = _int(request, "as_of_version")
+        version = int_param(request, "as_of_version")
         stamp = request.query.get("as_of_timestamp")
-        context = HttpContext(request, _timeout(request))
+        context = HttpContext(request, timeout_param(request))
         if version is not None or stamp is not None:
             as_of = map_pb.GetAsOfRequest(map=name, key=key)
             if version is not None and stamp is not None:
-                raise _invalid("as_of_version and as_of_timestamp: give one")
+                raise invalid("as_of_version and as_of_timestamp: give one")
             if version is not None:
                 as_of.version = version
             else:
                 try:
                     as_of.timestamp.FromJsonString(stamp or "")
                 except ValueError:
-                    raise _invalid(f"as_of_timestamp: not RFC 3339: {stamp!r}") from None
+                    raise invalid(f"as_of_timestamp: not RFC 3339: {stamp!r}") from None
             then = await self._get_as_of(as_of, context)
             body: dict[str, Any] = {
                 **_entry(key, then.found, then.entity),
@@ -330,11 +163,11 @@ class HttpFront:
 
     async def batch_get(self, request: web.Request) -> web.Response:
         """``BatchGet`` of a JSON body's keys."""
-        asked = await _body(request, shapes.BatchGetBody)
+        asked = await json_body(request, shapes.BatchGetBody)
         call = map_pb.BatchGetRequest(
             map=request.match_info["map"],
             keys=asked.keys,
-            freshness=common.Freshness(min_offsets=_offsets(asked.min_offsets)),
+            freshness=common.Freshness(min_offsets=body_offsets(asked.min_offsets)),
         )
         timeout = None if asked.timeout_ms is None else asked.timeout_ms / 1000
         answer = await self._batch_get(call, HttpContext(request, timeout))
@@ -348,14 +181,14 @@ class HttpFront:
         """The first page of ``Query``; its ``next_page_token`` asks for the next."""
         call = map_pb.QueryRequest(
             map=request.match_info["map"],
-            fields=_list(request, "fields"),
-            limit=_int(request, "limit", 0) or 0,
-            page_size=_int(request, "page_size", 0) or 0,
+            fields=list_param(request, "fields"),
+            limit=int_param(request, "limit", 0) or 0,
+            page_size=int_param(request, "page_size", 0) or 0,
             page_token=request.query.get("page_token", ""),
         )
         if "where" in request.query:
             call.where = request.query["where"]
-        pages = self._query(call, HttpContext(request, _timeout(request)))
+        pages = self._query(call, HttpContext(request, timeout_param(request)))
         try:
             page = await anext(pages, None)
         finally:
@@ -374,8 +207,8 @@ class HttpFront:
         call = map_pb.WatchRequest(
             map=request.match_info["map"],
             after_change_id=after,
-            include_entities=_bool(request, "include_entities"),
-            keys=_list(request, "keys"),
+            include_entities=bool_param(request, "include_entities"),
+            keys=list_param(request, "keys"),
         )
         response = web.StreamResponse(headers={"Content-Type": SSE, "Cache-Control": "no-cache"})
 
@@ -412,10 +245,10 @@ class HttpFront:
             try:
                 json_format.Parse(request.query["spec"], first.spec)
             except json_format.ParseError as exc:
-                raise _invalid(f"spec: {exc}") from None
+                raise invalid(f"spec: {exc}") from None
         elif "profile" in request.query:
             first.profile = request.query["profile"]
-        batch = _int(request, "batch", 1) or ENRICH_BATCH
+        batch = int_param(request, "batch", 1) or ENRICH_BATCH
         starts: list[int] = []
 
         async def requests() -> AsyncIterator[enrich_pb.EnrichRequest]:
@@ -511,17 +344,6 @@ class HttpFront:
     async def openapi(self, _: web.Request) -> web.Response:
         """The OpenAPI document of ``ENDPOINTS``."""
         return web.Response(body=self._openapi(), content_type=JSON)
-
-
-async def _body(request: web.Request, model: type[shapes._Shape]) -> Any:
-    """The JSON body validated by ``model``; an error names the field."""
-    raw = await request.read()
-    try:
-        return model.model_validate_json(raw)
-    except pydantic.ValidationError as exc:
-        problem = exc.errors()[0]
-        where = ".".join(str(p) for p in problem["loc"]) or "body"
-        raise _invalid(f"{where}: {problem['msg']}") from None
 
 
 async def _with_keepalives(

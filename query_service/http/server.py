@@ -1,7 +1,7 @@
 """The HTTP/JSON front's aiohttp application, and its listener beside the gRPC server.
 
 aiohttp was measured against Starlette and FastAPI on uvicorn for a bare
-lookup-shaped endpoint (``bench/http_spike.py``, docs/http-front.md): it
+lookup-shaped endpoint (docs/decisions/0005-http-front-on-aiohttp.md): it
 costs the least CPU per request, and it streams both ways (the enrichment's
 NDJSON body in, Server-Sent Events out) on its own server. One middleware
 makes every answer that is not a handler's own a JSON error: unknown routes,
@@ -21,8 +21,9 @@ from aiohttp import web
 from materializer.config import TlsConfig
 from materializer.errors import SetupError
 from query_service.http.calls import HttpAbort, error_body, error_response
+from query_service.http.endpoints import ENDPOINTS
 from query_service.http.openapi import openapi_document
-from query_service.http.routes import ENDPOINTS, HttpFront
+from query_service.http.routes import HttpFront
 from query_service.interceptors import INTERNAL_DETAILS
 from query_service.server import MAX_MESSAGE_BYTES
 

@@ -90,7 +90,7 @@ class MapServicer(pb_grpc.MapServiceServicer):
         await self._gate.wait(request.map, wanted, context.time_remaining())
         batch = await self._reads.get_many(request.map, request.keys, wanted)
         # Entries built in place: a list of entries given to the constructor is copied into
-        # the response, which doubles what building it costs.
+        # the response, which builds every entry twice.
         response = pb.BatchGetResponse()
         add = response.entries.add
         for key, entity in zip(request.keys, batch.entities, strict=True):
@@ -153,7 +153,7 @@ class MapServicer(pb_grpc.MapServiceServicer):
                 f"keys: {len(keys)} keys, at most {self._max_keys} per call (query.max_batch_keys)"
             )
         # A message naming its index is made only for a key in doubt: a batch's keys are
-        # nearly always plainly fine, and a message per key cost a third of a BatchGet.
+        # nearly always plainly fine, and a message per key cost a large share of a BatchGet.
         for i, key in enumerate(keys):
             if not key or len(key) > _SURELY_SHORT or key in RESERVED_KEYS:
                 _check_key(key, f"keys[{i}]")

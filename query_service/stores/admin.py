@@ -29,7 +29,7 @@ from materializer.contract.redis_layout import (
     physical_name,
     status_key,
 )
-from query_service.stores.redis import unavailable_on_connection_errors
+from query_service.stores.redis_errors import unavailable_on_connection_errors
 
 log = logging.getLogger(__name__)
 

@@ -2,8 +2,8 @@
 
 On one server a batch of keys is one ``MGET``. A cluster takes no multi-key
 command across slots, and redis-py's cluster pipeline, which routes each
-``GET`` itself, spends most of a batch read in Python per command
-(``bench/redis_cluster.py`` measured a tenth of one server's rate). Keys are
+``GET`` itself, spends most of a batch read in Python per command, far below
+one server's rate (docs/decisions/0006-cluster-reads-through-the-read-function.md). Keys are
 grouped here by the master that holds their slot, per the client's slot map,
 and each group is one call of the materializer's read function on that master
 (``FCALL_RO``: a function may read keys of several slots of its own node),

@@ -8,8 +8,8 @@ its entity and the watermark read just before it, the same lower bound a
 lookup of its own would give. With one call in flight it costs one read, as
 before. On one server each lookup goes down the pipelined connection instead
 (``lookup_connection``), which costs less than gathering: gRPC hands its calls
-to the loop one per turn, so a gathering there held 1.03 calls on average
-(``bench/lookup_spike.py``).
+to the loop one per turn, so a gathering there held hardly more than one call
+(docs/decisions/0010-lookups-down-one-pipelined-connection.md).
 """
 
 from __future__ import annotations

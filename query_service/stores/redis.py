@@ -6,35 +6,40 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
 from typing import Any, cast
 
-import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from materializer.clients.redis import TRANSIENT_ERRORS, AsyncClient, connect_async, where
+from materializer.clients.redis import (
+    TRANSIENT_ERRORS,
+    AsyncClient,
+    close_async,
+    connect_async,
+    connection_options,
+    is_cluster,
+    where,
+)
 from materializer.config import RedisConfig
 from materializer.contract.markers import markers
 from materializer.contract.redis_layout import (
-    EXPIRE_OP,
     Watermark,
-    changes_key,
     entity_key,
     meta_key,
     physical_name,
     status_key,
 )
 from query_service.errors import StoreUnavailable
-from query_service.stores.base import BatchLookup, Change, ChangeRead, Lookup, MapStore
+from query_service.stores.base import BatchLookup, ChangeRead, Lookup, MapStore
 from query_service.stores.cluster_reads import MasterReads
 from query_service.stores.coalesce import Coalescer
 from query_service.stores.generations import Generations
 from query_service.stores.lookup_connection import LookupConnection, Replies, settled
+from query_service.stores.redis_changes import ChangeStream
+from query_service.stores.redis_errors import unavailable, unavailable_on_connection_errors
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +51,6 @@ watermark is still a lower bound of what they read after it, and one ``HGETALL``
 per interval, not per lookup, is what a lookup's CPU gains."""
 CHECK_SECONDS = 1.0
 """How often lookups that found their keys look for markers not seen yet."""
-MAX_WAITING_CONNECTIONS = 10_000
-"""Connections of the pool for blocking change reads: one per reader waiting at once
-(Redis's own default ``maxclients``)."""
 
 
 # Defaults for a lookup service: fail fast and let the client's retry policy
@@ -65,22 +67,6 @@ def _client_defaults() -> dict[str, Any]:
     }
 
 
-@asynccontextmanager
-async def unavailable_on_connection_errors(where: str) -> AsyncIterator[None]:
-    """Connection failures, timeouts and a Redis Cluster down or moving slots (a master
-    restarting) as ``StoreUnavailable`` (UNAVAILABLE to clients)."""
-    try:
-        yield
-    except TRANSIENT_ERRORS as exc:
-        raise unavailable(where, exc) from exc
-
-
-def unavailable(where: str, exc: BaseException) -> StoreUnavailable:
-    """``exc``, an error of Redis at ``where`` that a retry may outlast, as the store's."""
-    log.warning("redis at %s unavailable: %s", where, exc)
-    return StoreUnavailable(f"redis at {where} is unavailable ({type(exc).__name__})")
-
-
 class RedisMapStore(MapStore):
     """One shared ``redis.asyncio`` client (a connection pool, or a pool per node of a
     Redis Cluster) for the whole process, and on one server one pipelined connection
@@ -95,23 +81,15 @@ class RedisMapStore(MapStore):
     def __init__(self, client: AsyncClient, config: RedisConfig | None = None) -> None:
         self._client = client
         self._config = config
-        kwargs = (
-            client.connection_kwargs
-            if isinstance(client, AsyncRedisCluster)
-            else client.connection_pool.connection_kwargs
-        )
+        kwargs = connection_options(client)
         self._where = where(client)
-        self._waiting: AsyncClient | None = None
         self._reply_seconds = float(kwargs.get("socket_timeout") or REPLY_SECONDS)
+        self._changes = ChangeStream(client, config, self._where, self._reply_seconds)
         self._coalescer = Coalescer(self.get_many)
-        self._masters = (
-            MasterReads(client, self._reply_seconds)
-            if isinstance(client, AsyncRedisCluster)
-            else None
-        )
+        self._masters = MasterReads(client, self._reply_seconds) if is_cluster(client) else None
         self._lookups = (
             None
-            if isinstance(client, AsyncRedisCluster)
+            if is_cluster(client)
             else LookupConnection(client.connection_pool, self._where, self._reply_seconds)
         )
         self._mark_reads: dict[str, tuple[Replies, asyncio.Future[Any]]] = {}
@@ -250,7 +228,7 @@ class RedisMapStore(MapStore):
             else:
                 commands.append(("HGETALL", meta_key(physical[name])))
         for name, keys in keys_by_map.items():
-            prefix = entity_key(physical[name], "")  # a call per key costs a batch ~10%
+            prefix = entity_key(physical[name], "")  # one call per key slows a batch
             entity_keys = [prefix + k for k in keys]
             if entity_keys:
                 commands.append(("GET" if len(keys) == 1 else "MGET", *entity_keys))
@@ -404,79 +382,16 @@ class RedisMapStore(MapStore):
         return all(found), bool(reported)
 
     async def last_change_id(self, map_name: str) -> str | None:
-        """``XREVRANGE <map>:__changes__ + - COUNT 1``."""
-        physical = await self._physical(map_name)
-        async with self._unavailable_on_connection_errors():
-            newest = await self._client.xrevrange(changes_key(physical), count=1)
-        return _entry_id(cast("list[tuple[bytes, Any]]", newest))
+        """The newest entry id of the map's change stream (``ChangeStream.last_id``)."""
+        return await self._changes.last_id(await self._physical(map_name))
 
     async def read_changes(self, map_name: str, after: str, count: int) -> ChangeRead:
-        """The oldest and newest entry ids and ``XREAD COUNT`` after ``after``, in one ``MULTI``.
-
-        The transaction touches one key, so it works on Redis Cluster too, and
-        no trim can fall between reading the bounds and reading the changes.
-        """
-        generation = await self.generation(map_name)
-        stream = changes_key(physical_name(map_name, generation))
-        async with (
-            self._unavailable_on_connection_errors(),
-            self._client.pipeline(transaction=True) as pipe,
-        ):
-            pipe.xrange(stream, count=1)
-            pipe.xrevrange(stream, count=1)
-            pipe.xread({stream: after}, count=count)
-            oldest, newest, read = await pipe.execute()
-        entries = read[0][1] if read else []
-        return ChangeRead(
-            changes=[_change(entry_id, fields) for entry_id, fields in entries],
-            first_id=_entry_id(oldest),
-            last_id=_entry_id(newest),
-            generation=generation,
-        )
+        """The stream's bounds and its entries after ``after`` (``ChangeStream.read``)."""
+        return await self._changes.read(map_name, await self.generation(map_name), after, count)
 
     async def wait_for_changes(self, map_name: str, after: str, timeout: float) -> None:
-        """``XREAD BLOCK`` on a pool of its own, bounded by the block plus the socket timeout.
-
-        Each waiting reader holds a connection while it waits; a separate pool
-        keeps them from taking the lookups' connections. That pool has no
-        socket timeout of its own (a read may last the whole block); the
-        bound is applied around the call instead, with ``asyncio.timeout``,
-        which, unlike the ``asyncio.wait_for`` redis-py applies with a socket
-        timeout, never loses a cancellation on Python 3.11. A cancelled wait
-        drops its connection (redis-py disconnects), so no late reply can
-        reach the next user of it.
-        """
-        block_ms = max(1, int(timeout * 1000))  # 0 would block forever
-        stream = changes_key(await self._physical(map_name))
-        async with self._unavailable_on_connection_errors():
-            try:
-                async with asyncio.timeout(timeout + self._reply_seconds):
-                    await self._waiting_client().xread({stream: after}, count=1, block=block_ms)
-            except TimeoutError:  # the built-in one: asyncio.timeout expired
-                raise RedisTimeoutError("no reply to a blocking read in time") from None
-
-    def _waiting_client(self) -> AsyncClient:
-        if self._waiting is None:
-            self._waiting = self._blocking_client()
-        return self._waiting
-
-    def _blocking_client(self) -> AsyncClient:
-        """The lookups' client again, with no socket timeout and room for every waiter."""
-        if isinstance(self._client, AsyncRedisCluster):
-            if self._config is None:
-                raise ValueError("a cluster store needs its config: RedisMapStore.from_config")
-            return connect_async(
-                self._config, socket_timeout=None, max_connections=MAX_WAITING_CONNECTIONS
-            )
-        pool = self._client.connection_pool
-        kwargs = {**pool.connection_kwargs, "socket_timeout": None}
-        return aioredis.Redis(
-            connection_pool=aioredis.ConnectionPool(
-                connection_class=pool.connection_class,
-                max_connections=MAX_WAITING_CONNECTIONS,
-                **kwargs,
-            )
-        )
+        """Until an entry after ``after`` or ``timeout`` (``ChangeStream.wait``)."""
+        await self._changes.wait(await self._physical(map_name), after, timeout)
 
     async def close(self) -> None:
         """Close the pools' connections."""
@@ -484,11 +399,8 @@ class RedisMapStore(MapStore):
             self._lookups.close()
         if self._masters is not None:
             await self._masters.close()
-        for client in (self._waiting, self._client):
-            if isinstance(client, AsyncRedisCluster):
-                await client.aclose()
-            elif client is not None:
-                await client.aclose(close_connection_pool=True)
+        await self._changes.close()
+        await close_async(self._client)
 
 
 def _retrieved(task: asyncio.Task[Any]) -> None:
@@ -504,23 +416,6 @@ async def _replies(futures: list[asyncio.Future[Any]]) -> list[Any]:
         if isinstance(reply, Exception):
             raise reply
     return replies
-
-
-def _entry_id(entries: list[tuple[bytes, Any]]) -> str | None:
-    """The id of the only entry of an ``XRANGE ... COUNT 1`` reply."""
-    return entries[0][0].decode() if entries else None
-
-
-def _change(entry_id: bytes, fields: dict[bytes, bytes]) -> Change:
-    """One ``<map>:__changes__`` entry (``materializer.contract.redis_layout.change_entry``)."""
-    op = fields[b"op"]
-    return Change(
-        change_id=entry_id.decode(),
-        key=fields[b"key"].decode(),
-        deleted=op != b"upsert",
-        batch_id=int(fields[b"batch_id"]),
-        expired=op == EXPIRE_OP.encode(),
-    )
 
 
 async def _read_again(

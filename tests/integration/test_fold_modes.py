@@ -260,8 +260,8 @@ def test_merge_parses_each_raw_object_once_per_record(
     spark, kafka_bootstrap, redis_url, new_topic, tmp_path: Path
 ):
     """The explicit-null search reads the member names of the root and of ``address``;
-    each is computed once per record, not once per field that asks (four times the
-    fold's own cost in bench/merge_aux_spike.py)."""
+    each is computed once per record, not once per field that asks (several times the
+    fold's own cost: docs/decisions/0015-merge-null-search-once-per-object.md)."""
     events, plan = _merge_plan(spark, kafka_bootstrap, redis_url, new_topic, tmp_path)
     assert plan.count("jsonObjectKeys(") == 2  # json_object_keys, as Spark plans it
     assert not [n for n in events.columns if "members" in n]  # the shared columns are gone

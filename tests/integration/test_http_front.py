@@ -24,7 +24,7 @@ from materializer.v1 import enrich_service_pb2_grpc as enrich_grpc
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
 from query_service.http import shapes
-from query_service.http.routes import ENDPOINTS
+from query_service.http.endpoints import ENDPOINTS
 from tests.helpers.query_redis import Front, fresh_map, make_config, serve_http, write_batch
 
 READER = "reader-token-0123456789"

@@ -19,9 +19,7 @@ TREES = ("materializer", "query_service", "tools", "bench", "tests")
 PATH = re.compile(
     r"(?<![\w./<{-])((?:[A-Za-z_][\w.-]*/)+[\w.-]+\.(?:py|md|lua|proto|yaml|yml|json|toml|xml))\b"
 )
-MODULE = re.compile(
-    r"(?<![\w./-])((?:materializer|query_service|tools)(?:\.[A-Za-z_]\w*)+)"
-)
+MODULE = re.compile(r"(?<![\w./-])((?:materializer|query_service|tools)(?:\.[A-Za-z_]\w*)+)")
 
 
 def sources() -> Iterator[Path]:

@@ -1,0 +1,97 @@
+"""What a handler reads from a request: query parameters and JSON bodies, checked.
+
+A malformed value is an ``INVALID_ARGUMENT`` naming the parameter or field
+(400 over HTTP), raised before the servicer method is called, so a client
+learns which part of its request to fix rather than meeting a protobuf or
+pydantic error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+import pydantic
+from aiohttp import web
+
+from materializer.v1 import common_pb2 as common
+from query_service.http import shapes
+from query_service.http.calls import HttpAbort
+
+
+def invalid(message: str) -> HttpAbort:
+    """A 400 whose message names what was wrong, as a servicer's own check would say it."""
+    return HttpAbort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+
+def int_param(request: web.Request, name: str, minimum: int | None = None) -> int | None:
+    """An integer query parameter; None when absent or empty, so the method's default holds."""
+    raw = request.query.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise invalid(f"{name}: not an integer: {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise invalid(f"{name}: must be at least {minimum}")
+    return value
+
+
+def bool_param(request: web.Request, name: str) -> bool:
+    """A boolean query parameter: false unless given; anything but true/false/1/0 is a 400."""
+    raw = request.query.get(name, "false").lower()
+    if raw not in ("true", "false", "1", "0", ""):
+        raise invalid(f"{name}: true or false, not {raw!r}")
+    return raw in ("true", "1")
+
+
+def list_param(request: web.Request, name: str) -> list[str]:
+    """A list query parameter, comma-separated or repeated, as a URL has no better form."""
+    return [v for raw in request.query.getall(name, []) for v in raw.split(",") if v]
+
+
+def timeout_param(request: web.Request) -> float | None:
+    """``timeout_ms`` in seconds, the unit of a gRPC deadline; None for no deadline."""
+    ms = int_param(request, "timeout_ms", 1)
+    return None if ms is None else ms / 1000
+
+
+def offsets_param(raw: str | None) -> list[common.PartitionOffset]:
+    """``topic:partition:offset,...`` (Kafka topic names hold no ``:``)."""
+    out = []
+    for item in (raw or "").split(","):
+        if not item:
+            continue
+        topic, _, rest = item.partition(":")
+        partition, _, offset = rest.partition(":")
+        try:
+            out.append(
+                common.PartitionOffset(topic=topic, partition=int(partition), offset=int(offset))
+            )
+        except ValueError:
+            raise invalid(f"min_offsets: {item!r} is not topic:partition:offset") from None
+    return out
+
+
+def body_offsets(offsets: shapes.Offsets) -> list[common.PartitionOffset]:
+    """A JSON body's ``min_offsets``: JSON object keys are strings, partitions are numbers."""
+    try:
+        return [
+            common.PartitionOffset(topic=t, partition=int(p), offset=o)
+            for t, parts in offsets.items()
+            for p, o in parts.items()
+        ]
+    except ValueError:
+        raise invalid("min_offsets: partitions are numbers") from None
+
+
+async def json_body(request: web.Request, model: type[shapes._Shape]) -> Any:
+    """The JSON body validated by ``model``; an error names the field."""
+    raw = await request.read()
+    try:
+        return model.model_validate_json(raw)
+    except pydantic.ValidationError as exc:
+        problem = exc.errors()[0]
+        where = ".".join(str(p) for p in problem["loc"]) or "body"
+        raise invalid(f"{where}: {problem['msg']}") from None
