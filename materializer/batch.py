@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Batch:
-    """One micro-batch of folded rows (``_key``, ``_deleted``, ``_entity``, ...).
+    """One micro-batch of a query's rows (``__key``, ``__deleted``, ``__entity``, ...).
 
     ``app_id`` changes whenever the checkpoint does, so that a fresh checkpoint,
     whose batch ids restart at 0, is never mistaken for a replay.

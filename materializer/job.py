@@ -6,7 +6,7 @@ Each map runs two queries, each with its own checkpoint under
 - ``fold``: read and decode the map's topics once per micro-batch; send the
   records that cannot be folded to the dead-letter topic (``on_error:
   dead_letter``; ``skip`` drops them, ``fail`` fails the query at the first);
-  fold the rest into Redis and write the changelog topic (``redis_fold``);
+  fold the rest into Redis and write the changelog topic (``redis.sink``);
   append every folded event to ``<root>/<map>__events`` (``history: true``);
   commit the watermark, then the batch's end offsets to the consumer group
   ``materializer.<map>`` for Kafka's tools to see (the checkpoint, not the
@@ -14,10 +14,10 @@ Each map runs two queries, each with its own checkpoint under
 - ``delta``: the changelog into the Delta table, one MERGE per trigger of
   ``delta.trigger_interval`` (exactly once through Delta's transaction ids).
   Lookups see a batch as soon as Redis has it; the table follows within a
-  trigger or so, without ever slowing the fold down (``delta_query``).
+  trigger or so, without ever slowing the fold down (``delta.query``).
 
-Each batch goes through a ``Projector`` (``projector``), and the two queries run,
-stop and fail as one ``QueryGroup`` (``query_group``).
+Each batch goes through a ``Projector`` (``runtime.projector``), and the two queries
+run, stop and fail as one ``QueryGroup`` (``runtime.query_group``).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 
 from materializer import record_columns as c
 from materializer.batch import Sink
-from materializer.checkpoints.query import Checkpoint
-from materializer.clients.kafka import java, librdkafka
+from materializer.checkpoints.running import Checkpoint
+from materializer.clients.kafka import librdkafka
 from materializer.config import KAFKA_KEY, AppConfig, is_inferred
 from materializer.config.durations import processing_time
 from materializer.config.names import (
@@ -41,10 +41,13 @@ from materializer.config.names import (
     dead_letter_topic,
 )
 from materializer.contract.redis_layout import physical_name
-from materializer.contract.table_layout import history_path, table_path
+from materializer.contract.table_layout import history_path, table_meta, table_path
 from materializer.delta.history import HistorySink
 from materializer.delta.query import start_delta_query
 from materializer.errors import ConfigError
+from materializer.fold.entity_types import (
+    EntityTyper,
+)
 from materializer.redis.apply import Applied
 from materializer.redis.deliveries import producer_settings
 from materializer.redis.expiry import expiry_ms
@@ -59,9 +62,6 @@ from materializer.runtime.projector import Projector, report_rows_out
 from materializer.runtime.query_group import QueryGroup
 from materializer.runtime.topics import ensure_changelog_topic, ensure_dead_letter_topic
 from materializer.source.decode import decode
-from materializer.source.formats.batch_typing import (
-    EntityTyper,
-)
 from materializer.source.kafka import read_source
 from materializer.source.keys import assign_keys
 from materializer.source.transforms import apply_transforms
@@ -123,7 +123,7 @@ def start_map(
     batch_log: BatchLog | None = None,
     *,
     generation: int = 0,
-    side_queries: bool = True,
+    side_outputs: bool = True,
     metrics: BatchMetrics | None = None,
     offsets_group: str | None = MAP_GROUP,
     until: dict[str, dict[int, int]] | None = None,
@@ -133,7 +133,7 @@ def start_map(
     ``generation`` picks the copy of the map's data the fold and Delta queries
     write (``materializer.contract.redis_layout.physical_name``): its Redis keys, table,
     changelog and checkpoints. Dead letters and history belong to the map
-    itself, whatever the generation; ``side_queries=False`` leaves them out
+    itself, whatever the generation; ``side_outputs=False`` leaves them out
     (a rebuild's replay must not send the map's dead letters twice).
 
     ``offsets_group`` is the consumer group each fold batch's end offsets are
@@ -149,7 +149,7 @@ def start_map(
     changelog = changelog_topic(config, map_name, generation)
     max_record_bytes = ensure_changelog_topic(config, map_name, changelog)
     letters = None
-    if side_queries and map_config.on_error == "dead_letter":
+    if side_outputs and map_config.on_error == "dead_letter":
         letters = dead_letter_topic(config, map_name)
         # One producer sends both: it takes the bigger of the two topics' records.
         limit = ensure_dead_letter_topic(config, map_name, letters)
@@ -167,7 +167,7 @@ def start_map(
     )
     typer = None
     if is_inferred(map_config):
-        typer = EntityTyper(table_path(config, physical), c.table_meta(map_config))
+        typer = EntityTyper(table_path(config, physical), table_meta(map_config))
     one_partition_per_key = (
         map_config.key == KAFKA_KEY
         and len(map_config.source.topics) == 1
@@ -198,7 +198,7 @@ def start_map(
             None if metrics is None else functools.partial(_report_applied, metrics, map_name),
         )
     ]
-    if side_queries and map_config.history:
+    if side_outputs and map_config.history:
         sinks.append(HistorySink(history_path(config, map_name)))
     sinks.append(
         RedisSink(config.redis, physical, checkpoint.end_offsets, map_config.changes.max_len)
@@ -214,7 +214,7 @@ def start_map(
         checkpoint,
         rows_out,
         keep_records=True,
-        persist=map_config.history and side_queries,  # the history reads the batch too
+        persist=map_config.history and side_outputs,  # the history reads the batch too
     )
     fold_query = (
         events.writeStream.queryName(f"{physical}.fold")
@@ -237,15 +237,3 @@ def start_map(
 
 def _report_applied(metrics: BatchMetrics, map_name: str, applied: Applied) -> None:
     metrics.fold_applied(map_name, applied.newest_timestamp_us, applied.dead_letters)
-
-
-def producer_options(config: AppConfig, max_record_bytes: int) -> dict[str, str]:
-    """Spark ``kafka`` writer options (without the ``kafka.`` prefix) for a map's own topics."""
-    return java(
-        config.kafka,
-        **{
-            "enable.idempotence": "true",
-            "acks": "all",
-            "max.request.size": str(max_record_bytes),
-        },
-    )

@@ -13,7 +13,6 @@ from materializer.config import INTERNAL_PREFIX
 # The table's own columns are part of the contract with the query service.
 from materializer.contract.table_layout import TABLE_KEY as TABLE_KEY
 from materializer.contract.table_layout import TABLE_UPDATED_AT as TABLE_UPDATED_AT
-from materializer.contract.table_layout import table_meta as table_meta
 
 PREFIX = INTERNAL_PREFIX
 

@@ -119,11 +119,6 @@ def partition_offsets(
     return out
 
 
-def group_name(map_name: str) -> str:
-    """The consumer group that mirrors a map's progress for Kafka's own tools."""
-    return f"materializer.{map_name}"
-
-
 def commit_group_offsets(
     admin: Any,
     group: str,

@@ -13,10 +13,12 @@ that reads or writes maps goes through this module for both:
   map (the watermark is one transaction on ``__meta__``, a cluster's change
   entries one on ``__changes__``).
 
-This module is the one place that tells a single server from a cluster
-(``is_cluster``); the rest of the product asks it for the masters, the master
-of a key, the chunks of keys per master and the options that send a command to
-one of them, and writes the same code for both.
+This module is the one place that tests which of the two a client speaks to
+(``is_cluster``) and that routes by master: the masters, the master of a key,
+chunks of keys per master, the options that send a command to one of them.
+Where the two must behave differently (a cluster appends change entries after
+a call, reads states with the read function, writes in bulk through a
+pipeline), the caller asks ``is_cluster`` and says why there.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ from materializer.config.maps import (
     inferred_problems,
     is_inferred,
 )
-from materializer.config.query import (
+from materializer.config.query_service import (
     AuthConfig,
     EnrichProfileConfig,
     LookupConfig,

@@ -22,7 +22,7 @@ from materializer.config.connections import (
 )
 from materializer.config.enrichments import EnrichmentConfig
 from materializer.config.maps import MapConfig
-from materializer.config.query import MetricsConfig, QueryConfig
+from materializer.config.query_service import MetricsConfig, QueryConfig
 from materializer.errors import ConfigError
 
 

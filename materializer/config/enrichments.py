@@ -11,7 +11,7 @@ from pydantic import (
 
 from materializer.config.base import KAFKA_KEY, _Model
 from materializer.config.maps import DeadLetterConfig, MapConfig, SourceConfig
-from materializer.config.query import LookupConfig
+from materializer.config.query_service import LookupConfig
 from materializer.config.transforms import Transform
 
 

@@ -19,6 +19,12 @@ def dead_letter_topic(config: AppConfig, map_name: str) -> str:
     return dead_letter.topic if dead_letter else f"{map_name}.dlq"
 
 
+def enrichment_dead_letter_topic(config: AppConfig, name: str) -> str:
+    """An enrichment's configured dead-letter topic, or ``<enrichment>.dlq``."""
+    dead_letter = config.enrichments[name].dead_letter
+    return dead_letter.topic if dead_letter else f"{name}.dlq"
+
+
 def changelog_topic(config: AppConfig, map_name: str, generation: int = 0) -> str:
     """The configured changelog topic, or ``<map>.changelog``; ``.g<n>`` for a rebuilt generation.
 

@@ -1,6 +1,6 @@
 """The changelog topic ``<map>.changelog``: every batch's entity changes, keyed by entity.
 
-The fold writes each batch here right after Redis (``redis_fold``), and the
+The fold writes each batch here right after Redis (``materializer.redis.apply``), and the
 map's Delta table is fed from this topic by a query of its own (see
 ``job``), so the slow Delta MERGE never holds back the next batch's
 Redis writes. The topic is compacted, and it doubles as a change-data-capture

@@ -52,7 +52,7 @@ def encode_rows(
     table: Data, key_column: str, skip: Collection[str] = ()
 ) -> list[tuple[str, bytes]]:
     """``(key, entity JSON)`` per row; the entity holds every column but ``key_column`` and
-    ``skip`` (the table's own columns, ``columns.table_meta``)."""
+    ``skip`` (the table's own columns, ``materializer.contract.table_layout.table_meta``)."""
     keys, values = encode_columns(table, key_column, skip)
     return list(zip(keys.to_pylist(), values.to_pylist(), strict=True))
 

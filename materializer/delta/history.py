@@ -1,6 +1,6 @@
 """The history of a map folded in Redis (``<map>__events``): a sink of the batch's records.
 
-It runs in the map's one query, beside the fold, on the records the batch
+It runs in the map's fold query, beside the fold, on the records the batch
 already read and decoded (``Batch.records``), so no second query reads and
 decodes the source again.
 """

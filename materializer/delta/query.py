@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from materializer import record_columns as c
 from materializer.batch import Sink
-from materializer.checkpoints.query import Checkpoint
+from materializer.checkpoints.running import Checkpoint
 from materializer.clients.object_store import delta_rs_location
 from materializer.config import AppConfig, is_inferred
 from materializer.config.durations import processing_time
@@ -18,14 +18,14 @@ from materializer.config.names import (
     checkpoint_path,
 )
 from materializer.contract.redis_layout import physical_name
-from materializer.contract.table_layout import table_path
+from materializer.contract.table_layout import table_meta, table_path
 from materializer.delta.retention import Retention
 from materializer.delta.sink import DeltaSink
-from materializer.runtime.projector import DELTA_POOL, Projector
-from materializer.source.formats.batch_typing import (
+from materializer.fold.entity_types import (
     changelog_entity,
     typed_batches,
 )
+from materializer.runtime.projector import DELTA_POOL, Projector
 from materializer.source.kafka import kafka_options
 
 if TYPE_CHECKING:
@@ -133,5 +133,5 @@ def start_delta_query(
     else:
         writer = writer.trigger(processingTime=processing_time(config.delta.trigger_interval))
     return writer.foreachBatch(
-        typed_batches(projector, table, inferred, c.table_meta(map_config))
+        typed_batches(projector, table, inferred, table_meta(map_config))
     ).start()

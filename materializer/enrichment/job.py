@@ -22,16 +22,16 @@ from typing import TYPE_CHECKING
 
 from materializer import record_columns as c
 from materializer.batch import Sink
-from materializer.checkpoints.query import Checkpoint
+from materializer.checkpoints.running import Checkpoint
 from materializer.clients.kafka import librdkafka
-from materializer.clients.redis import connect, get_many
+from materializer.clients.redis import client_for, get_many
 from materializer.config import KAFKA_KEY, AppConfig, EnrichmentConfig
 from materializer.config.durations import processing_time
-from materializer.config.names import MAP_GROUP, checkpoint_path
+from materializer.config.names import MAP_GROUP, checkpoint_path, enrichment_dead_letter_topic
 from materializer.contract.redis_layout import generation_key, parse_generation, physical_name
-from materializer.contract.table_layout import table_path
+from materializer.contract.table_layout import table_meta, table_path
 from materializer.encoding import entity_json
-from materializer.enrichment.outputs import KafkaOutput, TransactionalOutput
+from materializer.enrichment.outputs import KafkaOutput, TransactionalOutput, producer_options
 from materializer.enrichment.partition_join import (
     DEAD,
     EVENT,
@@ -40,9 +40,8 @@ from materializer.enrichment.partition_join import (
     found_column,
     output_schema,
 )
-from materializer.enrichment.plan import JoinPlan, LookupStep, OnMiss, plan_rounds
+from materializer.enrichment.plan import JoinPlan, LookupStep, OnMiss, lookup_step, plan_rounds
 from materializer.errors import ConfigError
-from materializer.job import producer_options
 from materializer.runtime.group_offsets import GroupOffsetsSink
 from materializer.runtime.metrics import BatchMetrics
 from materializer.runtime.progress import BatchLog
@@ -69,22 +68,15 @@ MISS_RULES: dict[str, OnMiss] = {
 inner join."""
 
 
-def dead_letter_topic(config: AppConfig, name: str) -> str:
-    """The configured dead-letter topic, or ``<enrichment>.dlq``."""
-    dead_letter = config.enrichments[name].dead_letter
-    return dead_letter.topic if dead_letter else f"{name}.dlq"
-
-
 def join_plan(spec: EnrichmentConfig) -> JoinPlan:
     """The configured lookups as the join's plan (config validation already checked them)."""
     return plan_rounds(
         [
-            LookupStep(
-                map=lookup.map,
+            lookup_step(
+                map_name=lookup.map,
                 key_field=lookup.key_field,
-                key_path=tuple(lookup.key_field.split(".")),
-                alias=lookup.alias or lookup.map,
-                fields=tuple(lookup.fields),
+                alias=lookup.alias or "",
+                fields=lookup.fields,
                 inner=lookup.join == "inner" or lookup.on_miss == "drop",
                 on_miss=MISS_RULES[lookup.on_miss],
             )
@@ -140,7 +132,7 @@ class BatchJoin:
         self.name = name
         self.spec = config.enrichments[name]
         self.plan = join_plan(self.spec)
-        self._redis = connect(config.redis)
+        self._redis = client_for(config.redis)
         out_key = self.spec.output.key
         self._output_key = None if out_key == KAFKA_KEY else tuple(out_key.split("."))
 
@@ -168,7 +160,7 @@ class BatchJoin:
 
         spark = rows.sparkSession
         key = F.get_json_object(F.col(EVENT).cast("string"), "$." + ".".join(step.key_path))
-        meta = set(c.table_meta(self.config.map(step.map)))
+        meta = set(table_meta(self.config.map(step.map)))
         try:
             table = spark.read.format("delta").load(table_path(self.config, physical))
         except Exception as exc:  # noqa: BLE001 - Spark's AnalysisException: no table yet
@@ -204,7 +196,7 @@ def start_enrichment(
     where = f"enrichments.{name}"
     topics = {
         OUT: output.topic,
-        DEAD: dead_letter_topic(config, name),
+        DEAD: enrichment_dead_letter_topic(config, name),
     }
     limits = [
         ensure_topic(config, spec.source.topics, topics[OUT], f"{where}.output.topic", {}),

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from materializer.batch import Batch, Sink
+from materializer.clients.kafka import java
+from materializer.config import AppConfig
 from materializer.enrichment.partition_join import DEAD, OUT, TARGET
 
 if TYPE_CHECKING:
@@ -216,3 +218,16 @@ def _produce(
             return
         except BufferError:
             producer.poll(0.1)
+
+
+def producer_options(config: AppConfig, max_record_bytes: int) -> dict[str, str]:
+    """Spark ``kafka`` writer options (without the ``kafka.`` prefix) for an enrichment's
+    topics: idempotent, and records as large as its sources' largest."""
+    return java(
+        config.kafka,
+        **{
+            "enable.idempotence": "true",
+            "acks": "all",
+            "max.request.size": str(max_record_bytes),
+        },
+    )

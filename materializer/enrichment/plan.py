@@ -10,7 +10,7 @@ round, gives exactly what applying every lookup one by one would.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
@@ -47,6 +47,29 @@ class JoinPlan:
     def maps(self) -> tuple[str, ...]:
         """The maps looked up, each once, in order of first use."""
         return tuple(dict.fromkeys(step.map for r in self.rounds for step in r))
+
+
+def lookup_step(
+    *,
+    map_name: str,
+    key_field: str,
+    alias: str,
+    fields: Iterable[str],
+    inner: bool,
+    on_miss: OnMiss,
+) -> LookupStep:
+    """One lookup as the join takes it, from its spec (a configured profile, an enrichment
+    job or a request) once checked: the key's path split on dots, the entity under the
+    map's name when no alias is given."""
+    return LookupStep(
+        map=map_name,
+        key_field=key_field,
+        key_path=tuple(key_field.split(".")),
+        alias=alias or map_name,
+        fields=tuple(fields),
+        inner=inner,
+        on_miss=on_miss,
+    )
 
 
 def plan_rounds(steps: Sequence[LookupStep]) -> JoinPlan:

@@ -189,7 +189,7 @@ def rebuild(
             replay_config(config, map_name),
             map_name,
             generation=new,
-            side_queries=False,
+            side_outputs=False,
             offsets_group=None,
         )
         try:

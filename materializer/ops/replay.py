@@ -45,7 +45,7 @@ def replay_digests(
         replay_config(config, map_name),
         map_name,
         generation=SCRATCH_GENERATION,
-        side_queries=False,
+        side_outputs=False,
         offsets_group=None,
         until=until,
     )

@@ -25,11 +25,10 @@ from materializer.clients.kafka_offsets import (
     Position,
     admin_client,
     commit_group_offsets,
-    group_name,
     partition_offsets,
 )
 from materializer.config import AppConfig
-from materializer.config.names import checkpoint_path
+from materializer.config.names import MAP_GROUP, checkpoint_path
 from materializer.contract.control import MapControl
 from materializer.contract.redis_layout import physical_name
 from materializer.errors import MaterializerError
@@ -124,4 +123,5 @@ def apply_reset(config: AppConfig, control: MapControl, reset: OffsetReset) -> N
             f"map {reset.map_name!r} folded batches since the reset was planned; plan it again"
         )
     files.rewrite_end_offsets(reset.batch_id, reset.after)
-    commit_group_offsets(admin_client(config.kafka), group_name(reset.map_name), reset.after)
+    group = MAP_GROUP.format(map=reset.map_name)
+    commit_group_offsets(admin_client(config.kafka), group, reset.after)

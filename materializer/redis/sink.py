@@ -1,7 +1,7 @@
 """A map's fold in Redis as its query's first sink: Redis Functions, as Hazelcast applies an entry
 processor to an IMap entry.
 
-A map runs one streaming query. Spark reads, decodes, transforms and keys
+A map's fold query (``materializer.job``) does it all. Spark reads, decodes, transforms and keys
 each micro-batch without any state of its own (``materializer.fold.base``
 says what each mode computes per record); then one function takes the
 batch's events as Arrow batches and, in a single pass:
@@ -80,7 +80,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
 
-    from materializer.source.formats.batch_typing import EntityTyper
+    from materializer.fold.entity_types import EntityTyper
 
 
 DRIVER_ROWS = 10_000

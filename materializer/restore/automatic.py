@@ -10,7 +10,7 @@ supervisor looks for it twice a second.
 A copy found without its marker is restored from what Delta and the
 changelog hold (``ExpectedState``, as ``rehydrate`` does), but only where a
 server lost it: an entity is written where neither it nor its fold state
-exists (``redis_fold.fill``), so a master that kept its data keeps what the
+exists (``materializer.redis.writer.fill``), so a master that kept its data keeps what the
 fold made of it. The fold's last committed batch is the newest the restored
 copy can hold, because a batch sends its changelog only once all of it is
 in Redis; the batch that was cut short is replayed when the map starts

@@ -104,7 +104,7 @@ class ExpectedState:
     tail: Tail
     _dataset: Any = field(default=None, repr=False)
     meta: tuple[str, ...] = (TABLE_KEY,)
-    """The table's columns that are not entity fields (``columns.table_meta``)."""
+    """The table's columns that are not entity fields (``contract.table_layout.table_meta``)."""
     ttl_ms: int | None = None
     """The map's ``ttl.redis``."""
     clock_ms: Callable[[], int] = field(default=lambda: int(time.time() * 1000), repr=False)

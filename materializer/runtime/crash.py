@@ -5,6 +5,10 @@ kill its own process group with SIGKILL right after the named sink wrote the
 n-th batch this process projected — the moment a crash is most harmful, with
 one store holding the batch and the other not. Operators use it to rehearse
 recovery; the crash tests use it to hit that window for certain.
+
+The sinks, in the order a fold batch meets them: ``fold`` (Redis holds the
+batch; its changelog and dead letters are sent), ``history``, ``redis`` (the
+watermark), ``group_offsets``; the Delta query's: ``delta``, ``retention``.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ class BatchMetrics(QueryListener):
         )
         self._rows_in = Counter(
             "materializer_rows_in",
-            "Records the query read from its topics (for the fold and the dead-letter query:"
+            "Records the query read from its topics (for the fold query:"
             " every source record, good or bad).",
             ["map", "query"],
             registry=r,

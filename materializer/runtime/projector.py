@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from materializer.batch import Batch, Sink
-from materializer.checkpoints.query import Checkpoint
+from materializer.checkpoints.running import Checkpoint
 from materializer.runtime.crash import CrashDrill
 from materializer.runtime.metrics import BatchMetrics
 from materializer.runtime.progress import BatchLog

@@ -3,7 +3,7 @@
 A dead-letter record is its source record plus a few headers, so the
 dead-letter topic must take records as big as the largest its source topics
 accept. A topic the broker auto-creates gets the broker's default limit (about
-1 MB) and a bigger poison record would fail the dead-letter query; creating the
+1 MB) and a bigger poison record would fail the batch that sends it; creating the
 topic with the sources' limit (plus room for the headers) loses nothing.
 """
 

@@ -2,9 +2,10 @@
 
 Each keeps its original key, value and headers and gains ``x-error-stage``,
 ``x-error-message``, ``x-source-topic``, ``x-source-partition`` and
-``x-source-offset`` headers. Delivery is at-least-once (Spark's ``kafka`` sink
-with an idempotent producer): after a crash a dead letter may appear twice,
-never zero times.
+``x-source-offset`` headers. Spark computes these columns with the batch's
+events; the fold sends them (``materializer.redis.apply``) with an idempotent
+producer, at least once: after a crash a dead letter may appear twice, never
+zero times.
 """
 
 from __future__ import annotations
@@ -67,8 +68,3 @@ def dead_letter_columns() -> list[Column]:
         F.col(c.VALUE).alias("value"),
         F.concat(original, added).alias("headers"),
     ]
-
-
-def dead_letters(bad: DataFrame) -> DataFrame:
-    """The Kafka sink's columns (key, value, headers) for records that failed."""
-    return bad.select(*dead_letter_columns())

@@ -9,7 +9,7 @@ fields and no error. Each format lives in ``source.formats``:
 ``json`` with ``schema``                ``formats.json``: ``from_json`` in the JVM
 ``json_schema``                         ``formats.json``: the same, after the wire format's header
 ``json`` without ``schema``             ``formats.json_inferred``: a VARIANT document, typed
-                                        per batch by ``formats.batch_typing``
+                                        per batch by ``fold.entity_types``
 ``avro`` with ``schema_file``           ``formats.avro_file``: ``from_avro`` in the JVM
 ``avro`` with ``schema_registry_url``   ``formats.avro_registry``: fastavro on the executors
 ``protobuf`` with ``descriptor_file``   ``formats.protobuf_file``: protobuf on the executors

@@ -1,8 +1,8 @@
 """A Spark standalone cluster (one master, N workers) run from the installed pyspark.
 
 Every daemon is a local process bound to 127.0.0.1 on free ports, so a job can be
-checked on real executors (jars shipped, Python workers, state stores loaded by
-another JVM than the one that wrote them) without a cluster manager to set up.
+checked on real executors (jars shipped, Python workers, a fold applied from
+another JVM's tasks) without a cluster manager to set up.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Enrich's lookup joins: events joined with map entities by key (``EnrichService``).
 
 The join's semantics are the materializer's (``materializer.enrichment.plan``,
-``join_rounds``), so an event enriched here comes out as an enrichment job
+``materializer.enrichment.rounds``), so an event enriched here comes out as an enrichment job
 would write it. Here: ``plan`` validates a request's lookups into those rounds,
 ``events`` parses a request's events for the join, ``batch`` reads the entities of many
 requests in one store round trip per round, ``inbox`` reads a stream's requests

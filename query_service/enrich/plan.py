@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Sequence
 
 from materializer.config import EnrichProfileConfig
-from materializer.enrichment.plan import JoinPlan, LookupStep, OnMiss, plan_rounds
+from materializer.enrichment.plan import JoinPlan, LookupStep, OnMiss, lookup_step, plan_rounds
 from materializer.v1 import enrich_service_pb2 as pb
 from query_service.enrich.errors import LookupMapNotFound
 from query_service.errors import InvalidArgument
@@ -89,12 +89,11 @@ def _step(
         raise InvalidArgument(
             f"{at}.key_field: {key_field!r} is not a member name or a dotted path like a.b.c"
         )
-    return LookupStep(
-        map=map_name,
+    return lookup_step(
+        map_name=map_name,
         key_field=key_field,
-        key_path=path,
-        alias=alias or map_name,
-        fields=tuple(fields),
+        alias=alias,
+        fields=fields,
         inner=inner,
         on_miss=on_miss,
     )

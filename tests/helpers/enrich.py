@@ -15,7 +15,7 @@ import redis
 from materializer.contract.redis_layout import Watermark, entity_key, meta_key
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import enrich_service_pb2 as pb
-from query_service.enrich.reference import Outcome, reference_join
+from tests.helpers.enrich_reference import Outcome, reference_join
 
 LEFT, INNER = pb.Lookup.LEFT, pb.Lookup.INNER
 NULL, OMIT, ERROR = pb.Lookup.NULL, pb.Lookup.OMIT, pb.Lookup.ERROR

@@ -11,7 +11,7 @@ import orjson
 import pytest
 import redis
 
-from materializer.checkpoints.query import KEPT_BATCHES, Checkpoint
+from materializer.checkpoints.running import KEPT_BATCHES, Checkpoint
 from materializer.config import AppConfig
 from materializer.config.names import checkpoint_path
 from materializer.contract.redis_layout import state_key

@@ -171,7 +171,7 @@ def test_enrichments_match_a_reference_join_from_redis_and_from_delta(
     events = [(p, o, k, v) for (p, o), (k, v) in zip(positions, user_records, strict=True)]
     users = fold_latest(events, "id", FIELDS)
 
-    queries = [start_map(spark, cfg, "users", side_queries=False)]
+    queries = [start_map(spark, cfg, "users", side_outputs=False)]
     try:
         wait_until(
             "the users folded into Redis and Delta",

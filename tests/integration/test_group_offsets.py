@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import Consumer
 
 from materializer.batch import Batch
-from materializer.checkpoints.query import Checkpoint
+from materializer.checkpoints.running import Checkpoint
 from materializer.config.names import checkpoint_path
 from materializer.job import start_map
 from materializer.runtime.group_offsets import GroupOffsetsSink

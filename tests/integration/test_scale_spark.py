@@ -1,8 +1,8 @@
 """The pipeline on a Spark standalone cluster gives exactly what local mode gives.
 
 One topic is folded twice: in local mode in this process, and by ``materializer
-run`` against a master with two workers, so that the fold's state lives in
-executors' RocksDB stores and the Redis writes run in executors' Python workers.
+run`` against a master with two workers, so that large batches are applied to
+Redis from executors' Python workers.
 """
 
 from __future__ import annotations

@@ -100,7 +100,7 @@ def test_redis_keys_expire_unless_written_again_and_the_expiries_reach_changes_a
     reference = fold_latest(
         [(p, o, k, v) for (p, o), (k, v) in zip(positions, events, strict=True)], "id", FIELDS
     )
-    queries = start_map(spark, cfg, name, side_queries=False)  # no dead-letter query: cheaper
+    queries = start_map(spark, cfg, name, side_outputs=False)  # no dead letters or history: cheaper
     try:
         # Polled rather than after the whole batch: the keys live only seconds.
         seen: dict[str, tuple[bytes | None, int]] = {}
@@ -226,7 +226,7 @@ def test_delta_cleanup_deletes_rows_not_updated_and_vacuums(
     reference = {k.decode(): orjson.loads(v) for k, v in upserts(recent, 2) if k and v}
     # The first Delta batch after the start takes in all of it, then runs the cleanup; the long
     # interval keeps it from running again.
-    queries = start_map(spark, cfg, name, side_queries=False)  # no dead-letter query: cheaper
+    queries = start_map(spark, cfg, name, side_outputs=False)  # no dead letters or history: cheaper
     try:
         queries.process_all_available()
     finally:

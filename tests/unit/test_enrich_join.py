@@ -17,8 +17,8 @@ from materializer.v1 import enrich_service_pb2 as pb
 from query_service.enrich.events import parse_event
 from query_service.enrich.inbox import Inbox
 from query_service.enrich.plan import plan_from_spec
-from query_service.enrich.reference import Outcome, reference_join
 from query_service.errors import InvalidArgument
+from tests.helpers.enrich_reference import Outcome, reference_join
 
 MAPS = ("a", "b")
 

@@ -21,9 +21,9 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from materializer import record_columns as c
 from materializer.config import inferred_problems, parse_config
 from materializer.errors import ConfigError, SetupError
+from materializer.fold.entity_types import ddl, parse_variant_schema, with_new_fields
 from materializer.source.formats.arrow_decode import ArrowDecode, DecodeFailure, ValueDecoder
 from materializer.source.formats.avro_types import AvroSchemaError, converter, spark_type
-from materializer.source.formats.batch_typing import ddl, parse_variant_schema, with_new_fields
 from materializer.source.formats.json_inferred import field_path
 from materializer.source.formats.protobuf_file import ProtobufDecoder, read_descriptor_set
 from materializer.source.formats.protobuf_pool import find_message

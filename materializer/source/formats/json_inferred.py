@@ -3,17 +3,16 @@
 A streaming query's columns are fixed when it starts, yet the fields of
 schemaless JSON are only known as events arrive. So decoding keeps each value
 as one ``VARIANT`` column, ``_document`` (a JSON object, else a decode error),
-and the key field beside it as a string; the fold carries the document through
-Spark's state store unchanged (its state schema never changes, whatever the
-events hold), and ``batch_typing`` turns the folded documents into typed
+and the key field beside it as a string; the fold carries the document
+unchanged, and ``materializer.fold.entity_types`` turns the documents into typed
 fields once per micro-batch, where a new field can become a new column.
 
 The ``latest`` fold works on the document as a whole. What needs fields
 known before the fold cannot work and is refused when the map starts, each
 problem naming its key: ``transforms``, ``fold.event_time``,
 ``fold.delete_when``, ``fold.mode: aggregate`` and ``fold.mode: merge`` (the
-merge fold tracks each declared leaf in the state store, and a document's
-leaves are unknown when the query starts) all need ``source.schema``.
+merge fold tracks each declared leaf in its state, and a document's leaves
+are unknown when the query starts) all need ``source.schema``.
 """
 
 from __future__ import annotations

@@ -188,8 +188,8 @@ def ddl(dtype: DataType) -> str:
 def table_fields(
     spark: SparkSession, table: str, meta: Collection[str] = (c.TABLE_KEY,)
 ) -> StructType:
-    """The entity fields of a map's Delta table (its columns but ``meta``, ``columns.table_meta``);
-    none when it does not exist yet."""
+    """The entity fields of a map's Delta table (its columns but ``meta``, see
+    ``materializer.contract.table_layout.table_meta``); none when it does not exist yet."""
     from delta.tables import DeltaTable
     from pyspark.sql.types import StructType
 
@@ -259,7 +259,8 @@ def typed_batches(
 ) -> Project:
     """``project`` itself, or wrapped to type documents first when the map's JSON is schemaless.
 
-    ``meta``: the table's columns that are not entity fields (``columns.table_meta``)."""
+    ``meta``: the table's columns that are not entity fields
+    (``materializer.contract.table_layout.table_meta``)."""
     return TypedBatches(project, table, meta) if inferred else project
 
 
