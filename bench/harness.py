@@ -28,7 +28,7 @@ from materializer.config import AppConfig, parse_config
 from materializer.contract.redis_layout import RESERVED_KEYS
 from materializer.delta.sink import DeltaSink
 from materializer.redis.sink import RedisFoldSink
-from materializer.redis.watermark import RedisSink
+from materializer.redis.watermark import WatermarkSink
 from materializer.runtime.projector import Projector
 from materializer.testing import KafkaBroker, RedisServer
 
@@ -248,7 +248,7 @@ def instrument() -> None:
     """Time each query's projector and sinks, keyed by ``<map>.<query>`` and batch id (the
     fold and Delta queries of a map number their batches independently)."""
     timed(Projector, "__call__", "projector")
-    timed(RedisSink, "write", "redis")
+    timed(WatermarkSink, "write", "redis")
     timed(DeltaSink, "write", "delta")
     timed(RedisFoldSink, "write", "redis_fold")
 

@@ -33,7 +33,7 @@ from materializer.config import RedisConfig
 from materializer.contract.markers import mark_whole
 from materializer.contract.redis_layout import Watermark
 from materializer.redis.functions import FoldTarget, load_library
-from materializer.redis.watermark import RedisSink
+from materializer.redis.watermark import WatermarkSink
 from materializer.redis.writer import Writer
 from materializer.testing import RedisCluster, RedisServer
 from query_service.stores.redis import RedisMapStore
@@ -63,7 +63,7 @@ def write(config: RedisConfig, winners: list[tuple[str, tuple[str, bytes | None]
     started = time.perf_counter()
     for _ in Writer(target, 0).latest(winners):
         pass
-    RedisSink(config, MAP, lambda _: {}).commit(Watermark(batch_id=0, app_id="bench"))
+    WatermarkSink(config, MAP, lambda _: {}).commit(Watermark(batch_id=0, app_id="bench"))
     return time.perf_counter() - started
 
 

@@ -53,7 +53,7 @@ from materializer.redis.deliveries import producer_settings
 from materializer.redis.expiry import expiry_ms
 from materializer.redis.functions import FoldTarget, load_library
 from materializer.redis.sink import RedisFold, RedisFoldSink
-from materializer.redis.watermark import RedisSink
+from materializer.redis.watermark import WatermarkSink
 from materializer.restore.automatic import ensure_whole
 from materializer.runtime.group_offsets import GroupOffsetsSink
 from materializer.runtime.metrics import BatchMetrics
@@ -201,7 +201,7 @@ def start_map(
     if side_outputs and map_config.history:
         sinks.append(HistorySink(history_path(config, map_name)))
     sinks.append(
-        RedisSink(config.redis, physical, checkpoint.end_offsets, map_config.changes.max_len)
+        WatermarkSink(config.redis, physical, checkpoint.end_offsets, map_config.changes.max_len)
     )
     if offsets_group is not None:
         group = offsets_group.replace("{map}", map_name)

@@ -23,12 +23,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 WATERMARK_WAIT_S = 120.0
-"""How long a batch's watermark waits for a Redis that does not answer (``RedisSink.write``)."""
+"""How long a batch's watermark waits for a Redis that does not answer (``WatermarkSink.write``)."""
 
 
-class RedisSink(Sink):
+class WatermarkSink(Sink):
     """``<map>:__meta__``, the batch's watermark, once the fold has put its entities and
-    change entries in place (``materializer.redis.sink``)."""
+    change entries in place (``materializer.redis.sink``).
+
+    Named ``redis`` in logs, metrics and crash drills (``redis:N``), as it always was."""
 
     name = "redis"
 

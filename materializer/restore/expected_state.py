@@ -43,7 +43,7 @@ class TableError(MaterializerError):
 
 
 def fold_watermark(config: AppConfig, physical: str) -> Watermark | None:
-    """The watermark the fold's last committed batch wrote, as ``RedisSink`` wrote it.
+    """The watermark the fold's last committed batch wrote, as ``WatermarkSink`` wrote it.
 
     The time is when Spark planned the batch (the sink's own clock is gone);
     no committed batch means no watermark.

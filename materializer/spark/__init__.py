@@ -1,0 +1,1 @@
+"""Spark for the materializer: the one place a session is built (``session``)."""

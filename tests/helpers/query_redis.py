@@ -22,7 +22,7 @@ from materializer.config import AppConfig, RedisConfig, parse_config
 from materializer.contract.markers import mark_whole
 from materializer.contract.redis_layout import Watermark
 from materializer.redis.functions import FoldTarget, load_library
-from materializer.redis.watermark import RedisSink
+from materializer.redis.watermark import WatermarkSink
 from materializer.redis.writer import Writer
 from query_service.near_cache import NearCaches
 from query_service.server import create_server, create_servers
@@ -123,7 +123,7 @@ def write_batch(
     ]
     for _ in Writer(target, batch_id).latest(winners):
         pass
-    RedisSink(config, map_name, lambda _: {}).commit(
+    WatermarkSink(config, map_name, lambda _: {}).commit(
         Watermark(
             batch_id=batch_id,
             offsets={t: dict(ps) for t, ps in (offsets or {}).items()},

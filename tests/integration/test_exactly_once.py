@@ -20,7 +20,7 @@ from materializer.batch import Batch
 from materializer.config import RedisConfig
 from materializer.contract.redis_layout import Watermark, changes_key, meta_key
 from materializer.delta.sink import DeltaSink
-from materializer.redis.watermark import RedisSink
+from materializer.redis.watermark import WatermarkSink
 from materializer.runtime.crash import CRASH_ENV
 from materializer.testing import produce
 from materializer.testing.process import ManagedProcess
@@ -99,7 +99,7 @@ def test_replayed_batch_adds_no_change_entries_and_commits_its_watermark_once(
     assert redis_client.xlen(changes_key(name)) == 3
     assert redis_client.get(f"{name}:a") is None
 
-    sink = RedisSink(RedisConfig(url=redis_url), name, lambda _: {})
+    sink = WatermarkSink(RedisConfig(url=redis_url), name, lambda _: {})
     committed = Watermark.from_hash(redis_client.hgetall(meta_key(name)))
     assert (committed.batch_id, committed.offsets) == (1, {"t": {0: 3}})
     # An older batch of the same query, replayed, leaves the watermark where it is.
