@@ -43,6 +43,7 @@ from materializer.runtime.metrics import BatchMetrics, serve_metrics
 from materializer.runtime.progress import BatchLog
 from materializer.runtime.query_group import QueryGroup
 from materializer.spark.session import build_spark_session
+from materializer.spark.signals import route_stop_signals
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -259,6 +260,13 @@ class Supervisor:
             self.start(m)
 
 
+def _stop_on(signal_name: str, stop: threading.Event) -> None:
+    """A stop signal, to the driver or to its JVM: the run drains and ends."""
+    if not stop.is_set():
+        log.info("%s: stopping after the running batches", signal_name)
+    stop.set()
+
+
 def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> list[str]:
     """Run the named maps until ``stop`` is set, or until none is running or paused.
 
@@ -269,6 +277,7 @@ def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> 
     # Before the JVM starts, so that a port already taken ends the run at once.
     metrics_server = serve_metrics(config.metrics, metrics.registry)
     spark = build_spark_session(config.spark, object_store=config.object_store)
+    route_stop_signals(spark, lambda name: _stop_on(name, stop))
     batch_log = BatchLog()
     listen(spark, batch_log, metrics)
     channel = ControlChannel(config.redis, names)

@@ -1,1 +1,2 @@
-"""Spark for the materializer: the one place a session is built (``session``)."""
+"""Spark for the materializer: the one place a session is built (``session``), and its stop
+signals routed to one drain (``signals``)."""

@@ -225,7 +225,12 @@ def test_demo_serves_the_users_it_produced_and_stops_cleanly_on_ctrl_c(encoding:
     if encoding == "Avro":
         args.append("--schema-registry")
     proc = subprocess.Popen(
-        args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        start_new_session=True,  # a terminal's process group: Ctrl-C reaches all of it
     )
     out = Output(proc)
     family = Descendants(proc.pid)
@@ -269,7 +274,7 @@ def test_demo_serves_the_users_it_produced_and_stops_cleanly_on_ctrl_c(encoding:
         assert len(family.seen) >= 5, family.seen  # broker, redis, pipeline + JVM, query service
     finally:
         if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
+            os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C, as a terminal delivers it
         try:
             code = proc.wait(STOP_TIMEOUT)
         except subprocess.TimeoutExpired:

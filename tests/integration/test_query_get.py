@@ -318,10 +318,25 @@ def test_reflection_lists_the_map_service(redis_url: str, map_name: str) -> None
 # --- the command line: `query-service serve` as a real process ---------------------------
 
 
-@pytest.mark.parametrize("event_loop", ["uvloop", "asyncio"])
-def test_cli_serve_answers_then_stops_gracefully_on_sigterm(
-    tmp_path: Path, redis_url: str, redis_client: redis.Redis, map_name: str, event_loop: str
+@pytest.mark.parametrize(
+    ("event_loop", "stop"),
+    [
+        ("uvloop", "process-sigterm"),
+        ("asyncio", "process-sigterm"),
+        ("uvloop", "group-sigint"),
+        ("asyncio", "group-sigterm"),
+    ],
+)
+def test_cli_serve_answers_then_stops_gracefully_however_signalled(
+    tmp_path: Path,
+    redis_url: str,
+    redis_client: redis.Redis,
+    map_name: str,
+    event_loop: str,
+    stop: str,
 ) -> None:
+    """A stop to the process (kill) or to its process group (a terminal's Ctrl-C,
+    systemd's KillMode=control-group) ends it the same way: gracefully, exit 0."""
     redis_client.set(entity_key(map_name, "u1"), ENTITY)
     config_file = tmp_path / "maps.yaml"
     config_file.write_text(
@@ -349,6 +364,7 @@ def test_cli_serve_answers_then_stops_gracefully_on_sigterm(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,
+        start_new_session=True,  # a group of its own, as a service manager gives it
     )
     try:
 
@@ -374,13 +390,17 @@ def test_cli_serve_answers_then_stops_gracefully_on_sigterm(
                 'materializer_query_requests_total{code="OK",method="Get"} 2.0' in r.read().decode()
             )
 
-        proc.send_signal(signal.SIGTERM)
+        if stop == "process-sigterm":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT if stop == "group-sigint" else signal.SIGTERM)
         output, _ = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 0, output.decode()
+    assert b"Traceback" not in output, output.decode()
     # JSON logs, one object per line.
     logged = [orjson.loads(line) for line in output.decode().splitlines() if line.startswith("{")]
     messages = [entry["message"] for entry in logged]

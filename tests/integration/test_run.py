@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import sys
 from pathlib import Path
 
 import orjson
+import pytest
 import yaml
 
 from materializer.testing import produce
@@ -58,11 +60,45 @@ def test_failed_map_is_reported_the_others_keep_going_and_sigterm_exits(
     assert watermark(redis_client, "runfail") is None
 
 
-def test_sigterm_right_after_redis_shows_every_entity_leaves_delta_equal_to_it(
-    kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
+def _jvm_of(pid: int) -> int:
+    """The JVM PySpark started under the driver ``pid``."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            if Path(f"/proc/{child}/cmdline").read_bytes().split(b"\0")[0].endswith(b"java"):
+                return int(child)
+    raise AssertionError(f"no JVM under {pid}")
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has ended (a zombie not yet reaped counts as ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def _deliver(proc: ManagedProcess, path: str) -> None:
+    """A stop as the world sends it: to the driver alone (kill), to the run's whole process
+    group (a terminal's Ctrl-C, systemd's KillMode=control-group), or to the JVM alone."""
+    if path == "driver-sigterm":
+        proc.proc.send_signal(signal.SIGTERM)
+    elif path == "group-sigterm":
+        os.killpg(proc.proc.pid, signal.SIGTERM)
+    elif path == "group-sigint":
+        os.killpg(proc.proc.pid, signal.SIGINT)
+    elif path == "jvm-sigterm":
+        os.kill(_jvm_of(proc.proc.pid), signal.SIGTERM)
+    else:
+        raise ValueError(path)
+
+
+@pytest.mark.parametrize("path", ["driver-sigterm", "group-sigterm", "group-sigint", "jvm-sigterm"])
+def test_a_stop_right_after_redis_shows_every_entity_leaves_delta_equal_to_it(
+    kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path, path: str
 ):
     topic = new_topic(2)
-    doc = slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name="stopme")
+    name = "stop_" + path.replace("-", "_")
+    doc = slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name=name)
     # The Delta query's next trigger lies far beyond the test: only the stop can bring the
     # table up to what Redis holds.
     doc["delta"]["trigger_interval"] = "10 minutes"
@@ -81,21 +117,21 @@ def test_sigterm_right_after_redis_shows_every_entity_leaves_delta_equal_to_it(
         positions = produce(kafka_bootstrap, topic, records)
         events = [(p, o, k, v) for (p, o), (k, v) in zip(positions, records, strict=True)]
         reference = fold_latest(events, "id", FIELDS)
-        wait_until(
-            "Redis to hold every entity", lambda: redis_map(redis_client, "stopme") == reference
-        )
-        proc.proc.send_signal(signal.SIGTERM)
+        wait_until("Redis to hold every entity", lambda: redis_map(redis_client, name) == reference)
+        jvm = _jvm_of(proc.proc.pid)
+        _deliver(proc, path)
         proc.proc.wait(150)
     finally:
         proc.stop()
     log = proc.log_path.read_text()
     assert proc.proc.returncode == 0, log[-3000:]
-    assert delta_map_rs(tmp_path / "warehouse" / "stopme") == reference
-    assert redis_map(redis_client, "stopme") == reference
-    # A clean stop: no stack trace, nothing cut short.
+    assert delta_map_rs(tmp_path / "warehouse" / name) == reference
+    assert redis_map(redis_client, name) == reference
+    # A clean stop: no stack trace, nothing cut short, and the JVM gone with the run.
     assert "Traceback" not in log and "Exception" not in log, log[-3000:]
     assert "cut its Delta table's catch-up short" not in log
-    assert "map stopme stopped" in log
+    assert f"map {name} stopped" in log
+    wait_until("the JVM to end with the run", lambda: _gone(jvm))
 
 
 def test_json_logs_give_one_object_per_line_with_batch_fields_spark_included(
@@ -131,3 +167,24 @@ def test_json_logs_give_one_object_per_line_with_batch_fields_spark_included(
     assert all(isinstance(ms, int) for ms in first["phases_ms"].values())
     assert any(e["logger"].startswith("org.apache.") for e in entries), lines[:20]
     assert proc.proc.returncode == 0
+
+
+def test_a_driver_killed_alone_takes_its_jvm_with_it(
+    kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
+):
+    topic = new_topic(1)
+    doc = slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name="orphan")
+    config_file = tmp_path / "maps.yaml"
+    config_file.write_text(yaml.safe_dump(doc))
+    produce(kafka_bootstrap, topic, [(b"a", orjson.dumps({"id": "a", "age": 1}))])
+
+    args = [sys.executable, "-m", "materializer", "run", "-c", str(config_file)]
+    proc = ManagedProcess(args, tmp_path / "run.log")
+    try:
+        wait_until("the first batch", lambda: watermark(redis_client, "orphan") is not None)
+        jvm = _jvm_of(proc.proc.pid)
+        os.kill(proc.proc.pid, signal.SIGKILL)  # the driver only: its JVM is not signalled
+        proc.proc.wait(30)
+        wait_until("the JVM to end with its driver", lambda: _gone(jvm))
+    finally:
+        proc.stop()
