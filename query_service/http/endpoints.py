@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 
 from materializer.v1 import admin_service_pb2 as admin_pb
 from query_service.http import shapes
+from query_service.tables.query_plan import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
@@ -52,18 +53,52 @@ class Endpoint:
     status: int = 200
 
 
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+"""The largest values of the protobuf fields the numbers travel in: a larger one is a 400
+naming its parameter, never an overflow deep in the call."""
+
+OFFSETS_ITEM = r"[A-Za-z0-9._-]+:[0-9]{1,9}:[0-9]{1,18}"
+"""One ``topic:partition:offset`` of ``min_offsets``: a Kafka topic name, and numbers that
+fit the partition's int32 and the offset's int64."""
+
 MAP = Param("map", "path", "the map's name", required=True)
 KEY = Param("key", "path", "the entity's key", required=True)
 TIMEOUT = Param(
     "timeout_ms",
     "query",
     "how long to wait for min_offsets (or a query) before 504",
-    {"type": "integer", "minimum": 1},
+    {"type": "integer", "minimum": 1, "maximum": INT32_MAX},
 )
 MIN_OFFSETS = Param(
     "min_offsets",
     "query",
     "read-your-writes: topic:partition:offset,... the answer must reflect",
+    {"type": "string", "pattern": f"^({OFFSETS_ITEM})?(,({OFFSETS_ITEM})?)*$"},
+)
+AS_OF_VERSION = Param(
+    "as_of_version",
+    "query",
+    "a Delta table version (not with as_of_timestamp)",
+    {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+)
+LIMIT = Param(
+    "limit",
+    "query",
+    "rows in all pages at most",
+    {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+)
+PAGE_SIZE = Param(
+    "page_size",
+    "query",
+    f"rows in this page at most (0: {DEFAULT_PAGE_SIZE})",
+    {"type": "integer", "minimum": 0, "maximum": MAX_PAGE_SIZE},
+)
+BATCH = Param(
+    "batch",
+    "query",
+    "events per lookup round",
+    {"type": "integer", "minimum": 1, "maximum": INT32_MAX},
 )
 
 # The prefixes of gRPC method names: an endpoint's ``rpc`` and its handler's ``MethodCall``
@@ -79,8 +114,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         "One entity and the map's watermark, or as the Delta table held it (as_of_*)",
         MAPS_RPC + "Get",
         (MAP, KEY, MIN_OFFSETS, TIMEOUT,
-         Param("as_of_version", "query", "a Delta table version", {"type": "integer"}),
-         Param("as_of_timestamp", "query", "RFC 3339: the version current then")),
+         AS_OF_VERSION,
+         Param("as_of_timestamp", "query",
+               "RFC 3339: the version current then (not with as_of_version)")),
         answer=shapes.EntityLookup,
     ),
     Endpoint("POST", "/v1/maps/{map}/entities:batchGet", "batch_get",
@@ -91,8 +127,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         MAPS_RPC + "Query",
         (MAP, Param("where", "query", "a SQL filter on the entity's fields, as gRPC Query"),
          Param("fields", "query", "fields to return, comma-separated; all by default"),
-         Param("limit", "query", "rows in all pages at most", {"type": "integer"}),
-         Param("page_size", "query", "rows in this page at most", {"type": "integer"}),
+         LIMIT,
+         PAGE_SIZE,
          Param("page_token", "query", "next_page_token of the page before")),
         answer=shapes.QueryPage,
     ),
@@ -113,7 +149,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         (Param("profile", "query", "an enrichment profile of the configuration"),
          Param("spec", "query", "a JoinSpec in protobuf JSON, instead of a profile"),
          MIN_OFFSETS,
-         Param("batch", "query", "events per lookup round", {"type": "integer", "minimum": 1})),
+         BATCH),
         NDJSON, NDJSON,
     ),
     Endpoint("GET", "/v1/maps/{map}/status", "status", "The map's state, lag and rates",

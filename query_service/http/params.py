@@ -8,6 +8,7 @@ pydantic error.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import grpc
@@ -17,6 +18,9 @@ from aiohttp import web
 from materializer.v1 import common_pb2 as common
 from query_service.http import shapes
 from query_service.http.calls import HttpAbort
+from query_service.http.endpoints import OFFSETS_ITEM, TIMEOUT, Param
+
+_OFFSETS_ITEM = re.compile(OFFSETS_ITEM)
 
 
 def invalid(message: str) -> HttpAbort:
@@ -24,8 +28,10 @@ def invalid(message: str) -> HttpAbort:
     return HttpAbort(grpc.StatusCode.INVALID_ARGUMENT, message)
 
 
-def int_param(request: web.Request, name: str, minimum: int | None = None) -> int | None:
-    """An integer query parameter; None when absent or empty, so the method's default holds."""
+def int_param(request: web.Request, param: Param) -> int | None:
+    """An integer query parameter within the bounds its OpenAPI schema declares; None when
+    absent or empty, so the method's default holds."""
+    name = param.name
     raw = request.query.get(name)
     if raw is None or raw == "":
         return None
@@ -33,8 +39,11 @@ def int_param(request: web.Request, name: str, minimum: int | None = None) -> in
         value = int(raw)
     except ValueError:
         raise invalid(f"{name}: not an integer: {raw!r}") from None
+    minimum, maximum = param.schema.get("minimum"), param.schema.get("maximum")
     if minimum is not None and value < minimum:
         raise invalid(f"{name}: must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise invalid(f"{name}: must be at most {maximum}")
     return value
 
 
@@ -53,7 +62,7 @@ def list_param(request: web.Request, name: str) -> list[str]:
 
 def timeout_param(request: web.Request) -> float | None:
     """``timeout_ms`` in seconds, the unit of a gRPC deadline; None for no deadline."""
-    ms = int_param(request, "timeout_ms", 1)
+    ms = int_param(request, TIMEOUT)
     return None if ms is None else ms / 1000
 
 
@@ -63,14 +72,12 @@ def offsets_param(raw: str | None) -> list[common.PartitionOffset]:
     for item in (raw or "").split(","):
         if not item:
             continue
-        topic, _, rest = item.partition(":")
-        partition, _, offset = rest.partition(":")
-        try:
-            out.append(
-                common.PartitionOffset(topic=topic, partition=int(partition), offset=int(offset))
-            )
-        except ValueError:
-            raise invalid(f"min_offsets: {item!r} is not topic:partition:offset") from None
+        if not _OFFSETS_ITEM.fullmatch(item):
+            raise invalid(f"min_offsets: {item!r} is not topic:partition:offset")
+        topic, partition, offset = item.split(":")
+        out.append(
+            common.PartitionOffset(topic=topic, partition=int(partition), offset=int(offset))
+        )
     return out
 
 

@@ -28,7 +28,18 @@ from query_service.auth import Authorizer
 from query_service.health import RedisHealth
 from query_service.http import shapes
 from query_service.http.calls import HttpAbort, HttpContext, error_body, error_response
-from query_service.http.endpoints import ADMIN_RPC, JSON, MAPS_RPC, NDJSON, SSE, Endpoint
+from query_service.http.endpoints import (
+    ADMIN_RPC,
+    AS_OF_VERSION,
+    BATCH,
+    JSON,
+    LIMIT,
+    MAPS_RPC,
+    NDJSON,
+    PAGE_SIZE,
+    SSE,
+    Endpoint,
+)
 from query_service.http.params import (
     body_offsets,
     bool_param,
@@ -120,7 +131,7 @@ class HttpFront:
     async def get_entity(self, request: web.Request) -> web.Response:
         """``Get``, or ``GetAsOf`` with ``as_of_version`` / ``as_of_timestamp``."""
         name, key = request.match_info["map"], request.match_info["key"]
-        version = int_param(request, "as_of_version")
+        version = int_param(request, AS_OF_VERSION)
         stamp = request.query.get("as_of_timestamp")
         context = HttpContext(request, timeout_param(request))
         if version is not None or stamp is not None:
@@ -182,8 +193,8 @@ class HttpFront:
         call = map_pb.QueryRequest(
             map=request.match_info["map"],
             fields=list_param(request, "fields"),
-            limit=int_param(request, "limit", 0) or 0,
-            page_size=int_param(request, "page_size", 0) or 0,
+            limit=int_param(request, LIMIT) or 0,
+            page_size=int_param(request, PAGE_SIZE) or 0,
             page_token=request.query.get("page_token", ""),
         )
         if "where" in request.query:
@@ -248,7 +259,7 @@ class HttpFront:
                 raise invalid(f"spec: {exc}") from None
         elif "profile" in request.query:
             first.profile = request.query["profile"]
-        batch = int_param(request, "batch", 1) or ENRICH_BATCH
+        batch = int_param(request, BATCH) or ENRICH_BATCH
         starts: list[int] = []
 
         async def requests() -> AsyncIterator[enrich_pb.EnrichRequest]:

@@ -130,6 +130,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         self, request: pb.ValidateConfigRequest, context: grpc.aio.ServicerContext
     ) -> pb.ValidateConfigResponse:
         """The problems ``materializer validate`` would print for the same document."""
+        if not request.config.strip():
+            raise InvalidArgument("config: empty; send a configuration document (YAML or JSON)")
         if len(request.config.encode()) > MAX_CONFIG_BYTES:
             raise InvalidArgument(f"config: larger than {MAX_CONFIG_BYTES} bytes")
         problems = validate_text(request.config, "<request>")
