@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import ast
 import io
+import json
 import re
+import subprocess
+import sys
 import tokenize
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 TREES = ("materializer", "query_service", "tools", "bench", "tests")
@@ -29,26 +33,27 @@ def sources() -> Iterator[Path]:
                 yield path
 
 
-def prose(path: Path) -> Iterator[tuple[int, str]]:
-    """Every docstring (and attribute docstring) and comment of a file, with its line."""
-    text = path.read_text()
-    for node in ast.walk(ast.parse(text)):
-        if (
-            isinstance(node, ast.Expr)
-            and isinstance(node.value, ast.Constant)
-            and isinstance(node.value.value, str)
-        ):
-            yield node.lineno, node.value.value
-    for token in tokenize.generate_tokens(io.StringIO(text).readline):
-        if token.type == tokenize.COMMENT:
-            yield token.start[0], token.string
+def _prose_of(text: str) -> list[tuple[int, str]]:
+    """Every docstring (and attribute docstring) and comment of a source, with its line."""
+    found = [
+        (node.lineno, node.value.value)
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    ]
+    found += [
+        (token.start[0], token.string)
+        for token in tokenize.generate_tokens(io.StringIO(text).readline)
+        if token.type == tokenize.COMMENT
+    ]
+    return found
 
 
-@cache
-def defined(module: Path) -> frozenset[str]:
-    tree = ast.parse(module.read_text())
+def _defined_of(text: str) -> list[str]:
+    """The names a module defines or imports at any depth."""
     names = set()
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(text)):
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             names.add(node.name)
         elif isinstance(node, ast.Assign | ast.AnnAssign):
@@ -56,7 +61,26 @@ def defined(module: Path) -> frozenset[str]:
             names |= {t.id for t in targets if isinstance(t, ast.Name)}
         elif isinstance(node, ast.ImportFrom | ast.Import):
             names |= {(a.asname or a.name).split(".")[0] for a in node.names}
-    return frozenset(names)
+    return sorted(names)
+
+
+@cache
+def _parsed() -> dict[str, Any]:
+    """Every source parsed in a fresh interpreter: CPython 3.11's AST constructor can keep a
+    wrong recursion depth after another test's deep parse in this process, and then refuses
+    every parse with a SystemError."""
+    dump = subprocess.run(
+        [sys.executable, __file__], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    return json.loads(dump.stdout)  # type: ignore[no-any-return]
+
+
+def prose(path: Path) -> list[tuple[int, str]]:
+    return [(line, text) for line, text in _parsed()[str(path.relative_to(ROOT))]["prose"]]
+
+
+def defined(module: Path) -> frozenset[str]:
+    return frozenset(_parsed()[str(module.relative_to(ROOT))]["defined"])
 
 
 def resolves(dotted: str) -> bool:
@@ -114,3 +138,17 @@ def test_the_checks_see_a_missing_file_and_a_missing_module() -> None:
     assert not resolves("materializer.pipeline.redis_fold")
     assert not resolves("materializer.redis.writer.NoSuchThing")
     assert resolves("materializer.v1.MapService") and not resolves("materializer.v1.NoService")
+
+
+if __name__ == "__main__":
+    print(
+        json.dumps(
+            {
+                str(path.relative_to(ROOT)): {
+                    "prose": _prose_of(path.read_text()),
+                    "defined": _defined_of(path.read_text()),
+                }
+                for path in sources()
+            }
+        )
+    )
