@@ -5,7 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-pytest_plugins = ["tests.fixtures.services", "tests.fixtures.spark"]
+pytest_plugins = [
+    "tests.fixtures.services",
+    "tests.fixtures.spark",
+    "tests.fixtures.helm_chart",
+]
 
 
 RUNS = (

@@ -11,54 +11,18 @@ production renders are made once for this module.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import helm_python as helm
 import kubernetes_validate
 import pytest
 import yaml
 
 from tests.helpers.helm_chart import (
-    CHART,
     KUBE_VERSION,
     Render,
     Rendered,
-    clear_env_overrides,
     container,
-    production_values,
-    renderer,
 )
 
-
-@pytest.fixture(scope="module")
-def chart() -> Iterator[helm.Chart]:
-    with helm.Chart.load(CHART) as loaded:
-        yield loaded
-
-
-@pytest.fixture(scope="module")
-def render(chart: helm.Chart) -> Render:
-    return renderer(chart)
-
-
-@pytest.fixture(scope="module")
-def default(render: Render) -> Rendered:
-    return render()
-
-
-@pytest.fixture(scope="module")
-def production(render: Render) -> Rendered:
-    return render(production_values())
-
-
-@pytest.fixture(params=["default", "production"])
-def either(request: pytest.FixtureRequest, default: Rendered, production: Rendered) -> Rendered:
-    return default if request.param == "default" else production
-
-
-@pytest.fixture(autouse=True)
-def _no_env_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
-    clear_env_overrides(monkeypatch)
+pytestmark = pytest.mark.usefixtures("no_env_overrides")
 
 
 # --- the query service -------------------------------------------------------------------
