@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from materializer.clients.logs import LogFormat, LogLevel, configure_logging
-from materializer.commands import maps, offsets, rebuild, rehydrate
+from materializer.commands import catalog, maps, offsets, rebuild, rehydrate
 from materializer.commands.cli_support import ConfigOption, err, load
 from materializer.config import config_problems
 from materializer.errors import ConfigError, MaterializerError
@@ -73,23 +73,15 @@ def run(
         cfg = cfg.model_copy(
             update={"metrics": cfg.metrics.model_copy(update={"port": metrics_port})}
         )
-    names = map_names or [*sorted(cfg.maps), *sorted(cfg.enrichments)]
-    try:
-        for name in names:
-            if name not in cfg.enrichments:
-                cfg.map(name)
-    except MaterializerError as exc:
-        err.print(f"[red]{exc}[/red]", highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from None
-    if not names:
-        err.print("no maps or enrichments declared: nothing to run")
+    if not map_names and not cfg.catalog.enabled and not cfg.maps and not cfg.enrichments:
+        err.print("no maps or enrichments declared, and catalog.enabled is off: nothing to run")
         raise typer.Exit(2)
 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        failed = run_maps(cfg, names, stop)
+        failed = run_maps(cfg, map_names or None, stop)
     except MaterializerError as exc:
         err.print(f"[red]{exc}[/red]", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
@@ -169,3 +161,4 @@ app.command("reset-offsets")(offsets.reset_offsets)
 app.command()(rehydrate.rehydrate)
 app.command()(rehydrate.verify)
 app.command()(rebuild.rebuild)
+app.add_typer(catalog.app, name="maps")

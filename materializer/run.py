@@ -25,15 +25,25 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from materializer.catalog.live import LiveMaps
+from materializer.catalog.purge import drop_copy
 from materializer.checkpoints.source_loss import SourceDataLoss, check_source, explain_failure
 from materializer.clients.kafka_offsets import KafkaAccessError, check_access
 from materializer.clients.redis import TRANSIENT_ERRORS, client_for
 from materializer.config import AppConfig
 from materializer.contract.markers import is_whole
-from materializer.contract.redis_layout import Control, MapReport, generation_key, physical_name
+from materializer.contract.redis_layout import (
+    Control,
+    MapReport,
+    definition_key,
+    generation_key,
+    physical_name,
+)
+from materializer.contract.status import IN_HAND
 from materializer.enrichment.job import start_enrichment
-from materializer.errors import MaterializerError
+from materializer.errors import ConfigError, MaterializerError
 from materializer.job import start_map
+from materializer.ops.rebuild import Progress, rebuild
 from materializer.redis.functions import CopyLost
 from materializer.redis.state_size import StateSize, StateSizes
 from materializer.restore.automatic import ensure_whole
@@ -51,6 +61,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOOP_SECONDS = 0.5
+REBUILD_GRACE = 60.0
+"""After readers moved to a rebuilt copy, how long the old one stays: longer than any
+reader keeps the old generation in mind."""
 
 _RECOVERABLE_TYPES: tuple[type[Exception], ...] = (CopyLost, *TRANSIENT_ERRORS)
 RECOVERABLE = tuple(f"{cls.__module__}.{cls.__name__}" for cls in _RECOVERABLE_TYPES)
@@ -93,6 +106,20 @@ class _Map:
         )
 
 
+@dataclass
+class _Rebuild:
+    """A rebuild under way in this run."""
+
+    name: str
+    version: int
+    generation: int
+    thread: threading.Thread | None = None
+    switched: bool = False
+    done: bool = False
+    error: str = ""
+    wanted: int = 0
+
+
 class Supervisor:
     """Starts, pauses, resumes, restarts and watches the maps of one run."""
 
@@ -107,7 +134,12 @@ class Supervisor:
     ) -> None:
         """``report`` writes maps' states at once, for a state the loop would report late."""
         self._spark = spark
-        self._config = config
+        self.config = config
+        """The config in force; a map a rebuild has not yet moved keeps the one it runs."""
+        self._pinned: dict[str, tuple[AppConfig, int]] = {}
+        """Per map being rebuilt: the config its live queries run and the generation the
+        rebuild folds into; the map takes ``config`` once readers moved there."""
+        self._rebuilds: dict[str, _Rebuild] = {}
         self._batch_log = batch_log
         self._generation = generation
         self._metrics = metrics
@@ -118,7 +150,7 @@ class Supervisor:
         """Once per run: credentials do not change while it runs, and brokers that do not
         answer would cost every map the check's whole timeout."""
         if not self._access_checked:
-            check_access(self._config.kafka)
+            check_access(self.config.kafka)
             self._access_checked = True
 
     def start(self, m: _Map) -> None:
@@ -129,16 +161,17 @@ class Supervisor:
         """
         try:
             self._check_access()
-            if m.name in self._config.enrichments:
+            if m.name in self.config.enrichments:
                 m.queries = start_enrichment(
-                    self._spark, self._config, m.name, self._batch_log, metrics=self._metrics
+                    self._spark, self.config, m.name, self._batch_log, metrics=self._metrics
                 )
             else:
                 m.generation = self._generation(m.name)
-                check_source(self._config, m.name, m.generation)
+                config = self.config_for(m)
+                check_source(config, m.name, m.generation)
                 m.queries = start_map(
                     self._spark,
-                    self._config,
+                    config,
                     m.name,
                     self._batch_log,
                     generation=m.generation,
@@ -148,7 +181,7 @@ class Supervisor:
             self.fail(m, str(exc))
             return
         except KafkaAccessError as exc:  # refused credentials: no restart mends them
-            kind = "enrichment" if m.name in self._config.enrichments else "map"
+            kind = "enrichment" if m.name in self.config.enrichments else "map"
             self.fail(m, f"{kind} {m.name} cannot reach its topics: {exc}")
             return
         except MaterializerError:
@@ -158,6 +191,98 @@ class Supervisor:
             return
         m.state, m.error = "running", ""
         log.info("map %s running", m.name)
+
+    def first_start(self, m: _Map, request: Control) -> None:
+        """A map's first start in this run: paused if operators paused it before."""
+        m.restart_id = request.restart_id
+        if request.desired == "paused":
+            m.state = "paused"
+            log.info("map %s paused (as requested before this run)", m.name)
+        else:
+            self.start(m)
+
+    def config_for(self, m: _Map) -> AppConfig:
+        """The config to start a map's queries with, for the generation it starts on."""
+        pinned = self._pinned.get(m.name)
+        if pinned is None:
+            return self.config
+        old, target = pinned
+        if m.generation >= target:
+            del self._pinned[m.name]
+            return self.config
+        return old
+
+    def rebuild(self, m: _Map, before: AppConfig | None, version: int) -> None:
+        """Fold the map's new definition into a new generation beside the live one, which
+        keeps serving (and folding, on ``before``, its old definition, when this run knew
+        it); readers move once the new copy caught up, as ``materializer rebuild`` does."""
+        if m.name in self._rebuilds:
+            log.warning(
+                "map %s: a rebuild is under way; definition %d is rebuilt once it ends",
+                m.name,
+                version,
+            )
+            self._rebuilds[m.name].wanted = version
+            return
+        target = self._generation(m.name) + 1
+        if before is not None and m.name in before.maps:
+            self._pinned[m.name] = (before, target)
+        else:  # the old definition is gone: the old copy serves as it stands
+            self.stop(m, "rebuilding")
+        job = _Rebuild(m.name, version, target)
+        self._rebuilds[m.name] = job
+        job.thread = threading.Thread(
+            target=self._rebuild, args=(job, self.config), name=f"rebuild-{m.name}", daemon=True
+        )
+        log.info("map %s: rebuilding definition %d into generation %d", m.name, version, target)
+        job.thread.start()
+
+    def _rebuild(self, job: _Rebuild, config: AppConfig) -> None:
+        client = client_for(config.redis)
+
+        def moved(progress: Progress) -> None:
+            if progress.phase == "grace" and not job.switched:
+                job.switched = True
+                client.set(definition_key(job.name), str(job.version))
+                log.info("map %s: readers moved to definition %d", job.name, job.version)
+
+        try:
+            rebuild(self._spark, config, job.name, report=moved, grace_seconds=REBUILD_GRACE)
+        except Exception as exc:  # noqa: BLE001 - reported as the map's error, the run goes on
+            job.error = f"the rebuild of definition {job.version} failed: {exc}"
+            log.error("map %s: %s", job.name, job.error)
+        finally:
+            job.done = True
+
+    def drop_old_copies(self, name: str) -> None:
+        """Drop, on a thread, the copies a rebuild left behind when a stop cut its grace
+        period short (readers moved long since: the run has started again)."""
+        current = self._generation(name)
+
+        def drop() -> None:
+            client = client_for(self.config.redis)
+            for generation in range(current):
+                try:
+                    drop_copy(self.config, client, name, generation)
+                except Exception as exc:  # noqa: BLE001 - left for the next start
+                    log.warning("map %s: cannot drop generation %d yet: %s", name, generation, exc)
+
+        if current:
+            threading.Thread(target=drop, name=f"drop-{name}", daemon=True).start()
+
+    def rebuilt(self, m: _Map) -> None:
+        """Notice a rebuild that ended: a map it left stopped starts on its new copy."""
+        job = self._rebuilds.get(m.name)
+        if job is None or not job.done:
+            return
+        del self._rebuilds[m.name]
+        self._pinned.pop(m.name, None)
+        if job.error:
+            self.fail(m, job.error)
+        elif job.wanted > job.version:
+            self.rebuild(m, None, job.wanted)
+        elif m.state == "rebuilding":
+            self.start(m)
 
     def stop(self, m: _Map, state: str) -> None:
         """Stop a map's queries after their batch in flight."""
@@ -170,7 +295,7 @@ class Supervisor:
     def stop_all(self, running: list[_Map]) -> None:
         """The run's end: every fold stops after its batch, then every Delta table takes in
         the changelog up to it, all within ``spark.stop_timeout``."""
-        deadline = time.monotonic() + self._config.spark.stop_timeout.total_seconds()
+        deadline = time.monotonic() + self.config.spark.stop_timeout.total_seconds()
         for m in running:
             if m.queries is not None:
                 m.queries.stop_fold(deadline)
@@ -207,12 +332,12 @@ class Supervisor:
         if m.queries is not None:
             m.queries.stop_after_batch()
             m.queries = None
-        if m.name not in self._config.enrichments:
+        if m.name not in self.config.enrichments:
             try:
-                client = client_for(self._config.redis)
+                client = client_for(self.config.redis)
                 if m.generation:  # the pointer to the generation goes with the data
                     client.set(generation_key(m.name), str(m.generation), nx=True)
-                ensure_whole(self._config, m.name, m.generation)
+                ensure_whole(self.config, m.name, m.generation)
             except (redis.RedisError, MaterializerError) as exc:
                 log.error(
                     "map %s: cannot restore its Redis copy yet, trying again: %s", m.name, exc
@@ -222,22 +347,23 @@ class Supervisor:
 
     def lost(self, m: _Map) -> bool:
         """Whether a running map's Redis copy lost a master's marker (not an enrichment's)."""
-        if m.name in self._config.enrichments:
+        if m.name in self.config.enrichments:
             return False
         try:
-            return not is_whole(client_for(self._config.redis), physical_name(m.name, m.generation))
+            return not is_whole(client_for(self.config.redis), physical_name(m.name, m.generation))
         except redis.RedisError:
             return False  # unreachable: its queries retry, then fail or find it lost
 
     def step(self, m: _Map, request: Control) -> None:
         """Bring one map to what is asked of it, and notice a failed query or a lost copy."""
+        self.rebuilt(m)
         if m.state == "restoring":
             self.restore(m, "")
             return
         if m.state == "running" and m.queries is not None:
             broken = [q for q in m.queries.queries if not q.isActive]
             if broken:
-                error = explain_failure(self._config, m.name, m.generation, broken[0])
+                error = explain_failure(self.config, m.name, m.generation, broken[0])
                 if any(name in error for name in RECOVERABLE):
                     self.restore(m, "Redis failed its query")
                     return
@@ -267,12 +393,31 @@ def _stop_on(signal_name: str, stop: threading.Event) -> None:
     stop.set()
 
 
-def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> list[str]:
-    """Run the named maps until ``stop`` is set, or until none is running or paused.
+def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Event) -> list[str]:
+    """Run the named maps and enrichments (``None``: every one in force) until ``stop`` is
+    set, or until none is running or paused (every one failed); a run with no map yet
+    waits for the catalog to give it one.
 
     Returns the maps that failed. A map paused before the run starts stays
-    paused until resumed.
+    paused until resumed. The run follows the catalog (``materializer.catalog``):
+    a map created there starts, one changed restarts on its new definition, one
+    deleted stops after its Delta table took in its changelog; the others never
+    notice. Named maps keep their names: a run of ``--map`` follows their
+    definitions only.
     """
+    live = LiveMaps(config)
+    live.start()
+    unknown = [n for n in names or [] if n not in live.config.maps and n not in config.enrichments]
+    if unknown:
+        live.close()
+        known = ", ".join(sorted(live.config.maps)) or "none"
+        raise ConfigError("", [f"maps.{n}: no such map (known: {known})" for n in unknown])
+
+    def in_force() -> list[str]:
+        if names is not None:
+            return [n for n in names if n in live.config.maps or n in config.enrichments]
+        return [*sorted(live.config.maps), *sorted(config.enrichments)]
+
     metrics = BatchMetrics()
     # Before the JVM starts, so that a port already taken ends the run at once.
     metrics_server = serve_metrics(config.metrics, metrics.registry)
@@ -280,35 +425,40 @@ def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> 
     route_stop_signals(spark, lambda name: _stop_on(name, stop))
     batch_log = BatchLog()
     listen(spark, batch_log, metrics)
-    channel = ControlChannel(config.redis, names)
-    supervisor = Supervisor(spark, config, batch_log, channel.generation, metrics, channel.report)
-    maps = {name: _Map(name) for name in names}
+    channel = ControlChannel(config.redis, in_force())
+    supervisor = Supervisor(
+        spark, live.config, batch_log, channel.generation, metrics, channel.report
+    )
+    maps = {name: _Map(name) for name in in_force()}
 
     def measured(name: str, size: StateSize) -> None:
-        maps[name].state_size = size
+        if name in maps:
+            maps[name].state_size = size
         metrics.state_size(name, size.keys, size.bytes)
 
     sizes = StateSizes(
         config.redis,
-        lambda: {m.name: physical_name(m.name, m.generation) for m in maps.values()},
+        lambda: {m.name: physical_name(m.name, m.generation) for m in list(maps.values())},
         measured,
         config.metrics.state_interval.total_seconds(),
     )
+    following = config.catalog.enabled
+    poll = config.catalog.poll_interval.total_seconds()
     try:
         sizes.start()
         requests = channel.requests()
         for m in maps.values():
             if stop.is_set():
                 break
-            m.restart_id = requests[m.name].restart_id
-            if requests[m.name].desired == "paused":
-                m.state = "paused"
-                log.info("map %s paused (as requested before this run)", m.name)
-            else:
-                supervisor.start(m)
-        while not stop.is_set() and any(
-            m.state in ("running", "paused", "restoring") for m in maps.values()
+            _start(supervisor, live, m, requests[m.name], channel)
+        next_poll = time.monotonic() + poll
+        while not stop.is_set() and (
+            (following and not maps) or any(m.state in IN_HAND for m in maps.values())
         ):
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + poll
+                if live.refresh():
+                    _follow(supervisor, live, maps, in_force(), channel)
             requests = channel.requests()
             for m in maps.values():
                 supervisor.step(m, requests[m.name])
@@ -319,8 +469,66 @@ def run_maps(config: AppConfig, names: Sequence[str], stop: threading.Event) -> 
         supervisor.stop_all([m for m in maps.values() if m.state == "running"])
         channel.report({m.name: m.report() for m in maps.values()})
         channel.close()
+        live.close()
         spark.stop()
         if metrics_server is not None:
             metrics_server.shutdown()
             metrics_server.server_close()
     return [m.name for m in maps.values() if m.state == "failed"]
+
+
+def _follow(
+    supervisor: Supervisor,
+    live: LiveMaps,
+    maps: dict[str, _Map],
+    wanted: list[str],
+    channel: ControlChannel,
+) -> None:
+    """Bring the running maps to the catalog's: start the new, restart the changed, stop
+    the deleted. Only those move; the others' queries never stop."""
+    before = supervisor.config
+    after = live.config
+    supervisor.config = after
+    for name in [n for n in maps if n not in wanted]:
+        m = maps.pop(name)
+        supervisor.stop_all([m] if m.state == "running" else [])
+        m.state = "stopped"
+        channel.report({name: m.report()})
+        log.info("map %s deleted: its queries stopped", name)
+    channel.names = list(wanted)
+    requests = channel.requests()
+    for name in wanted:
+        if name in after.enrichments:
+            continue
+        version = live.maps.version(name)
+        if name not in maps:
+            m = maps[name] = _Map(name)
+            log.info("map %s created (version %d)", name, version)
+            _start(supervisor, live, m, requests[name], channel)
+        elif before.maps.get(name) != after.maps.get(name):
+            m = maps[name]
+            record = live.maps.stored.get(name)
+            if record is not None and record.rebuild:
+                supervisor.rebuild(m, before, version)
+                continue
+            log.info("map %s changed (version %d): restarting its queries", name, version)
+            was = m.state
+            supervisor.stop(m, "stopped")
+            if was == "paused":
+                m.state = "paused"
+            else:
+                supervisor.start(m)
+
+
+def _start(
+    supervisor: Supervisor, live: LiveMaps, m: _Map, request: Control, channel: ControlChannel
+) -> None:
+    """A map's first start in this run; one whose definition a rebuild has yet to fold is
+    rebuilt instead, and its old copy serves as it stands meanwhile."""
+    record = live.maps.stored.get(m.name)
+    if record is not None and record.rebuild:
+        if channel.definition(m.name) < record.version:
+            supervisor.rebuild(m, None, record.version)
+            return
+        supervisor.drop_old_copies(m.name)
+    supervisor.first_start(m, request)

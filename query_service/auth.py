@@ -11,9 +11,11 @@ Secret either way) and reads, in YAML or JSON::
 
 Verbs group the RPCs by what they let a caller do, so a grant survives new
 methods of the same kind: ``get`` (Get, BatchGet), ``query`` (Query,
-GetAsOf), ``watch``, ``enrich``, ``status`` (ListMaps, GetStatus,
-ValidateConfig) and ``control`` (Pause, Resume, Restart). Health checks and
-reflection need no token, so probes and tooling work without secrets.
+GetAsOf), ``watch``, ``enrich``, ``status`` (ListMaps, GetStatus, GetMapConfig,
+ValidateConfig), ``control`` (Pause, Resume, Restart) and ``manage`` (CreateMap,
+PutMapConfig, DeleteMap: what maps exist, and their definitions). Health checks and
+reflection need no token, so probes and tooling work without secrets. A change made
+with a token is logged with the token's name.
 """
 
 from __future__ import annotations
@@ -21,18 +23,20 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from materializer.catalog.live import LiveMaps, as_live
 from materializer.config import AppConfig, AuthConfig
 from materializer.errors import ConfigError
 from query_service.errors import PermissionDenied, Unauthenticated
 
 ALL = "*"
-VERBS = frozenset({"get", "query", "watch", "enrich", "status", "control"})
+VERBS = frozenset({"get", "query", "watch", "enrich", "status", "control", "manage"})
 METHOD_VERBS = {
     "/materializer.v1.MapService/Get": "get",
     "/materializer.v1.MapService/BatchGet": "get",
@@ -46,7 +50,13 @@ METHOD_VERBS = {
     "/materializer.v1.AdminService/Pause": "control",
     "/materializer.v1.AdminService/Resume": "control",
     "/materializer.v1.AdminService/Restart": "control",
+    "/materializer.v1.AdminService/GetMapConfig": "status",
+    "/materializer.v1.AdminService/CreateMap": "manage",
+    "/materializer.v1.AdminService/PutMapConfig": "manage",
+    "/materializer.v1.AdminService/DeleteMap": "manage",
 }
+CALLER: ContextVar[str] = ContextVar("caller", default="anonymous")
+"""The name of the token the call in hand was made with (``anonymous`` without auth)."""
 OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 
@@ -165,15 +175,16 @@ def parse_grants(doc: Any, where: str) -> dict[bytes, Grant]:
     return grants
 
 
-def request_maps(config: AppConfig) -> Callable[[str, Any], list[str]]:
+def request_maps(config: AppConfig | LiveMaps) -> Callable[[str, Any], list[str]]:
     """For per-map grants: the maps a request names.
 
     A status request without a map asks about every map; an Enrich request
     names the maps of its lookups, or of its profile.
     """
+    live = as_live(config)
     profiles = {
         name: [lookup.map for lookup in profile.lookups]
-        for name, profile in config.query.enrich_profiles.items()
+        for name, profile in live.config.query.enrich_profiles.items()
     }
 
     def maps(method: str, request: Any) -> list[str]:
@@ -185,7 +196,7 @@ def request_maps(config: AppConfig) -> Callable[[str, Any], list[str]]:
         if name is None:
             return []
         if not name and method.endswith("/GetStatus"):
-            return sorted(config.maps)
+            return sorted(live.config.maps)
         return [name] if name else []
 
     return maps

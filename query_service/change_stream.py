@@ -26,7 +26,8 @@ WAIT_SECONDS = 2.0
 """How long one blocking wait lasts before the reader reads again (and so notices a
 dead connection even when nothing changes)."""
 
-_ID = re.compile(r"(\d{1,20})(?:-(\d{1,20}))?")
+# ASCII digits, as the OpenAPI document's pattern says: \d would take any script's digits.
+_ID = re.compile(r"([0-9]{1,20})(?:-([0-9]{1,20}))?")
 _MAX_PART = 2**64 - 1
 
 

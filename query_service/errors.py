@@ -73,3 +73,15 @@ class PermissionDenied(QueryServiceError):
     """A known token that is not allowed this map or verb."""
 
     code = grpc.StatusCode.PERMISSION_DENIED
+
+
+class FailedPrecondition(QueryServiceError):
+    """The request cannot apply to the thing as it stands; the message names the way out."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class AlreadyExists(QueryServiceError):
+    """A create of something that exists already."""
+
+    code = grpc.StatusCode.ALREADY_EXISTS

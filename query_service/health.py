@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from grpc_health.v1 import health, health_pb2
 from redis.exceptions import RedisError
@@ -55,6 +55,7 @@ class RedisHealth:
         self._task: asyncio.Task[None] | None = None
         self._serving: bool | None = None
         self._map_serving: dict[str, bool] = {}
+        self._gone: set[str] = set()
 
     @property
     def serving(self) -> bool:
@@ -89,12 +90,22 @@ class RedisHealth:
             self._serving = ok
             for service in self._services:
                 await self._servicer.set(service, SERVING if ok else NOT_SERVING)
+        while self._gone:
+            name = self._gone.pop()
+            if self._map_serving.pop(name, None) is not None:
+                await self._servicer.set(map_service(name), NOT_SERVING)
         for i, name in enumerate(self._maps):
             serving = ok and i < len(states) and states[i] != b"restoring"
             if self._map_serving.get(name) != serving:
                 self._map_serving[name] = serving
                 await self._servicer.set(map_service(name), SERVING if serving else NOT_SERVING)
         return ok
+
+    def follow(self, maps: Iterable[str]) -> None:
+        """Watch these maps from the next check on (maps come and go at runtime); a map
+        no longer watched turns NOT_SERVING then."""
+        self._maps = sorted(maps)
+        self._gone.update(set(self._map_serving) - set(self._maps))
 
     async def _map_states(self) -> list[bytes | None]:
         """Each map's reported state (``<map>:__status__``), one round trip."""

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 import grpc
 
 from materializer.errors import first_line
-from query_service.auth import OPEN_PREFIXES, Authorizer, Grant
+from query_service.auth import CALLER, OPEN_PREFIXES, Authorizer, Grant
 from query_service.errors import InvalidArgument, QueryServiceError, StoreUnavailable
 from query_service.metrics import LATENCY, REQUESTS, STORE_ERRORS
 
@@ -158,6 +158,7 @@ class MethodCall:
             return None
         grant = self._authorizer.authenticate(context.invocation_metadata())
         self._authorizer.check_verb(grant, self.method)
+        CALLER.set(grant.name)
         return grant
 
     def _check(self, grant: Grant | None, request: Any) -> None:

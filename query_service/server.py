@@ -19,6 +19,7 @@ from aiohttp import web
 from grpc_health.v1 import health, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from materializer.catalog.live import LiveMaps
 from materializer.config import AppConfig, TlsConfig
 from materializer.errors import ConfigError, SetupError
 from materializer.v1 import admin_service_pb2, enrich_service_pb2, map_service_pb2
@@ -26,6 +27,7 @@ from materializer.v1 import admin_service_pb2_grpc as admin_pb_grpc
 from materializer.v1 import enrich_service_pb2_grpc as enrich_pb_grpc
 from materializer.v1 import map_service_pb2_grpc as map_pb_grpc
 from query_service.auth import Authorizer, request_maps
+from query_service.catalog import CatalogWatcher
 from query_service.freshness import FreshnessGate
 from query_service.health import RedisHealth
 from query_service.interceptors import add_wrapped
@@ -98,6 +100,10 @@ class Servers:
     port: int
     http: web.AppRunner | None = None
     http_port: int | None = None
+    live: LiveMaps | None = None
+    """The maps it serves, the file's and the catalog's."""
+    catalog: CatalogWatcher | None = None
+    """Follows the catalog until the servers stop."""
 
     async def start(self) -> None:
         """Start the gRPC server (the HTTP front listens from its creation)."""
@@ -110,6 +116,8 @@ class Servers:
         await self.grpc.stop(grace)
         if self.http is not None:
             await self.http.cleanup()
+        if self.catalog is not None:
+            await self.catalog.close()
 
 
 async def create_server(
@@ -158,13 +166,14 @@ async def create_servers(
     if near_caches is None:
         near_caches = NearCaches(store, config.query.near_cache)
         await near_caches.start()
-    maps_of = request_maps(config)
+    live = LiveMaps(config)
+    catalog = CatalogWatcher(live)
+    maps_of = request_maps(live)
     server = grpc.aio.server(options=SERVER_OPTIONS)
-    topics = {name: m.source.topics for name, m in config.maps.items()}
-    gate = FreshnessGate(store, topics)
-    maps = MapServicer(config, store, gate, TableReads(config, store.generation), near_caches)
-    enrich = EnrichServicer(config, store, gate)
-    admin = AdminServicer(config, ControlStore(store.client), LogEnds(config.kafka))
+    gate = FreshnessGate(store, live.topics())
+    maps = MapServicer(live, store, gate, TableReads(live, store.generation), near_caches)
+    enrich = EnrichServicer(live, store, gate)
+    admin = AdminServicer(live, ControlStore(store.client), LogEnds(config.kafka), catalog)
     for add, servicer in (
         (map_pb_grpc.add_MapServiceServicer_to_server, maps),
         (enrich_pb_grpc.add_EnrichServiceServicer_to_server, enrich),
@@ -176,6 +185,8 @@ async def create_servers(
     add_wrapped(server, health_pb2_grpc.add_HealthServicer_to_server, health_servicer)
     redis_health = RedisHealth(health_servicer, store.client, SERVICES, maps=list(config.maps))
     await redis_health.start()
+    catalog.on_change(lambda now: redis_health.follow(now.maps))
+    await catalog.start()
     if background is not None:
         background.append(redis_health)
 
@@ -188,7 +199,7 @@ async def create_servers(
         port = server.add_insecure_port(address)
     if port == 0:
         raise SetupError(f"cannot listen on {address}: the address is taken or not local")
-    servers = Servers(server, port)
+    servers = Servers(server, port, live=live, catalog=catalog)
     if http is not None:
         from query_service.http.routes import HttpFront
         from query_service.http.server import create_app, openapi, start_http
@@ -230,7 +241,7 @@ async def serve(
             host,
             servers.port,
             "off" if servers.http_port is None else servers.http_port,
-            ", ".join(sorted(config.maps)) or "none",
+            ", ".join(sorted((servers.live or LiveMaps(config)).config.maps)) or "none",
             "on" if config.query.tls else "off",
             "on" if config.query.auth else "off",
             config.query.metrics_port if config.query.metrics_port is not None else "off",

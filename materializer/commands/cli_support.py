@@ -17,6 +17,7 @@ import typer
 from redis.exceptions import RedisClusterException
 from rich.console import Console
 
+from materializer.catalog.live import LiveMaps
 from materializer.clients.redis import Client, connect
 from materializer.config import AppConfig, load_config
 from materializer.contract.control import MapControl
@@ -24,6 +25,8 @@ from materializer.errors import MaterializerError
 
 err = Console(stderr=True)
 out = Console()
+
+CATALOG_READ_SECONDS = 10.0
 
 ConfigOption = Annotated[
     Path, typer.Option("--config", "-c", help="The YAML file that declares the maps.")
@@ -52,6 +55,22 @@ def load(path: Path) -> AppConfig:
     """The config, or exit 2 with every problem and its key path."""
     with exits_on_errors():
         return load_config(path)
+
+
+def load_in_force(path: Path) -> AppConfig:
+    """The config with every map in force: the file's and the catalog's (``materializer
+    maps``), so a command reaches a map created through the API as it does the file's.
+    With Kafka out of reach, the file's maps, and a warning."""
+    config = load(path)
+    live = LiveMaps(config)
+    try:
+        with exits_on_errors():
+            live.catch_up(CATALOG_READ_SECONDS)
+    except typer.Exit:
+        err.print("[yellow]going on with the configuration file's maps only[/yellow]")
+    finally:
+        live.close()
+    return live.config
 
 
 def redis_client(config: AppConfig) -> Client:

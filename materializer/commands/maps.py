@@ -20,7 +20,7 @@ from materializer.commands.cli_support import (
     ConfigOption,
     MapArgument,
     exits_on_errors,
-    load,
+    load_in_force,
     map_control,
     out,
     redis_client,
@@ -67,6 +67,7 @@ _STATE_STYLE = {
     "running": "green",
     "paused": "yellow",
     "restoring": "magenta",
+    "rebuilding": "magenta",
     "failed": "red",
     "stopped": "dim",
 }
@@ -134,7 +135,7 @@ def status(
 
     Exits 1 when a map has failed, so a health check can run it.
     """
-    cfg = load(config)
+    cfg = load_in_force(config)
     names = [map_name] if map_name else sorted(cfg.maps)
     with exits_on_errors():
         for name in names:
@@ -150,7 +151,7 @@ def status(
 
 
 def _request(config_path: Path, name: str, desired: str, restart: bool, wait: bool) -> None:
-    cfg = load(config_path)
+    cfg = load_in_force(config_path)
     control = map_control(cfg, name)
     with exits_on_errors():
         control.ask(desired, restart=restart)

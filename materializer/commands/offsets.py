@@ -11,7 +11,7 @@ from materializer.commands.cli_support import (
     ConfigOption,
     MapArgument,
     exits_on_errors,
-    load,
+    load_in_force,
     map_control,
     out,
 )
@@ -39,7 +39,7 @@ def reset_offsets(
     fold's state knows them): rebuild the map to start from nothing. A map
     whose next records Kafka no longer holds goes on from where records are.
     """
-    cfg = load(config)
+    cfg = load_in_force(config)
     control = map_control(cfg, map_name)
     with exits_on_errors():
         reset = plan_reset(cfg, control, parse_position(to))

@@ -11,7 +11,7 @@ from materializer.commands.cli_support import (
     ConfigOption,
     MapArgument,
     exits_on_errors,
-    load,
+    load_in_force,
     map_control,
     out,
 )
@@ -41,7 +41,7 @@ def rebuild(
     switch readers atomically once it caught up; drop the old copy after a grace period."""
     from materializer.spark.session import build_spark_session
 
-    cfg = load(config)
+    cfg = load_in_force(config)
     control = map_control(cfg, map_name)
     with exits_on_errors():
         before = control.generation()

@@ -25,7 +25,7 @@ from materializer.commands.cli_support import (
     MapArgument,
     err,
     exits_on_errors,
-    load,
+    load_in_force,
     out,
     redis_client,
 )
@@ -69,7 +69,7 @@ def rehydrate(
     keys Redis held beyond that are removed. A map a running materializer folds
     is paused meanwhile and resumed after.
     """
-    cfg = load(config)
+    cfg = load_in_force(config)
     client = redis_client(cfg)
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -133,7 +133,7 @@ def verify(
     Exit 0 when every entity and the watermark match, 1 on any difference, 2
     when the comparison could not run.
     """
-    cfg = load(config)
+    cfg = load_in_force(config)
     client = redis_client(cfg)
     spark = None
     try:

@@ -10,7 +10,8 @@ The models live in modules by section; this package re-exports every public name
 from __future__ import annotations
 
 from materializer.config.app import AppConfig
-from materializer.config.base import INTERNAL_PREFIX, KAFKA_KEY
+from materializer.config.base import INTERNAL_PREFIX, KAFKA_KEY, MAP_NAME
+from materializer.config.catalog import CatalogConfig
 from materializer.config.connections import (
     OBJECT_STORE_SCHEMES,
     DeltaConfig,
@@ -36,6 +37,7 @@ from materializer.config.loading import (
     parse_config,
     parse_config_text,
     validate_text,
+    with_maps,
 )
 from materializer.config.maps import (
     DOCUMENT,
@@ -81,6 +83,7 @@ __all__ = [
     "AppConfig",
     "AuthConfig",
     "CastTransform",
+    "CatalogConfig",
     "ChangelogConfig",
     "ChangesConfig",
     "ComputeTransform",
@@ -105,6 +108,7 @@ __all__ = [
     "KafkaSecurity",
     "KeepTransform",
     "LookupConfig",
+    "MAP_NAME",
     "MapConfig",
     "MaskTransform",
     "MetricsConfig",
@@ -134,4 +138,5 @@ __all__ = [
     "parse_config_text",
     "read_config_file",
     "validate_text",
+    "with_maps",
 ]

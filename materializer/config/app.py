@@ -11,7 +11,8 @@ from pydantic import (
     model_validator,
 )
 
-from materializer.config.base import _MAP_NAME, _Model
+from materializer.config.base import MAP_NAME, _Model
+from materializer.config.catalog import CatalogConfig
 from materializer.config.connections import (
     OBJECT_STORE_SCHEMES,
     DeltaConfig,
@@ -36,6 +37,7 @@ class AppConfig(_Model):
     query: QueryConfig = QueryConfig()
     metrics: MetricsConfig = MetricsConfig()
     object_store: ObjectStoreConfig | None = None
+    catalog: CatalogConfig = CatalogConfig()
     maps: dict[str, MapConfig] = Field(default_factory=dict)
     enrichments: dict[str, EnrichmentConfig] = Field(default_factory=dict)
 
@@ -116,8 +118,8 @@ class AppConfig(_Model):
     def _map_names(cls, jobs: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         kind = "map" if info.field_name == "maps" else "enrichment"
         for name in jobs:
-            if not _MAP_NAME.match(name):
-                raise ValueError(f"{kind} name {name!r} must match {_MAP_NAME.pattern}")
+            if not MAP_NAME.match(name):
+                raise ValueError(f"{kind} name {name!r} must match {MAP_NAME.pattern}")
         return jobs
 
     @model_validator(mode="after")

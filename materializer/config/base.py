@@ -16,8 +16,10 @@ INTERNAL_PREFIX = "__"
 KAFKA_KEY = "$kafka_key"
 
 
-_MAP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+MAP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Durations dump as seconds, which a config file takes back (a map's definition read
+    # back from the API is a valid section to put again).
+    model_config = ConfigDict(extra="forbid", frozen=True, ser_json_timedelta="float")

@@ -11,6 +11,7 @@ from typing import Annotated, Any
 from pydantic import (
     AfterValidator,
     BeforeValidator,
+    WithJsonSchema,
 )
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$")
@@ -52,7 +53,21 @@ def _duration(value: Any) -> Any:
         raise ValueError(_DURATION_FORM) from None
 
 
-Duration = Annotated[timedelta, BeforeValidator(_duration)]
+_DURATION_SCHEMA = {
+    "anyOf": [
+        {"type": "number", "minimum": 0, "description": "seconds"},
+        {
+            "type": "string",
+            "pattern": r"^\s*(\d+(\.\d*)?|\.\d+)\s*("
+            + "|".join(sorted((u for u in _DURATION_UNITS if u), key=len, reverse=True))
+            + r")?\s*$",
+            "description": 'a number and a unit, e.g. "30 minutes", "500 ms", "1.5 h"',
+        },
+    ]
+}
+"""What a duration is written as, for JSON Schema readers (the HTTP front's document)."""
+
+Duration = Annotated[timedelta, BeforeValidator(_duration), WithJsonSchema(_DURATION_SCHEMA)]
 """A ``timedelta`` written as ``"30 minutes"``, ``"2 s"``, ``"500 ms"`` or seconds (``90``)."""
 
 

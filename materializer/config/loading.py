@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from pydantic import (
 )
 
 from materializer.config.app import AppConfig
-from materializer.config.maps import inferred_problems, is_inferred
+from materializer.config.maps import MapConfig, inferred_problems, is_inferred
 from materializer.config.transforms import TRANSFORM_TYPES
 from materializer.errors import ConfigError
 
@@ -27,6 +28,7 @@ ENV_OVERRIDES: dict[str, tuple[str, str]] = {
     "MATERIALIZER_SPARK_MASTER": ("spark", "master"),
     "MATERIALIZER_CHECKPOINT_ROOT": ("spark", "checkpoint_root"),
     "MATERIALIZER_QUERY_PORT": ("query", "port"),
+    "MATERIALIZER_CATALOG_TOPIC": ("catalog", "topic"),
 }
 
 
@@ -103,6 +105,21 @@ def _problems(error: Any) -> list[str]:
             line = f"{path or '<root>'}: {line}"
         out.append(line)
     return out
+
+
+def with_maps(
+    config: AppConfig, maps: Mapping[str, MapConfig | dict[str, Any]], source: str = "<maps>"
+) -> AppConfig:
+    """``config`` with ``maps`` instead of its own, checked as a whole file is (names, topics
+    no two maps may share, what its enrichments and lookups name); raw sections are
+    validated, with each problem's key path under ``maps.<name>``."""
+    data: dict[str, Any] = {name: getattr(config, name) for name in type(config).model_fields}
+    data["maps"] = dict(maps)
+    try:
+        return AppConfig.model_validate(data)
+    except ValidationError as exc:
+        problems = [problem for e in exc.errors() for problem in _problems(e)]
+        raise ConfigError(source, problems) from None
 
 
 def load_config(path: str | Path) -> AppConfig:

@@ -12,6 +12,8 @@ Written down in docs/redis-layout.md and pinned by tests/unit/test_redis_layout.
 - ``<map>:__status__`` hash, what the running materializer reports of the map;
 - ``<map>:__control__`` hash, what operators ask of it (pause, resume, restart);
 - ``<map>:__generation__`` string, which generation of the map readers use;
+- ``<map>:__definition__`` string, the catalog version of the definition a rebuild
+  folded that generation by;
 - ``<map>\\0m:`` string (on a Redis Cluster one per master, ``<map>\\0m:{<tag>}``),
   the *marker*: this server holds the map's copy whole (``marker_key``);
 - ``<map>\\0o:{<map>:<key>}`` string, the fold's state of an entity, in its hash
@@ -43,8 +45,16 @@ CHANGES_SUFFIX = "__changes__"
 STATUS_SUFFIX = "__status__"
 CONTROL_SUFFIX = "__control__"
 GENERATION_SUFFIX = "__generation__"
+DEFINITION_SUFFIX = "__definition__"
 RESERVED_KEYS = frozenset(
-    {META_SUFFIX, CHANGES_SUFFIX, STATUS_SUFFIX, CONTROL_SUFFIX, GENERATION_SUFFIX}
+    {
+        META_SUFFIX,
+        CHANGES_SUFFIX,
+        STATUS_SUFFIX,
+        CONTROL_SUFFIX,
+        GENERATION_SUFFIX,
+        DEFINITION_SUFFIX,
+    }
 )
 """Entity keys that would collide with a map's own bookkeeping keys."""
 
@@ -56,6 +66,12 @@ GENERATION_MARK = "~"
 def generation_key(map_name: str) -> str:
     """The Redis string that names the generation readers use (absent: generation 0)."""
     return f"{map_name}:{GENERATION_SUFFIX}"
+
+
+def definition_key(map_name: str) -> str:
+    """The Redis string that holds the catalog version (``materializer.contract.map_catalog``)
+    of the definition the generation readers use was folded by, when a rebuild made it."""
+    return f"{map_name}:{DEFINITION_SUFFIX}"
 
 
 def physical_name(map_name: str, generation: int) -> str:

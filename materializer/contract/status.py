@@ -12,18 +12,23 @@ from dataclasses import dataclass
 
 from materializer.contract.redis_layout import MapReport, Watermark
 
+IN_HAND = ("running", "paused", "restoring", "rebuilding")
+"""The states of a map a materializer holds: its queries, or their return, are in hand."""
+
 STALE_REPORT_MS = 15_000
 """A running materializer reports every half second; silence this long means it is gone."""
 
 
 def effective_state(report: MapReport | None, now_ms: int) -> str:
-    """``not_started``, or the reported state; a running or paused map gone silent is ``stopped``.
+    """``not_started``, or the reported state; a running, paused or rebuilding map gone silent
+    is ``stopped``.
 
     A killed materializer cannot say it stopped, so the report's age decides.
     """
     if report is None:
         return "not_started"
-    if report.state in ("running", "paused") and now_ms - report.reported_at_ms > STALE_REPORT_MS:
+    live = ("running", "paused", "rebuilding")
+    if report.state in live and now_ms - report.reported_at_ms > STALE_REPORT_MS:
         return "stopped"
     return report.state
 

@@ -24,23 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import pyarrow.fs as pafs
-
+from materializer.catalog.purge import drop_copy
 from materializer.clients.kafka_offsets import admin_client, partition_offsets
-from materializer.clients.redis import Client, connect
+from materializer.clients.redis import connect
 from materializer.config import AppConfig
-from materializer.config.names import changelog_topic, checkpoint_path
 from materializer.contract.control import MapControl
 from materializer.contract.redis_layout import (
-    CONTROL_SUFFIX,
-    GENERATION_SUFFIX,
-    STATUS_SUFFIX,
     generation_key,
-    marker_key,
-    physical_name,
-    state_keys_pattern,
 )
-from materializer.contract.table_layout import table_path
 from materializer.errors import MaterializerError
 from materializer.job import start_map
 from materializer.runtime.query_group import QueryGroup
@@ -50,8 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-MAP_QUERIES = ("fold", "delta")
-"""The queries whose checkpoints belong to a generation; the others belong to the map."""
 POLL_SECONDS = 0.5
 
 
@@ -106,59 +95,6 @@ def replay_config(config: AppConfig, map_name: str) -> AppConfig:
     source = map_config.source.model_copy(update={"starting_offsets": "earliest"})
     replay = map_config.model_copy(update={"source": source})
     return config.model_copy(update={"maps": {**config.maps, map_name: replay}})
-
-
-class GenerationFiles:
-    """A generation's folders (its Delta table and checkpoints) on any pyarrow file system."""
-
-    def __init__(self, config: AppConfig, map_name: str, generation: int) -> None:
-        physical = physical_name(map_name, generation)
-        self.folders = [table_path(config, physical)] + [
-            checkpoint_path(config, physical, q) for q in MAP_QUERIES
-        ]
-
-    def delete(self) -> None:
-        """Remove every folder that exists."""
-        for folder in self.folders:
-            if "://" in folder:
-                fs, path = pafs.FileSystem.from_uri(folder)
-            else:
-                fs, path = pafs.LocalFileSystem(), folder
-            if fs.get_file_info(path).type != pafs.FileType.NotFound:
-                fs.delete_dir(path)
-
-
-def drop_redis_copy(client: Client, map_name: str, generation: int) -> int:
-    """Delete a generation's keys (entities, watermark, changes, the fold's states, its
-    markers); the map's own keys stay."""
-    physical = physical_name(map_name, generation)
-    keep = {f"{map_name}:{s}".encode() for s in (STATUS_SUFFIX, CONTROL_SUFFIX, GENERATION_SUFFIX)}
-    dropped = 0
-    batch: list[bytes] = []
-    markers = f"{marker_key(physical)}*".encode()
-    for pattern in (f"{physical}:*".encode(), state_keys_pattern(physical), markers):
-        for key in client.scan_iter(match=pattern, count=5000):
-            if key in keep:
-                continue
-            batch.append(key)
-            if len(batch) >= 5000:
-                dropped += int(client.unlink(*batch))
-                batch = []
-    if batch:
-        dropped += int(client.unlink(*batch))
-    return dropped
-
-
-def drop_copy(config: AppConfig, client: Client, map_name: str, generation: int) -> None:
-    """Remove one generation of a map everywhere: Redis, table, checkpoints, changelog."""
-    dropped = drop_redis_copy(client, map_name, generation)
-    GenerationFiles(config, map_name, generation).delete()
-    topic = changelog_topic(config, map_name, generation)
-    admin = admin_client(config.kafka)
-    if topic in admin.list_topics(timeout=10).topics:
-        for future in admin.delete_topics([topic], operation_timeout=30).values():
-            future.result()
-    log.info("map %s: generation %d dropped (%d Redis keys)", map_name, generation, dropped)
 
 
 def rebuild(

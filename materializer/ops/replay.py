@@ -16,12 +16,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from materializer.catalog.purge import drop_copy
 from materializer.clients.redis import Client
 from materializer.config import AppConfig
 from materializer.contract.control import MapControl
 from materializer.contract.redis_layout import physical_name
 from materializer.job import start_map
-from materializer.ops.rebuild import Progress, catch_up, drop_copy, replay_config
+from materializer.ops.rebuild import Progress, catch_up, replay_config
 from materializer.ops.verify import redis_digests
 
 if TYPE_CHECKING:

@@ -21,6 +21,7 @@ from materializer.contract.redis_layout import (
     Control,
     MapReport,
     control_key,
+    definition_key,
     generation_key,
     parse_generation,
     status_key,
@@ -34,7 +35,8 @@ class ControlChannel:
 
     def __init__(self, config: RedisConfig, names: Sequence[str]) -> None:
         self._client = connect(config, socket_timeout=2.0, socket_connect_timeout=2.0)
-        self._names = list(names)
+        self.names = list(names)
+        """The maps it reads and reports; the run changes them as maps come and go."""
         self._last: dict[str, Control] = {}
         self._warned = False
 
@@ -42,14 +44,14 @@ class ControlChannel:
         """Each map's current request; the last one known when Redis cannot be read."""
         try:
             pipe = self._client.pipeline(transaction=False)
-            for name in self._names:
+            for name in self.names:
                 pipe.hgetall(control_key(name))
             replies = pipe.execute()
         except redis.RedisError as exc:
             self._warn(exc)
-            return {n: self._last.get(n, Control()) for n in self._names}
+            return {n: self._last.get(n, Control()) for n in self.names}
         self._warned = False
-        self._last = {n: Control.from_hash(r) for n, r in zip(self._names, replies, strict=True)}
+        self._last = {n: Control.from_hash(r) for n, r in zip(self.names, replies, strict=True)}
         return dict(self._last)
 
     def generation(self, name: str) -> int:
@@ -59,6 +61,10 @@ class ControlChannel:
         generation would fold into a copy readers no longer use.
         """
         return parse_generation(self._client.get(generation_key(name)))
+
+    def definition(self, name: str) -> int:
+        """The catalog version a rebuild last folded the map's readers' copy by (0: none)."""
+        return parse_generation(self._client.get(definition_key(name)))
 
     def report(self, reports: dict[str, MapReport]) -> None:
         """Write each map's report (best effort: a missed report is only a stale status)."""

@@ -16,20 +16,24 @@ class ListMapsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class MapInfo(_message.Message):
-    __slots__ = ("name", "topics", "format", "key", "fold_mode", "table_path")
+    __slots__ = ("name", "topics", "format", "key", "fold_mode", "table_path", "origin", "version")
     NAME_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     FORMAT_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     FOLD_MODE_FIELD_NUMBER: _ClassVar[int]
     TABLE_PATH_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
     name: str
     topics: _containers.RepeatedScalarFieldContainer[str]
     format: str
     key: str
     fold_mode: str
     table_path: str
-    def __init__(self, name: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., format: _Optional[str] = ..., key: _Optional[str] = ..., fold_mode: _Optional[str] = ..., table_path: _Optional[str] = ...) -> None: ...
+    origin: str
+    version: int
+    def __init__(self, name: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., format: _Optional[str] = ..., key: _Optional[str] = ..., fold_mode: _Optional[str] = ..., table_path: _Optional[str] = ..., origin: _Optional[str] = ..., version: _Optional[int] = ...) -> None: ...
 
 class ListMapsResponse(_message.Message):
     __slots__ = ("maps",)
@@ -68,6 +72,7 @@ class MapStatus(_message.Message):
         FAILED: _ClassVar[MapStatus.State]
         STOPPED: _ClassVar[MapStatus.State]
         RESTORING: _ClassVar[MapStatus.State]
+        REBUILDING: _ClassVar[MapStatus.State]
     STATE_UNSPECIFIED: MapStatus.State
     NOT_STARTED: MapStatus.State
     RUNNING: MapStatus.State
@@ -75,6 +80,7 @@ class MapStatus(_message.Message):
     FAILED: MapStatus.State
     STOPPED: MapStatus.State
     RESTORING: MapStatus.State
+    REBUILDING: MapStatus.State
     MAP_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -136,3 +142,57 @@ class ValidateConfigResponse(_message.Message):
     valid: bool
     problems: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, valid: _Optional[bool] = ..., problems: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PutMapRequest(_message.Message):
+    __slots__ = ("map", "config_json", "rebuild")
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    REBUILD_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    config_json: str
+    rebuild: bool
+    def __init__(self, map: _Optional[str] = ..., config_json: _Optional[str] = ..., rebuild: _Optional[bool] = ...) -> None: ...
+
+class GetMapConfigRequest(_message.Message):
+    __slots__ = ("map",)
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    def __init__(self, map: _Optional[str] = ...) -> None: ...
+
+class MapDefinition(_message.Message):
+    __slots__ = ("map", "config_json", "origin", "version", "changed_by", "changed_at", "created", "rebuilding")
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_BY_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_AT_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    REBUILDING_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    config_json: str
+    origin: str
+    version: int
+    changed_by: str
+    changed_at: _timestamp_pb2.Timestamp
+    created: bool
+    rebuilding: bool
+    def __init__(self, map: _Optional[str] = ..., config_json: _Optional[str] = ..., origin: _Optional[str] = ..., version: _Optional[int] = ..., changed_by: _Optional[str] = ..., changed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., created: _Optional[bool] = ..., rebuilding: _Optional[bool] = ...) -> None: ...
+
+class DeleteMapRequest(_message.Message):
+    __slots__ = ("map", "purge")
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    PURGE_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    purge: bool
+    def __init__(self, map: _Optional[str] = ..., purge: _Optional[bool] = ...) -> None: ...
+
+class DeleteMapResponse(_message.Message):
+    __slots__ = ("map", "version", "purged")
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PURGED_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    version: int
+    purged: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, map: _Optional[str] = ..., version: _Optional[int] = ..., purged: _Optional[_Iterable[str]] = ...) -> None: ...

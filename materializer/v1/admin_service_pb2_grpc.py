@@ -64,6 +64,26 @@ class AdminServiceStub:
                 request_serializer=materializer_dot_v1_dot_admin__service__pb2.ValidateConfigRequest.SerializeToString,
                 response_deserializer=materializer_dot_v1_dot_admin__service__pb2.ValidateConfigResponse.FromString,
                 _registered_method=True)
+        self.CreateMap = channel.unary_unary(
+                '/materializer.v1.AdminService/CreateMap',
+                request_serializer=materializer_dot_v1_dot_admin__service__pb2.PutMapRequest.SerializeToString,
+                response_deserializer=materializer_dot_v1_dot_admin__service__pb2.MapDefinition.FromString,
+                _registered_method=True)
+        self.GetMapConfig = channel.unary_unary(
+                '/materializer.v1.AdminService/GetMapConfig',
+                request_serializer=materializer_dot_v1_dot_admin__service__pb2.GetMapConfigRequest.SerializeToString,
+                response_deserializer=materializer_dot_v1_dot_admin__service__pb2.MapDefinition.FromString,
+                _registered_method=True)
+        self.PutMapConfig = channel.unary_unary(
+                '/materializer.v1.AdminService/PutMapConfig',
+                request_serializer=materializer_dot_v1_dot_admin__service__pb2.PutMapRequest.SerializeToString,
+                response_deserializer=materializer_dot_v1_dot_admin__service__pb2.MapDefinition.FromString,
+                _registered_method=True)
+        self.DeleteMap = channel.unary_unary(
+                '/materializer.v1.AdminService/DeleteMap',
+                request_serializer=materializer_dot_v1_dot_admin__service__pb2.DeleteMapRequest.SerializeToString,
+                response_deserializer=materializer_dot_v1_dot_admin__service__pb2.DeleteMapResponse.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -111,6 +131,35 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CreateMap(self, request, context):
+        """Create a map managed through the API (ALREADY_EXISTS if it exists). Every running
+        materializer and query service on the same catalog starts it within seconds.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetMapConfig(self, request, context):
+        """A map's definition: its section of the configuration, version and origin.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutMapConfig(self, request, context):
+        """Create a map, or change one: only its queries restart.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteMap(self, request, context):
+        """Stop a map and forget it; with `purge`, remove its data as well.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -143,6 +192,26 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.ValidateConfig,
                     request_deserializer=materializer_dot_v1_dot_admin__service__pb2.ValidateConfigRequest.FromString,
                     response_serializer=materializer_dot_v1_dot_admin__service__pb2.ValidateConfigResponse.SerializeToString,
+            ),
+            'CreateMap': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateMap,
+                    request_deserializer=materializer_dot_v1_dot_admin__service__pb2.PutMapRequest.FromString,
+                    response_serializer=materializer_dot_v1_dot_admin__service__pb2.MapDefinition.SerializeToString,
+            ),
+            'GetMapConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetMapConfig,
+                    request_deserializer=materializer_dot_v1_dot_admin__service__pb2.GetMapConfigRequest.FromString,
+                    response_serializer=materializer_dot_v1_dot_admin__service__pb2.MapDefinition.SerializeToString,
+            ),
+            'PutMapConfig': grpc.unary_unary_rpc_method_handler(
+                    servicer.PutMapConfig,
+                    request_deserializer=materializer_dot_v1_dot_admin__service__pb2.PutMapRequest.FromString,
+                    response_serializer=materializer_dot_v1_dot_admin__service__pb2.MapDefinition.SerializeToString,
+            ),
+            'DeleteMap': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteMap,
+                    request_deserializer=materializer_dot_v1_dot_admin__service__pb2.DeleteMapRequest.FromString,
+                    response_serializer=materializer_dot_v1_dot_admin__service__pb2.DeleteMapResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -307,6 +376,114 @@ class AdminService:
             '/materializer.v1.AdminService/ValidateConfig',
             materializer_dot_v1_dot_admin__service__pb2.ValidateConfigRequest.SerializeToString,
             materializer_dot_v1_dot_admin__service__pb2.ValidateConfigResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateMap(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/materializer.v1.AdminService/CreateMap',
+            materializer_dot_v1_dot_admin__service__pb2.PutMapRequest.SerializeToString,
+            materializer_dot_v1_dot_admin__service__pb2.MapDefinition.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetMapConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/materializer.v1.AdminService/GetMapConfig',
+            materializer_dot_v1_dot_admin__service__pb2.GetMapConfigRequest.SerializeToString,
+            materializer_dot_v1_dot_admin__service__pb2.MapDefinition.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutMapConfig(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/materializer.v1.AdminService/PutMapConfig',
+            materializer_dot_v1_dot_admin__service__pb2.PutMapRequest.SerializeToString,
+            materializer_dot_v1_dot_admin__service__pb2.MapDefinition.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteMap(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/materializer.v1.AdminService/DeleteMap',
+            materializer_dot_v1_dot_admin__service__pb2.DeleteMapRequest.SerializeToString,
+            materializer_dot_v1_dot_admin__service__pb2.DeleteMapResponse.FromString,
             options,
             channel_credentials,
             insecure,

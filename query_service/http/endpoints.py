@@ -14,6 +14,7 @@ from typing import Any
 import pydantic
 from google.protobuf.message import Message
 
+from materializer.config import MAP_NAME
 from materializer.v1 import admin_service_pb2 as admin_pb
 from query_service.http import shapes
 from query_service.tables.query_plan import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
@@ -53,17 +54,17 @@ class Endpoint:
     status: int = 200
 
 
-INT32_MAX = 2**31 - 1
-INT64_MAX = 2**63 - 1
-"""The largest values of the protobuf fields the numbers travel in: a larger one is a 400
-naming its parameter, never an overflow deep in the call."""
+INT32_MAX = shapes.INT32_MAX
+INT64_MAX = shapes.INT64_MAX
 
-OFFSETS_ITEM = r"[A-Za-z0-9._-]+:[0-9]{1,9}:[0-9]{1,18}"
+OFFSETS_ITEM = f"{shapes.TOPIC}:{shapes.PARTITION}:{shapes.OFFSET}"
 """One ``topic:partition:offset`` of ``min_offsets``: a Kafka topic name, and numbers that
 fit the partition's int32 and the offset's int64."""
 
-MAP = Param("map", "path", "the map's name", required=True)
-KEY = Param("key", "path", "the entity's key", required=True)
+MAP = Param(
+    "map", "path", "the map's name", {"type": "string", "pattern": MAP_NAME.pattern}, required=True
+)
+KEY = Param("key", "path", "the entity's key", shapes.KEY_SCHEMA, required=True)
 TIMEOUT = Param(
     "timeout_ms",
     "query",
@@ -79,8 +80,49 @@ MIN_OFFSETS = Param(
 AS_OF_VERSION = Param(
     "as_of_version",
     "query",
-    "a Delta table version (not with as_of_timestamp)",
+    "a Delta table version",
     {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+)
+AS_OF_TIMESTAMP = Param(
+    "as_of_timestamp",
+    "query",
+    "RFC 3339: the version current then",
+    {"type": "string", "format": "date-time"},
+)
+AS_OF = Param(
+    "as_of",
+    "query",
+    "as_of_version=N or as_of_timestamp=RFC 3339, each a query parameter of its own, not both "
+    "(400 naming both): the entity as that version of the Delta table held it",
+    # A form-exploded object is how OpenAPI 3 says two query parameters exclude each other.
+    {
+        "type": "object",
+        "properties": {
+            p.name: {**p.schema, "description": p.description}
+            for p in (AS_OF_VERSION, AS_OF_TIMESTAMP)
+        },
+        "additionalProperties": False,
+        "maxProperties": 1,
+    },
+)
+CHANGE_ID = {"type": "string", "pattern": "^([0-9]{1,20}(-[0-9]{1,20})?)?$"}
+"""A change id as Redis writes it, ``ms-seq`` (each part at most 2^64 - 1), or ``ms``."""
+JOIN = Param(
+    "join",
+    "query",
+    "profile=NAME (an enrichment profile of the configuration) or spec=JSON (a JoinSpec in "
+    "protobuf JSON), each a query parameter of its own: one of them, not both",
+    {
+        "type": "object",
+        "properties": {
+            "profile": {"type": "string", "minLength": 1},
+            "spec": {"type": "string", "contentMediaType": JSON},
+        },
+        "additionalProperties": False,
+        "minProperties": 1,
+        "maxProperties": 1,
+    },
+    required=True,
 )
 LIMIT = Param(
     "limit",
@@ -107,16 +149,34 @@ MAPS_RPC = "/materializer.v1.MapService/"
 ADMIN_RPC = "/materializer.v1.AdminService/"
 
 ENDPOINTS: tuple[Endpoint, ...] = (
-    Endpoint("GET", "/v1/maps", "list_maps", "The declared maps", ADMIN_RPC + "ListMaps",
-             answer=admin_pb.ListMapsResponse),
+    Endpoint("GET", "/v1/maps", "list_maps", "The maps: the file's and those managed here",
+             ADMIN_RPC + "ListMaps", answer=admin_pb.ListMapsResponse),
+    Endpoint("POST", "/v1/maps", "create_map",
+             "Create a map (Kafka Connect's POST /connectors); every materializer starts it",
+             ADMIN_RPC + "CreateMap", (), shapes.CreateMapBody, shapes.MapDefinition,
+             status=201),
+    Endpoint("GET", "/v1/maps/{map}/config", "get_map_config",
+             "The map's section of the configuration", ADMIN_RPC + "GetMapConfig", (MAP,),
+             answer=shapes.MapSection),
+    Endpoint("PUT", "/v1/maps/{map}/config", "put_map_config",
+             "Create the map or change it: only its queries restart",
+             ADMIN_RPC + "PutMapConfig",
+             (MAP, Param("rebuild", "query",
+                         "let a change its state cannot follow through: rebuilt into a new "
+                         "copy while the old one serves", {"type": "boolean"})),
+             shapes.MapSection, shapes.MapDefinition),
+    Endpoint("DELETE", "/v1/maps/{map}", "delete_map",
+             "Stop the map and forget it; with purge, remove its data too",
+             ADMIN_RPC + "DeleteMap",
+             (MAP, Param("purge", "query",
+                         "also remove its Redis keys, Delta tables, checkpoints, consumer group "
+                         "and changelog topics once it stopped", {"type": "boolean"})),
+             answer=shapes.MapDeleted),
     Endpoint(
         "GET", "/v1/maps/{map}/entities/{key}", "get_entity",
         "One entity and the map's watermark, or as the Delta table held it (as_of_*)",
         MAPS_RPC + "Get",
-        (MAP, KEY, MIN_OFFSETS, TIMEOUT,
-         AS_OF_VERSION,
-         Param("as_of_timestamp", "query",
-               "RFC 3339: the version current then (not with as_of_version)")),
+        (MAP, KEY, MIN_OFFSETS, TIMEOUT, AS_OF),
         answer=shapes.EntityLookup,
     ),
     Endpoint("POST", "/v1/maps/{map}/entities:batchGet", "batch_get",
@@ -129,26 +189,28 @@ ENDPOINTS: tuple[Endpoint, ...] = (
          Param("fields", "query", "fields to return, comma-separated; all by default"),
          LIMIT,
          PAGE_SIZE,
-         Param("page_token", "query", "next_page_token of the page before")),
+         Param("page_token", "query", "next_page_token of the page before",
+               {"type": "string", "pattern": "^[A-Za-z0-9_-]*$"})),
         answer=shapes.QueryPage,
     ),
     Endpoint(
         "GET", "/v1/maps/{map}/changes", "changes",
         "The map's changes as Server-Sent Events, from now or after a change id",
         MAPS_RPC + "Watch",
-        (MAP, Param("after", "query", "a change id; 0 for every retained change"),
+        (MAP, Param("after", "query", "a change id; 0 for every retained change", CHANGE_ID),
          Param("include_entities", "query", "send upserted entities", {"type": "boolean"}),
          Param("keys", "query", "only these keys, comma-separated"),
-         Param("Last-Event-ID", "header", "resume after this change (over 'after')")),
+         Param("Last-Event-ID", "header", "resume after this change (over 'after')",
+               CHANGE_ID)),
         answer=SSE,
     ),
     Endpoint(
         "POST", "/v1/enrich", "enrich",
         "Newline-delimited JSON events in, enriched events out (one line each), streamed",
         "/materializer.v1.EnrichService/Enrich",
-        (Param("profile", "query", "an enrichment profile of the configuration"),
-         Param("spec", "query", "a JoinSpec in protobuf JSON, instead of a profile"),
+        (JOIN,
          MIN_OFFSETS,
+         TIMEOUT,
          BATCH),
         NDJSON, NDJSON,
     ),

@@ -15,18 +15,36 @@ import pydantic
 from google.protobuf.message import Message
 
 from materializer import __version__
+from materializer.config import MapConfig
 from query_service.http import shapes
-from query_service.http.endpoints import ENDPOINTS, JSON, Endpoint
+from query_service.http.endpoints import ENDPOINTS, JSON, NDJSON, SSE, Endpoint
 
 ERRORS = {
     "400": "a malformed request: the message names the field",
     "401": "no bearer token, or an unknown one",
     "403": "the token may not use this map or verb",
     "404": "no such map (or route)",
+    "409": "a map of that name exists already",
     "413": "more keys or bytes than the server takes at once",
     "503": "Redis does not answer, or the map is being restored: retry",
     "504": "the map did not reach min_offsets within timeout_ms",
 }
+
+_TEXT_SCHEMAS: dict[str, dict[str, Any]] = {
+    JSON: {"type": "object"},
+    NDJSON: {
+        "type": "array",
+        "items": {"type": "object"},
+        "description": "JSON objects, one per line; their integers within 64 bits",
+    },
+    "application/yaml": {
+        "type": "string",
+        "pattern": r"\S",
+        "description": "a configuration document: not empty, not only white space",
+    },
+}
+"""What a body given by its media type holds, where a string would promise too much: any
+text is not an NDJSON stream, and an empty document is refused."""
 
 
 def openapi_document() -> bytes:
@@ -34,6 +52,7 @@ def openapi_document() -> bytes:
     schemas: dict[str, Any] = {}
     paths: dict[str, Any] = {}
     error = _schema(shapes.Error, schemas)
+    _schema(MapConfig, schemas)  # what shapes.MAP_SECTION_SCHEMA stands for
     for endpoint in ENDPOINTS:
         paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = _operation(
             endpoint, schemas, error
@@ -52,7 +71,19 @@ def openapi_document() -> bytes:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
         },
     }
-    return orjson.dumps(doc)
+    return orjson.dumps(_referred(doc))
+
+
+def _referred(node: Any) -> Any:
+    """``node`` with each ``shapes.SCHEMA_OF`` mark turned into a reference to its model."""
+    if isinstance(node, list):
+        return [_referred(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {key: _referred(value) for key, value in node.items() if key != shapes.SCHEMA_OF}
+    if shapes.SCHEMA_OF in node:
+        out["allOf"] = [{"$ref": f"#/components/schemas/{node[shapes.SCHEMA_OF]}"}]
+    return out
 
 
 def _operation(endpoint: Endpoint, schemas: dict[str, Any], error: dict[str, Any]) -> Any:
@@ -89,11 +120,28 @@ def _operation(endpoint: Endpoint, schemas: dict[str, Any], error: dict[str, Any
 
 
 def _content(shape: Any, schemas: dict[str, Any]) -> dict[str, Any]:
+    if shape == SSE:
+        return {SSE: {"schema": _event(schemas)}}
     if isinstance(shape, str):
-        return {shape: {"schema": {"type": "string"}}}
+        return {shape: {"schema": _TEXT_SCHEMAS.get(shape, {"type": "string"})}}
     if issubclass(shape, Message):
         return {JSON: {"schema": shapes.message_schema(shape.DESCRIPTOR, schemas)}}
     return {JSON: {"schema": _schema(shape, schemas)}}
+
+
+def _event(schemas: dict[str, Any]) -> dict[str, Any]:
+    """One Server-Sent Event of ``changes``, as OpenAPI before 3.2 describes a stream's items:
+    a change, or the error that ends the stream, its JSON in ``data``."""
+    data = {"oneOf": [_schema(shapes.ChangeEvent, schemas), _schema(shapes.Error, schemas)]}
+    return {
+        "type": "object",
+        "properties": {
+            "event": {"enum": ["change", "error"]},
+            "id": {"type": "string", "description": "the change id, for Last-Event-ID"},
+            "data": {"type": "string", "contentMediaType": JSON, "contentSchema": data},
+        },
+        "required": ["event", "data"],
+    }
 
 
 def _schema(model: type[pydantic.BaseModel], schemas: dict[str, Any]) -> dict[str, Any]:

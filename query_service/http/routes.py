@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -79,6 +79,20 @@ def _message(message: Any, status: int = 200) -> web.Response:
     return _json(doc, status)
 
 
+def _definition(answer: admin_pb.MapDefinition) -> dict[str, Any]:
+    """A ``MapDefinition`` with its section as a JSON object (``shapes.MapDefinition``)."""
+    return {
+        "name": answer.map,
+        "config": orjson.Fragment(answer.config_json),
+        "origin": answer.origin,
+        "version": answer.version,
+        "changed_by": answer.changed_by,
+        "changed_at": answer.changed_at.ToJsonString() if answer.HasField("changed_at") else None,
+        "created": answer.created,
+        "rebuilding": answer.rebuilding,
+    }
+
+
 def _entry(key: str, found: bool, raw: bytes) -> dict[str, Any]:
     return {"key": key, "found": found, "entity": shapes.entity_json(raw) if found else None}
 
@@ -117,6 +131,10 @@ class HttpFront:
         self._resume = call(ADMIN_RPC + "Resume", admin.Resume)
         self._restart = call(ADMIN_RPC + "Restart", admin.Restart)
         self._validate = call(ADMIN_RPC + "ValidateConfig", admin.ValidateConfig)
+        self._create_map = call(ADMIN_RPC + "CreateMap", admin.CreateMap)
+        self._get_map_config = call(ADMIN_RPC + "GetMapConfig", admin.GetMapConfig)
+        self._put_map_config = call(ADMIN_RPC + "PutMapConfig", admin.PutMapConfig)
+        self._delete_map = call(ADMIN_RPC + "DeleteMap", admin.DeleteMap)
 
     def handler(self, endpoint: Endpoint) -> Handler:
         """The handler of ``endpoint``."""
@@ -228,8 +246,9 @@ class HttpFront:
 
         context = HttpContext(request, on_initial_metadata=opened)
         stream = self._watch(call, context)
+        answers = _with_keepalives(stream, response)
         try:
-            async for answer in _with_keepalives(stream, response):
+            async for answer in answers:
                 if answer is None:
                     await response.write(b": keepalive\n\n")
                     continue
@@ -244,6 +263,9 @@ class HttpFront:
         except (ConnectionResetError, asyncio.CancelledError):
             pass  # the client went away
         finally:
+            # The keepalives' pending read of the stream goes first: a generator that is
+            # being read cannot be closed (a client gone during a keepalive made that a 500).
+            await answers.aclose()
             await stream.aclose()
         return response
 
@@ -252,13 +274,17 @@ class HttpFront:
         first = enrich_pb.EnrichRequest(
             freshness=common.Freshness(min_offsets=offsets_param(request.query.get("min_offsets")))
         )
-        if "spec" in request.query:
+        spec, profile = request.query.get("spec"), request.query.get("profile")
+        if (spec is None) == (profile is None):
+            # Checked before the body is read: an empty body is no reason to skip it.
+            raise invalid(f"spec {'and' if spec is not None else 'or'} profile: give one")
+        if spec is not None:
             try:
-                json_format.Parse(request.query["spec"], first.spec)
+                json_format.Parse(spec, first.spec)
             except json_format.ParseError as exc:
                 raise invalid(f"spec: {exc}") from None
-        elif "profile" in request.query:
-            first.profile = request.query["profile"]
+        else:
+            first.profile = profile or ""
         batch = int_param(request, BATCH) or ENRICH_BATCH
         starts: list[int] = []
 
@@ -288,7 +314,9 @@ class HttpFront:
                     return
 
         response = web.StreamResponse(headers={"Content-Type": NDJSON})
-        answers = self._enrich(requests(), HttpContext(request))
+        # timeout_ms bounds each wait for min_offsets, as a gRPC deadline does: without one
+        # a position the map never reaches held the stream for the gate's whole minute.
+        answers = self._enrich(requests(), HttpContext(request, timeout_param(request)))
         try:
             async for answer in answers:
                 if not response.prepared:
@@ -327,6 +355,46 @@ class HttpFront:
         call = admin_pb.ControlRequest(map=request.match_info["map"])
         return _message(await self._restart(call, HttpContext(request)), 202)
 
+    async def create_map(self, request: web.Request) -> web.Response:
+        """``CreateMap`` of a ``{"name", "config"}`` body."""
+        asked = await json_body(request, shapes.CreateMapBody)
+        call = admin_pb.PutMapRequest(
+            map=asked.name, config_json=orjson.dumps(asked.config).decode()
+        )
+        answer = await self._create_map(call, HttpContext(request))
+        return _json(_definition(answer), 201)
+
+    async def get_map_config(self, request: web.Request) -> web.Response:
+        """``GetMapConfig``: the section itself, as Kafka Connect answers a connector's."""
+        call = admin_pb.GetMapConfigRequest(map=request.match_info["map"])
+        answer = await self._get_map_config(call, HttpContext(request))
+        return web.Response(body=answer.config_json, content_type=JSON)
+
+    async def put_map_config(self, request: web.Request) -> web.Response:
+        """``PutMapConfig`` of a body that is the map's section."""
+        raw = await request.read()
+        try:
+            section = orjson.loads(raw or b"null")
+        except orjson.JSONDecodeError as exc:
+            raise invalid(f"body: not JSON: {exc}") from None
+        if not isinstance(section, dict):
+            raise invalid("body: must be a JSON object, the map's section of the configuration")
+        call = admin_pb.PutMapRequest(
+            map=request.match_info["map"],
+            config_json=orjson.dumps(section).decode(),
+            rebuild=bool_param(request, "rebuild"),
+        )
+        answer = await self._put_map_config(call, HttpContext(request))
+        return _json(_definition(answer))
+
+    async def delete_map(self, request: web.Request) -> web.Response:
+        """``DeleteMap``, with ``purge``."""
+        call = admin_pb.DeleteMapRequest(
+            map=request.match_info["map"], purge=bool_param(request, "purge")
+        )
+        answer = await self._delete_map(call, HttpContext(request))
+        return _json({"name": answer.map, "version": answer.version, "purged": list(answer.purged)})
+
     async def validate(self, request: web.Request) -> web.Response:
         """``ValidateConfig`` of the body, a configuration document."""
         text = await request.text()
@@ -359,7 +427,7 @@ class HttpFront:
 
 async def _with_keepalives(
     stream: AsyncIterator[Any], response: web.StreamResponse
-) -> AsyncIterator[Any]:
+) -> AsyncGenerator[Any, None]:
     """The stream's items, and None after each ``KEEPALIVE_S`` without one (once it is open)."""
     waiting: asyncio.Task[Any] | None = None
     try:

@@ -12,15 +12,54 @@ descriptors themselves.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import orjson
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, Field, RootModel, StringConstraints, WithJsonSchema
 
+from materializer.config import MAP_NAME
+from materializer.contract.redis_layout import RESERVED_KEYS
 from materializer.v1 import common_pb2
 
-Offsets = dict[str, dict[str, int]]
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+"""The largest values of the protobuf fields the numbers travel in: a larger one is a 400
+naming its parameter or field, never an overflow deep in the call."""
+
+TOPIC = r"[A-Za-z0-9._-]+"
+PARTITION = r"[0-9]{1,9}"
+OFFSET = r"[0-9]{1,18}"
+"""A Kafka topic name, and a partition and an offset in digits that fit int32 and int64."""
+
+KEY_SCHEMA: dict[str, Any] = {
+    "type": "string",
+    "minLength": 1,
+    "not": {"enum": sorted(RESERVED_KEYS)},
+}
+"""An entity key: not empty, and none of the names the map's Redis layout keeps for itself
+(the server refuses those with a 400 naming the key)."""
+
+_OFFSETS_SCHEMA = {
+    "type": "object",
+    "propertyNames": {"pattern": f"^{TOPIC}$"},
+    "additionalProperties": {
+        "type": "object",
+        "propertyNames": {"pattern": f"^{PARTITION}$"},
+        "additionalProperties": {"type": "integer", "minimum": 0, "maximum": INT64_MAX},
+    },
+}
+Offsets = Annotated[
+    dict[
+        Annotated[str, StringConstraints(pattern=f"^{TOPIC}$")],
+        dict[
+            Annotated[str, StringConstraints(pattern=f"^{PARTITION}$")],
+            Annotated[int, Field(ge=0, le=INT64_MAX)],
+        ],
+    ],
+    # pydantic would say patternProperties, which leave every other key allowed.
+    WithJsonSchema(_OFFSETS_SCHEMA),
+]
 """``{"topic": {"partition": next_offset}}``, as the Redis watermark holds them."""
 
 
@@ -64,9 +103,11 @@ class EntityLookup(RootModel[Entity | EntityAsOf]):
 class BatchGetBody(_Shape):
     """Keys to look up in one call, and the positions the answer must reflect."""
 
-    keys: list[str]
+    keys: list[Annotated[str, WithJsonSchema(KEY_SCHEMA)]]
     min_offsets: Offsets = Field(default_factory=dict, description="read-your-writes")
-    timeout_ms: int | None = Field(None, gt=0, description="how long to wait for min_offsets")
+    timeout_ms: int | None = Field(
+        None, gt=0, le=INT32_MAX, description="how long to wait for min_offsets"
+    )
 
 
 class BatchEntry(_Shape):
@@ -117,6 +158,61 @@ class EnrichedEvent(_Shape):
     dropped: bool = False
     error: str | None = None
     missed: list[str] = Field(default_factory=list, description="lookups that found no entity")
+
+
+MapName = Annotated[str, StringConstraints(pattern=MAP_NAME.pattern)]
+
+SCHEMA_OF = "x-schema-of"
+"""Marks a schema as another model's (by name), which ``openapi`` adds to the document's
+components and refers to: pydantic takes no reference to a model a field is not typed by."""
+
+MAP_SECTION_SCHEMA = {
+    SCHEMA_OF: "MapConfig",
+    "description": "the map's section of the configuration file, as JSON; beyond its "
+    "shape the server checks what a schema cannot say (a field that needs another, "
+    "topics that exist, a change the map's state can follow) and answers 400 naming "
+    "each key path it refuses",
+}
+"""The configuration model's own schema; the server validates a section itself, so every
+problem is named, not only the first."""
+
+MapSectionJson = Annotated[dict[str, Any], WithJsonSchema(MAP_SECTION_SCHEMA)]
+
+
+class MapSection(RootModel[MapSectionJson]):
+    """A map's section of the configuration file."""
+
+
+class CreateMapBody(_Shape):
+    """A map to create, in Kafka Connect's ``POST /connectors`` shape."""
+
+    name: MapName
+    config: MapSectionJson
+
+
+class MapDefinition(_Shape):
+    """A map's definition as it stands after a change."""
+
+    name: str
+    config: MapSectionJson
+    origin: Literal["file", "api"] = Field(
+        description="file: declared in the configuration file; api: managed here"
+    )
+    version: int = Field(description="its version in the catalog, 0 for a map of the file")
+    changed_by: str = Field(description="the name of the token of the last change")
+    changed_at: str | None = Field(description="when, RFC 3339")
+    created: bool = Field(description="this change created the map")
+    rebuilding: bool = Field(
+        description="this change is being rebuilt into a new copy; the old one serves meanwhile"
+    )
+
+
+class MapDeleted(_Shape):
+    """A deleted map, and with ``purge`` what was removed."""
+
+    name: str
+    version: int = Field(description="the deletion's version in the catalog")
+    purged: list[str] = Field(description="what the purge removed, one line each")
 
 
 class ErrorDetail(_Shape):
@@ -177,6 +273,11 @@ def message_schema(descriptor: Descriptor, schemas: dict[str, Any]) -> dict[str,
     """A ``$ref`` to the JSON Schema of a protobuf message in protobuf's JSON mapping (field
     names as in the .proto), adding it and the messages it uses to ``schemas``."""
     name = descriptor.full_name.rsplit(".", 1)[-1]
+    shape = globals().get(name)
+    if isinstance(shape, type) and issubclass(shape, BaseModel):
+        # An HTTP shape of that name (Watermark) is other JSON: the message takes its full
+        # name, or one would stand for the other wherever both are used.
+        name = descriptor.full_name
     ref = {"$ref": f"#/components/schemas/{name}"}
     if name in schemas:
         return ref

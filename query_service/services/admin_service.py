@@ -1,24 +1,59 @@
-"""``materializer.v1.AdminService``: map status and lag, pause/resume/restart, validation."""
+"""``materializer.v1.AdminService``: map status and lag, pause/resume/restart, validation, and
+maps created, changed and deleted at runtime (Kafka Connect's ``/connectors`` over gRPC)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import logging
 import time
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import grpc
+import orjson
 
-from materializer.config import AppConfig, validate_text
+from materializer.catalog.changes import (
+    ChangeInvalid,
+    ChangeRefused,
+    MapExists,
+    NoSuchMap,
+    check_delete,
+    check_put,
+)
+from materializer.catalog.live import LiveMaps, as_live
+from materializer.catalog.purge import purge
+from materializer.catalog.store import CatalogUnavailable
+from materializer.config import MAP_NAME, AppConfig, validate_text, with_maps
+from materializer.contract.map_catalog import StoredMap
 from materializer.contract.redis_layout import MapReport
-from materializer.contract.status import effective_state, partition_lags, total_lag
+from materializer.contract.status import IN_HAND, effective_state, partition_lags, total_lag
 from materializer.contract.table_layout import table_path
 from materializer.v1 import admin_service_pb2 as pb
 from materializer.v1 import admin_service_pb2_grpc as pb_grpc
-from query_service.errors import InvalidArgument, MapNotFound
+from query_service.auth import CALLER
+from query_service.catalog import CatalogWatcher
+from query_service.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    MapNotFound,
+    StoreUnavailable,
+)
 from query_service.services.map_service import watermark_to_proto
 from query_service.stores.admin import ControlStore, LogEnds, MapSnapshot
 
+T = TypeVar("T")
 State = pb.MapStatus.State
 MAX_CONFIG_BYTES = 1024 * 1024
+PURGE_WAIT_SECONDS = 180.0
+"""A deleted map stops after its batch in flight and its Delta table's last catch-up
+(``spark.stop_timeout``, 100 s by default)."""
+PURGE_POLL_SECONDS = 0.25
+_LEFTOVERS = {"source": {"topics": ["-"]}, "key": "-"}
+"""A stand-in definition for purging a map deleted before: its names are the defaults."""
+
+log = logging.getLogger(__name__)
 
 _STATES = {
     "not_started": State.NOT_STARTED,
@@ -27,6 +62,7 @@ _STATES = {
     "failed": State.FAILED,
     "stopped": State.STOPPED,
     "restoring": State.RESTORING,
+    "rebuilding": State.REBUILDING,
 }
 
 
@@ -36,12 +72,25 @@ def map_state(report: MapReport | None, now_ms: int) -> pb.MapStatus.State:
 
 
 class AdminServicer(pb_grpc.AdminServiceServicer):
-    """Reads what the materializer reports in Redis and writes the control keys it obeys."""
+    """Reads what the materializer reports in Redis and writes the control keys it obeys;
+    writes map definitions to the catalog, which every materializer follows."""
 
-    def __init__(self, config: AppConfig, control: ControlStore, log_ends: LogEnds) -> None:
-        self._config = config
+    def __init__(
+        self,
+        config: AppConfig | LiveMaps,
+        control: ControlStore,
+        log_ends: LogEnds,
+        catalog: CatalogWatcher | None = None,
+    ) -> None:
+        self._live = as_live(config)
         self._control = control
         self._log_ends = log_ends
+        self._catalog = catalog if catalog is not None else CatalogWatcher(self._live)
+        self._purge_wait = PURGE_WAIT_SECONDS
+
+    @property
+    def _config(self) -> AppConfig:
+        return self._live.config
 
     async def ListMaps(
         self, request: pb.ListMapsRequest, context: grpc.aio.ServicerContext
@@ -56,6 +105,8 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                     key=m.key,
                     fold_mode=m.fold.mode,
                     table_path=table_path(self._config, name),
+                    origin=self._live.maps.origin.get(name, "file"),
+                    version=self._live.maps.version(name),
                 )
                 for name, m in sorted(self._config.maps.items())
             ]
@@ -137,9 +188,152 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         problems = validate_text(request.config, "<request>")
         return pb.ValidateConfigResponse(valid=not problems, problems=problems)
 
+    async def CreateMap(
+        self, request: pb.PutMapRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MapDefinition:
+        """Store a new map's definition (``ALREADY_EXISTS`` for a map that exists)."""
+        return await self._put(request, create_only=True)
+
+    async def PutMapConfig(
+        self, request: pb.PutMapRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MapDefinition:
+        """Store a map's definition, creating the map or changing it."""
+        return await self._put(request, create_only=False)
+
+    async def _put(self, request: pb.PutMapRequest, *, create_only: bool) -> pb.MapDefinition:
+        name = _map_name(request.map)
+        config = _config_json(request.config_json)
+        by = CALLER.get()
+        async with self._catalog.changing() as (maps, topic):
+            change = await asyncio.to_thread(
+                _translated, check_put, maps, name, config,
+                by=by, rebuild=request.rebuild, create_only=create_only,
+            )  # fmt: skip
+            record = await asyncio.to_thread(_translated, topic.write, change.record)
+        await self._catalog.written()
+        verb = "created" if change.created else "changed"
+        log.info(
+            "map %s %s by %s (version %d%s)",
+            name, verb, by, record.version, ", rebuilding" if change.rebuilt else "",
+        )  # fmt: skip
+        answer = _definition(name, record, "api")
+        answer.created, answer.rebuilding = change.created, change.rebuilt
+        return answer
+
+    async def GetMapConfig(
+        self, request: pb.GetMapConfigRequest, context: grpc.aio.ServicerContext
+    ) -> pb.MapDefinition:
+        """The map's definition: the catalog's record, or the file's section."""
+        name = self._check_map(request.map)
+        record = self._live.maps.stored.get(name)
+        if record is not None:
+            return _definition(name, record, "api")
+        section = self._config.maps[name].model_dump(
+            mode="json", by_alias=True, exclude_defaults=True
+        )
+        return pb.MapDefinition(map=name, config_json=orjson.dumps(section).decode(), origin="file")
+
+    async def DeleteMap(
+        self, request: pb.DeleteMapRequest, context: grpc.aio.ServicerContext
+    ) -> pb.DeleteMapResponse:
+        """Delete a map from the catalog; with ``purge``, remove its data once no
+        materializer runs it any more (a map deleted before may be purged again)."""
+        name = _map_name(request.map)
+        by = CALLER.get()
+        async with self._catalog.changing() as (maps, topic):
+            known = name in maps.config.maps
+            config = maps.config
+            if known or not request.purge:
+                tombstone = await asyncio.to_thread(_translated, check_delete, maps, name, by=by)
+                record = await asyncio.to_thread(_translated, topic.write, tombstone)
+                version = record.version
+            elif maps.origin.get(name) == "file":
+                raise FailedPrecondition(f"map {name!r} is declared in the configuration file")
+            else:  # a purge of what a deleted map left
+                config = with_maps(config, {**config.maps, name: _LEFTOVERS})
+                version = maps.version(name)
+        if known:
+            await self._catalog.written()
+            log.info("map %s deleted by %s (version %d)", name, by, version)
+        answer = pb.DeleteMapResponse(map=name, version=version)
+        if request.purge:
+            await self._stopped(name)
+            purged = await asyncio.to_thread(purge, config, name)
+            if not purged and not known:
+                raise MapNotFound(name, self._config.maps)
+            log.info("map %s purged by %s", name, by)
+            answer.purged.extend(purged)
+        return answer
+
+    async def _stopped(self, name: str) -> None:
+        """Wait until no materializer runs the map (they stop it after its batch in flight,
+        once their Delta table took in its changelog)."""
+        deadline = time.monotonic() + self._purge_wait
+        while True:
+            snapshot = (await self._control.snapshot([name]))[name]
+            state = effective_state(snapshot.report, int(time.time() * 1000))
+            if state not in IN_HAND:
+                return
+            if time.monotonic() > deadline:
+                raise FailedPrecondition(
+                    f"map {name!r} is deleted, but a materializer still reports it {state} "
+                    f"after {self._purge_wait:.0f} s, so its data was not purged: purge it "
+                    f"once it stopped (DELETE /v1/maps/{name}?purge=true)"
+                )
+            await asyncio.sleep(PURGE_POLL_SECONDS)
+
     def _check_map(self, name: str) -> str:
         if not name:
             raise InvalidArgument("map: must not be empty")
         if name not in self._config.maps:
             raise MapNotFound(name, self._config.maps)
         return name
+
+
+def _map_name(name: str) -> str:
+    if not name:
+        raise InvalidArgument("map: must not be empty")
+    if not MAP_NAME.match(name):
+        raise InvalidArgument(f"map: {name!r} must match {MAP_NAME.pattern}")
+    return name
+
+
+def _config_json(text: str) -> dict[str, Any]:
+    if len(text.encode()) > MAX_CONFIG_BYTES:
+        raise InvalidArgument(f"config: larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        config = orjson.loads(text or "null")
+    except orjson.JSONDecodeError as exc:
+        raise InvalidArgument(f"config: not JSON: {exc}") from None
+    if not isinstance(config, dict):
+        raise InvalidArgument("config: must be a JSON object (the map's section of the file)")
+    return config
+
+
+def _translated(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """The catalog's errors as the statuses they mean."""
+    try:
+        return fn(*args, **kwargs)
+    except ChangeInvalid as exc:
+        raise InvalidArgument("; ".join(exc.problems)) from None
+    except ChangeRefused as exc:
+        raise FailedPrecondition(str(exc)) from None
+    except MapExists as exc:
+        raise AlreadyExists(str(exc)) from None
+    except NoSuchMap as exc:
+        raise MapNotFound(exc.name, exc.known) from None
+    except CatalogUnavailable as exc:
+        raise StoreUnavailable(str(exc)) from None
+
+
+def _definition(name: str, record: StoredMap, origin: str) -> pb.MapDefinition:
+    answer = pb.MapDefinition(
+        map=name,
+        config_json=orjson.dumps(record.config).decode(),
+        origin=origin,
+        version=record.version,
+        changed_by=record.by,
+    )
+    if record.at_ms:
+        answer.changed_at.FromMilliseconds(record.at_ms)
+    return answer

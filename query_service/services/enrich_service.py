@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import grpc
 
+from materializer.catalog.live import LiveMaps, as_live
 from materializer.config import AppConfig
 from materializer.contract.redis_layout import Watermark
 from materializer.enrichment.plan import JoinPlan
@@ -58,14 +59,18 @@ class EnrichServicer(pb_grpc.EnrichServiceServicer):
     servicer method (``interceptors``) turns them into statuses.
     """
 
-    def __init__(self, config: AppConfig, store: MapStore, gate: FreshnessGate) -> None:
-        self._maps = frozenset(config.maps)
-        self._topics = {name: frozenset(m.source.topics) for name, m in config.maps.items()}
+    def __init__(self, config: AppConfig | LiveMaps, store: MapStore, gate: FreshnessGate) -> None:
+        self._live = as_live(config)
+        config = self._live.config
         self._profiles = config.query.enrich_profiles
         self._profile_plans: dict[str, JoinPlan] = {}
         self._max_events = config.query.max_batch_keys
         self._store = store
         self._gate = gate
+
+    def _topics(self, map_name: str) -> list[str]:
+        """The topics a map reads, as its definition in force says."""
+        return self._live.config.maps[map_name].source.topics
 
     async def Enrich(
         self,
@@ -116,7 +121,7 @@ class EnrichServicer(pb_grpc.EnrichServiceServicer):
     def _plan(self, request: pb.EnrichRequest, last: JoinPlan | None, where: str) -> JoinPlan:
         given = request.WhichOneof("join")
         if given == "spec":
-            return plan_from_spec(request.spec, self._maps, f"{where}: spec")
+            return plan_from_spec(request.spec, self._live.config.maps, f"{where}: spec")
         if given == "profile":
             return self._profile_plan(request.profile, where)
         if last is None:
@@ -129,7 +134,7 @@ class EnrichServicer(pb_grpc.EnrichServiceServicer):
             raise ProfileNotFound(f"{where}: profile", name, self._profiles)
         if name not in self._profile_plans:
             self._profile_plans[name] = plan_from_profile(
-                self._profiles[name], self._maps, f"query.enrich_profiles.{name}"
+                self._profiles[name], self._live.config.maps, f"query.enrich_profiles.{name}"
             )
         return self._profile_plans[name]
 
@@ -141,9 +146,9 @@ class EnrichServicer(pb_grpc.EnrichServiceServicer):
         wanted: dict[str, list[common.PartitionOffset]] = {}
         for i, position in enumerate(min_offsets):
             at = f"{where}: freshness.min_offsets[{i}]"
-            readers = [m for m in plan.maps if position.topic in self._topics[m]]
+            readers = [m for m in plan.maps if position.topic in self._topics(m)]
             if not readers:
-                read = sorted({t for m in plan.maps for t in self._topics[m]})
+                read = sorted({t for m in plan.maps for t in self._topics(m)})
                 raise InvalidArgument(
                     f"{at}.topic: no looked-up map reads {position.topic!r} "
                     f"(they read {', '.join(read)})"

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
+from materializer.catalog.live import LiveMaps, as_live
 from materializer.config import AppConfig
 from materializer.contract.redis_layout import RESERVED_KEYS, Watermark
 from materializer.v1 import common_pb2 as common
@@ -40,15 +41,14 @@ class MapServicer(pb_grpc.MapServiceServicer):
 
     def __init__(
         self,
-        config: AppConfig,
+        config: AppConfig | LiveMaps,
         store: MapStore,
         gate: FreshnessGate,
         tables: TableReads,
         near_caches: NearCaches | None = None,
     ) -> None:
-        self._config = config
-        self._maps = frozenset(config.maps)
-        self._max_keys = config.query.max_batch_keys
+        self._live = as_live(config)
+        self._max_keys = self._live.config.query.max_batch_keys
         self._store = store
         self._gate = gate
         self._tables = tables
@@ -143,8 +143,9 @@ class MapServicer(pb_grpc.MapServiceServicer):
         return await self._tables.get_as_of(request, context)
 
     def _check_map(self, name: str) -> None:
-        if name not in self._maps:
-            raise MapNotFound(name, self._maps)
+        maps = self._live.config.maps
+        if name not in maps:
+            raise MapNotFound(name, maps)
 
     def _check_keys(self, keys: Sequence[str]) -> None:
         """The count first, so an oversized request is refused before its keys are looked at."""

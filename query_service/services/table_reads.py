@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import grpc
 from deltalake import DeltaTable
 
+from materializer.catalog.live import LiveMaps
 from materializer.config import AppConfig
 from materializer.contract.entity_json import encode_rows
 from materializer.contract.table_layout import TABLE_KEY
@@ -37,7 +38,9 @@ class TableReads:
     """
 
     def __init__(
-        self, config: AppConfig, generation: Callable[[str], Awaitable[int]] | None = None
+        self,
+        config: AppConfig | LiveMaps,
+        generation: Callable[[str], Awaitable[int]] | None = None,
     ) -> None:
         self._tables = DeltaTables(config)
         self._generation = generation

@@ -23,6 +23,7 @@ from deltalake import DeltaTable, QueryBuilder
 from deltalake.exceptions import DeltaError, TableNotFoundError
 from deltalake.schema import PrimitiveType
 
+from materializer.catalog.live import LiveMaps, as_live
 from materializer.clients.object_store import delta_rs_location
 from materializer.config import AppConfig
 from materializer.contract.redis_layout import physical_name
@@ -54,8 +55,12 @@ class Commit(NamedTuple):
 class DeltaTables:
     """Opens the tables under ``delta.root`` and runs SQL over one snapshot at a time."""
 
-    def __init__(self, config: AppConfig) -> None:
-        self._config = config
+    def __init__(self, config: AppConfig | LiveMaps) -> None:
+        self._live = as_live(config)
+
+    @property
+    def _config(self) -> AppConfig:
+        return self._live.config
 
     def path(self, map_name: str, generation: int = 0) -> str:
         """Where the map's table of that generation lives (the pipeline's ``table_path``)."""

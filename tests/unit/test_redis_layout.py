@@ -12,6 +12,7 @@ from materializer.contract.redis_layout import (
     change_entry,
     changes_key,
     control_key,
+    definition_key,
     entity_key,
     expired_key,
     expiry_index_key,
@@ -114,6 +115,7 @@ def test_status_and_control_hashes_are_the_contract():
         "__status__",
         "__control__",
         "__generation__",
+        "__definition__",
     } == RESERVED_KEYS
     report = MapReport("failed", "boom", 1700, 12.5, 3.0, 42, 4096)
     assert report.to_hash() == {
@@ -138,6 +140,7 @@ def test_status_and_control_hashes_are_the_contract():
 
 def test_generations_are_the_contract():
     assert generation_key("users") == "users:__generation__"
+    assert definition_key("users") == "users:__definition__"
     assert physical_name("users", 0) == "users"
     assert physical_name("users", 3) == "users~3"
     assert entity_key(physical_name("users", 3), "u-1") == "users~3:u-1"
