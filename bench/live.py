@@ -146,6 +146,17 @@ def delta_rows(path: Path) -> int:
         return 0
 
 
+def map_section(topic: str, mode: str) -> dict[str, Any]:
+    """A map's section of the config: JSON with the events' schema from ``topic``, keyed by
+    ``id``, folded by ``mode``, dead letters on."""
+    return {
+        "source": {"topics": [topic], "format": "json", "schema": SCHEMA},
+        "key": "id",
+        "fold": FOLDS[mode],
+        "on_error": "dead_letter",
+    }
+
+
 def write_config(
     work: Path,
     bootstrap: str,
@@ -155,28 +166,27 @@ def write_config(
     delta_trigger: str | None = None,
     delta_engine: str | None = None,
     spark_conf: dict[str, str] | None = None,
+    *,
+    catalog: dict[str, Any] | None = None,
 ) -> Path:
+    """The run's YAML: one map named ``mode`` over ``topic``, and the ``catalog`` section
+    if given (maps created at runtime)."""
     delta: dict[str, Any] = {"root": str(work / "warehouse")}
     if delta_trigger is not None:
         delta["trigger_interval"] = delta_trigger
     if delta_engine is not None:
         delta["merge_engine"] = delta_engine
-    doc = {
+    doc: dict[str, Any] = {
         "kafka": {"bootstrap_servers": bootstrap},
         "redis": {"url": redis_url},
         # Every cadence at its default, as users run it, unless --delta-* says.
         "delta": delta,
         "spark": {"checkpoint_root": str(work / "checkpoints"), "conf": spark_conf or {}},
         "metrics": {"port": 0},
-        "maps": {
-            mode: {
-                "source": {"topics": [topic], "format": "json", "schema": SCHEMA},
-                "key": "id",
-                "fold": FOLDS[mode],
-                "on_error": "dead_letter",
-            }
-        },
+        "maps": {mode: map_section(topic, mode)},
     }
+    if catalog is not None:
+        doc["catalog"] = catalog
     path = work / f"{mode}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -198,15 +208,40 @@ def spark_settings(args: argparse.Namespace) -> dict[str, str]:
     return dict(item.split("=", 1) for item in args.spark_conf)
 
 
-def wait_for(what: str, check: Any, timeout: float, proc: ManagedProcess) -> None:
+def wait_for(
+    what: str, check: Any, timeout: float, proc: ManagedProcess, interval: float = 0.2
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if check():
             return
         if not proc.alive():
             raise RuntimeError(f"materializer run exited while waiting for {what}:\n{proc.tail()}")
-        time.sleep(0.2)
+        time.sleep(interval)
     raise RuntimeError(f"timed out waiting for {what}:\n{proc.tail()}")
+
+
+def catch_up(
+    client: redis.Redis,
+    proc: ManagedProcess,
+    mode: str,
+    run_dir: Path,
+    keys: int,
+    started: float,
+) -> dict[str, float]:
+    """Wait until the run's map holds every key in Redis, then in its Delta table too (the
+    steady state); the seconds from ``started`` (``perf_counter``) to each, and to the
+    first batch."""
+    wait_for("the first batch", lambda: client.exists(meta_key(mode)) > 0, 600, proc)
+    first_batch_s = time.perf_counter() - started
+    wait_for("the backlog", lambda: entity_count(client, mode) >= keys, 900, proc)
+    caught_up_s = time.perf_counter() - started
+    wait_for("the Delta table", lambda: delta_rows(run_dir / "warehouse" / mode) >= keys, 900, proc)
+    return {
+        "first_batch_s": round(first_batch_s, 1),
+        "backlog_of_keys_s": round(caught_up_s, 1),
+        "delta_backlog_s": round(time.perf_counter() - started, 1),
+    }
 
 
 def feed(
@@ -376,28 +411,7 @@ def main() -> None:
                 run_dir / f"{mode}.log",
             )
             try:
-                wait_for(
-                    "the first batch",
-                    lambda m=mode: client.exists(meta_key(m)) > 0,
-                    600,
-                    proc,
-                )
-                first_batch_s = time.perf_counter() - started
-                wait_for(
-                    "the backlog",
-                    lambda m=mode: entity_count(client, m) >= args.keys,
-                    900,
-                    proc,
-                )
-                caught_up_s = time.perf_counter() - started
-                # Steady state: the table has taken the backlog too.
-                wait_for(
-                    "the Delta table",
-                    lambda d=run_dir / "warehouse" / mode: delta_rows(d) >= args.keys,
-                    900,
-                    proc,
-                )
-                delta_caught_up_s = time.perf_counter() - started
+                start = catch_up(client, proc, mode, run_dir, args.keys, started)
                 jit = JitMeter(proc)
                 seq0 = 10_000_000
                 held_rates: list[int] = []
@@ -425,13 +439,7 @@ def main() -> None:
                     rates_tried=rates,
                     highest_held_events_per_s=max(held_rates, default=None),
                 )
-                emit(
-                    name=f"live_{mode}_start",
-                    units="s",
-                    first_batch_s=round(first_batch_s, 1),
-                    backlog_of_keys_s=round(caught_up_s, 1),
-                    delta_backlog_s=round(delta_caught_up_s, 1),
-                )
+                emit(name=f"live_{mode}_start", units="s", **start)
             finally:
                 proc.stop()
                 if args.keep_logs:

@@ -494,7 +494,7 @@ def _follow(
         supervisor.stop_all([m] if m.state == "running" else [])
         m.state = "stopped"
         channel.report({name: m.report()})
-        log.info("map %s deleted: its queries stopped", name)
+        log.info("map %s deleted by %s: its queries stopped", name, _by(live, name))
     channel.names = list(wanted)
     requests = channel.requests()
     for name in wanted:
@@ -503,7 +503,7 @@ def _follow(
         version = live.maps.version(name)
         if name not in maps:
             m = maps[name] = _Map(name)
-            log.info("map %s created (version %d)", name, version)
+            log.info("map %s created by %s (version %d)", name, _by(live, name), version)
             _start(supervisor, live, m, requests[name], channel)
         elif before.maps.get(name) != after.maps.get(name):
             m = maps[name]
@@ -511,13 +511,22 @@ def _follow(
             if record is not None and record.rebuild:
                 supervisor.rebuild(m, before, version)
                 continue
-            log.info("map %s changed (version %d): restarting its queries", name, version)
+            log.info(
+                "map %s changed by %s (version %d): restarting its queries",
+                name, _by(live, name), version,
+            )  # fmt: skip
             was = m.state
             supervisor.stop(m, "stopped")
             if was == "paused":
                 m.state = "paused"
             else:
                 supervisor.start(m)
+
+
+def _by(live: LiveMaps, name: str) -> str:
+    """Who made the map's last change in the catalog (``file`` for a map of the file)."""
+    record = live.maps.records.get(name)
+    return "file" if record is None or name in live.file_config.maps else record.by or "?"
 
 
 def _start(

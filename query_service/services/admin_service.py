@@ -12,6 +12,8 @@ from typing import Any, TypeVar
 
 import grpc
 import orjson
+from confluent_kafka import KafkaException
+from redis import RedisError
 
 from materializer.catalog.changes import (
     ChangeInvalid,
@@ -29,6 +31,7 @@ from materializer.contract.map_catalog import StoredMap
 from materializer.contract.redis_layout import MapReport
 from materializer.contract.status import IN_HAND, effective_state, partition_lags, total_lag
 from materializer.contract.table_layout import table_path
+from materializer.errors import ConfigError
 from materializer.v1 import admin_service_pb2 as pb
 from materializer.v1 import admin_service_pb2_grpc as pb_grpc
 from query_service.auth import CALLER
@@ -250,7 +253,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             elif maps.origin.get(name) == "file":
                 raise FailedPrecondition(f"map {name!r} is declared in the configuration file")
             else:  # a purge of what a deleted map left
-                config = with_maps(config, {**config.maps, name: _LEFTOVERS})
+                config = _translated(with_maps, config, {**config.maps, name: _LEFTOVERS})
                 version = maps.version(name)
         if known:
             await self._catalog.written()
@@ -258,7 +261,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         answer = pb.DeleteMapResponse(map=name, version=version)
         if request.purge:
             await self._stopped(name)
-            purged = await asyncio.to_thread(purge, config, name)
+            purged = await asyncio.to_thread(_translated, purge, config, name)
             if not purged and not known:
                 raise MapNotFound(name, self._config.maps)
             log.info("map %s purged by %s", name, by)
@@ -324,6 +327,10 @@ def _translated(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise MapNotFound(exc.name, exc.known) from None
     except CatalogUnavailable as exc:
         raise StoreUnavailable(str(exc)) from None
+    except ConfigError as exc:
+        raise InvalidArgument("; ".join(exc.problems)) from None
+    except (KafkaException, RedisError, OSError) as exc:  # a purge's stores
+        raise StoreUnavailable(f"cannot remove what the map left: {exc}") from None
 
 
 def _definition(name: str, record: StoredMap, origin: str) -> pb.MapDefinition:

@@ -175,9 +175,9 @@ def test_a_map_created_changed_and_deleted_moves_alone_while_another_folds_a_liv
     # The live map's queries started once and never stopped until the end.
     assert log.count(f"map {steady} running") == 1, log[-3000:]
     assert log.count(f"map {steady} stopped") == 1
-    assert f"map {added} created (version 1)" in log
-    assert f"map {added} changed (version 2): restarting its queries" in log
-    assert f"map {added} deleted: its queries stopped" in log
+    assert f"map {added} created by anonymous (version 1)" in log
+    assert f"map {added} changed by anonymous (version 2): restarting its queries" in log
+    assert f"map {added} deleted by anonymous: its queries stopped" in log
     assert "Traceback" not in log, log[-3000:]
 
 
