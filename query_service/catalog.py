@@ -56,8 +56,12 @@ class CatalogWatcher:
             target=self._follow, args=(loop,), name="catalog", daemon=True
         )
         self._thread.start()
-        deadline = loop.time() + wait
-        while not self.ready.is_set() and loop.time() < deadline:
+        await self.first_read(wait)
+
+    async def first_read(self, wait: float) -> None:
+        """Return once the catalog was read to its end, or after ``wait`` s."""
+        deadline = asyncio.get_running_loop().time() + wait
+        while not self.ready.is_set() and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
 
     def _follow(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -27,7 +27,7 @@ from materializer.v1 import admin_service_pb2_grpc as admin_pb_grpc
 from materializer.v1 import enrich_service_pb2_grpc as enrich_pb_grpc
 from materializer.v1 import map_service_pb2_grpc as map_pb_grpc
 from query_service.auth import Authorizer, request_maps
-from query_service.catalog import CatalogWatcher
+from query_service.catalog import FIRST_READ_SECONDS, CatalogWatcher
 from query_service.freshness import FreshnessGate
 from query_service.health import RedisHealth
 from query_service.interceptors import add_wrapped
@@ -186,7 +186,7 @@ async def create_servers(
     redis_health = RedisHealth(health_servicer, store.client, SERVICES, maps=list(config.maps))
     await redis_health.start()
     catalog.on_change(lambda now: redis_health.follow(now.maps))
-    await catalog.start()
+    await catalog.start(wait=0.0)  # ``serve`` waits for the catalog before it serves
     if background is not None:
         background.append(redis_health)
 
@@ -231,6 +231,8 @@ async def serve(
     try:
         await near_caches.start()
         servers = await create_servers(config, address, store, near_caches, background, http)
+        if servers.catalog is not None:  # a replica starts with every map created so far
+            await servers.catalog.first_read(FIRST_READ_SECONDS)
         if config.query.metrics_port is not None:
             serve_metrics(config.query.metrics_port)
         await servers.start()
