@@ -42,7 +42,10 @@ are created.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import importlib
 import json
+import pkgutil
 import re
 import threading
 import uuid
@@ -72,6 +75,20 @@ from schemathesis.specs.openapi.checks import (
 from materializer.config import parse_config
 from query_service.http.endpoints import ENDPOINTS, NDJSON, Endpoint
 from tests.helpers.query_redis import front, map_doc, write_batch
+
+
+def _load_schemathesis() -> None:
+    """Import every schemathesis module now, at collection, before any test of this worker
+    runs. pytest rewrites a pytest plugin's modules with ``ast.parse`` as they are imported,
+    and an earlier test in the same worker can leave CPython 3.11's AST constructor unable
+    to parse (tests/unit/test_citations.py meets the same bug); a module schemathesis
+    imports lazily would then fail to load in the middle of this file's tests."""
+    for module in pkgutil.walk_packages(schemathesis.__path__, "schemathesis."):
+        with contextlib.suppress(ImportError):  # optional integrations (allure)
+            importlib.import_module(module.name)
+
+
+_load_schemathesis()
 
 TOKEN = "fuzz-admin-token-0123456789"
 PROFILE = "fuzz"
