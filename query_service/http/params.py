@@ -48,11 +48,12 @@ def int_param(request: web.Request, param: Param) -> int | None:
 
 
 def bool_param(request: web.Request, name: str) -> bool:
-    """A boolean query parameter: false unless given; anything but true/false/1/0 is a 400."""
-    raw = request.query.get(name, "false").lower()
-    if raw not in ("true", "false", "1", "0", ""):
+    """A boolean query parameter: false unless given; anything but true or false (the
+    document's boolean, as a query string writes it) is a 400."""
+    raw = request.query.get(name, "false")
+    if raw not in ("true", "false"):
         raise invalid(f"{name}: true or false, not {raw!r}")
-    return raw in ("true", "1")
+    return raw == "true"
 
 
 def list_param(request: web.Request, name: str) -> list[str]:

@@ -79,6 +79,14 @@ def _message(message: Any, status: int = 200) -> web.Response:
     return _json(doc, status)
 
 
+def _section_json(section: dict[str, Any]) -> str:
+    """A map's section for the gRPC call; a number JSON readers cannot take is a 400."""
+    try:
+        return orjson.dumps(section).decode()
+    except TypeError as exc:  # an integer beyond 64 bits, which the body's parser keeps
+        raise invalid(f"config: {exc}: numbers must fit in 64 bits") from None
+
+
 def _definition(answer: admin_pb.MapDefinition) -> dict[str, Any]:
     """A ``MapDefinition`` with its section as a JSON object (``shapes.MapDefinition``)."""
     return {
@@ -358,9 +366,7 @@ class HttpFront:
     async def create_map(self, request: web.Request) -> web.Response:
         """``CreateMap`` of a ``{"name", "config"}`` body."""
         asked = await json_body(request, shapes.CreateMapBody)
-        call = admin_pb.PutMapRequest(
-            map=asked.name, config_json=orjson.dumps(asked.config).decode()
-        )
+        call = admin_pb.PutMapRequest(map=asked.name, config_json=_section_json(asked.config))
         answer = await self._create_map(call, HttpContext(request))
         return _json(_definition(answer), 201)
 
@@ -381,7 +387,7 @@ class HttpFront:
             raise invalid("body: must be a JSON object, the map's section of the configuration")
         call = admin_pb.PutMapRequest(
             map=request.match_info["map"],
-            config_json=orjson.dumps(section).decode(),
+            config_json=_section_json(section),
             rebuild=bool_param(request, "rebuild"),
         )
         answer = await self._put_map_config(call, HttpContext(request))

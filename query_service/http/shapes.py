@@ -171,7 +171,7 @@ MAP_SECTION_SCHEMA = {
     "description": "the map's section of the configuration file, as JSON; beyond its "
     "shape the server checks what a schema cannot say (a field that needs another, "
     "topics that exist, a change the map's state can follow) and answers 400 naming "
-    "each key path it refuses",
+    "each key path it refuses; integers fit in 64 bits",
 }
 """The configuration model's own schema; the server validates a section itself, so every
 problem is named, not only the first."""

@@ -272,6 +272,8 @@ def as_a_client(case: Any, served: Served) -> Any:
         if isinstance(source, dict):
             source["topics"] = [served.topic]  # one that exists
             source.pop("schema_registry_url", None)  # no registry to ask here
+        if isinstance(body, dict):
+            case.body = within_64_bits(body)
         return case
     waits = False
     if query.get("min_offsets"):
