@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import redis
 
+from materializer.catalog.changes import state_bound_changes
 from materializer.catalog.live import LiveMaps
 from materializer.catalog.purge import drop_copy
 from materializer.checkpoints.source_loss import SourceDataLoss, check_source, explain_failure
@@ -136,6 +137,9 @@ class Supervisor:
         self._spark = spark
         self.config = config
         """The config in force; a map a rebuild has not yet moved keeps the one it runs."""
+        self.from_file = frozenset(config.maps) | frozenset(config.enrichments)
+        """The maps and enrichments of the configuration file (the others are the catalog's);
+        the run sets them from the file when the config holds the catalog's maps too."""
         self._pinned: dict[str, tuple[AppConfig, int]] = {}
         """Per map being rebuilt: the config its live queries run and the generation the
         rebuild folds into; the map takes ``config`` once readers moved there."""
@@ -159,6 +163,9 @@ class Supervisor:
         The generation is read at every start, so a map a rebuild switched over
         while paused resumes on the new copy of its data.
         """
+        if m.name in self._rebuilds and m.name not in self._pinned:
+            m.state = "rebuilding"  # its old definition is gone: nothing runs until the switch
+            return
         try:
             self._check_access()
             if m.name in self.config.enrichments:
@@ -184,8 +191,11 @@ class Supervisor:
             kind = "enrichment" if m.name in self.config.enrichments else "map"
             self.fail(m, f"{kind} {m.name} cannot reach its topics: {exc}")
             return
-        except MaterializerError:
-            raise  # the configuration: no restart can mend it, so the run reports it and ends
+        except MaterializerError as exc:
+            if m.name in self.from_file:
+                raise  # the file's configuration: no restart mends it; the run reports it, ends
+            self.fail(m, str(exc))  # a map of the catalog: a change of it may mend it
+            return
         except Exception as exc:  # Spark's own errors while building the queries
             self.fail(m, f"could not start: {exc}")
             return
@@ -429,6 +439,7 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
     supervisor = Supervisor(
         spark, live.config, batch_log, channel.generation, metrics, channel.report
     )
+    supervisor.from_file = frozenset(config.maps) | frozenset(config.enrichments)
     maps = {name: _Map(name) for name in in_force()}
 
     def measured(name: str, size: StateSize) -> None:
@@ -491,7 +502,11 @@ def _follow(
     supervisor.config = after
     for name in [n for n in maps if n not in wanted]:
         m = maps.pop(name)
-        supervisor.stop_all([m] if m.state == "running" else [])
+        if m.state == "running":
+            # A state that does not age: a purge waits until the Delta catch-up is done.
+            m.state = "stopping"
+            channel.report({name: m.report()})
+        supervisor.stop_all([m] if m.state == "stopping" else [])
         m.state = "stopped"
         channel.report({name: m.report()})
         log.info("map %s deleted by %s: its queries stopped", name, _by(live, name))
@@ -507,8 +522,8 @@ def _follow(
             _start(supervisor, live, m, requests[name], channel)
         elif before.maps.get(name) != after.maps.get(name):
             m = maps[name]
-            record = live.maps.stored.get(name)
-            if record is not None and record.rebuild:
+            old, new = before.maps.get(name), after.maps.get(name)
+            if old is not None and new is not None and state_bound_changes(old, new):
                 supervisor.rebuild(m, before, version)
                 continue
             log.info(
@@ -535,8 +550,9 @@ def _start(
     """A map's first start in this run; one whose definition a rebuild has yet to fold is
     rebuilt instead, and its old copy serves as it stands meanwhile."""
     record = live.maps.stored.get(m.name)
-    if record is not None and record.rebuild:
-        if channel.definition(m.name) < record.version:
+    if record is not None and record.rebuilt_at:
+        if channel.definition(m.name) < record.rebuilt_at:
+            m.restart_id = request.restart_id
             supervisor.rebuild(m, None, record.version)
             return
         supervisor.drop_old_copies(m.name)

@@ -182,18 +182,31 @@ def check_put(
         config,  # as given: what GET answers is what was put
         by,
         int(time.time() * 1000),
-        rebuild=bool(bound),
+        rebuilt_at=maps.version(name) + 1 if bound else _rebuilt_at(maps, name),
     )
     return Change(record, created=not exists, rebuilt=bool(bound))
 
 
 def check_delete(maps: Maps, name: str, *, by: str) -> StoredMap:
-    """The tombstone that deletes map ``name``, or why not."""
-    if maps.origin.get(name) == "file":
+    """The tombstone that deletes map ``name``, or why not.
+
+    A definition the catalog holds but does not put in force (shadowed by the file's, or
+    not fitting with it) can be deleted too: that is how its warning is silenced.
+    """
+    record = maps.records.get(name)
+    in_catalog = record is not None and not record.deleted
+    if maps.origin.get(name) == "file" and not in_catalog:
         raise ChangeRefused(
             f"map {name!r} is declared in the configuration file (maps.{name}): remove it "
             "there to delete it"
         )
-    if name not in maps.config.maps:
+    if name not in maps.config.maps and not in_catalog:
         raise NoSuchMap(name, sorted(maps.config.maps))
     return StoredMap(name, maps.version(name) + 1, None, by, int(time.time() * 1000))
+
+
+def _rebuilt_at(maps: Maps, name: str) -> int:
+    """The version of the map's last change its state could not follow, carried on by a
+    change it can: a materializer that missed that one still knows to rebuild."""
+    record = maps.stored.get(name)
+    return 0 if record is None else record.rebuilt_at

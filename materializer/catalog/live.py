@@ -10,7 +10,6 @@ from materializer.catalog.store import (
     TIMEOUT_SECONDS,
     CatalogFollower,
     CatalogTopic,
-    CatalogUnavailable,
 )
 from materializer.config import AppConfig
 
@@ -48,7 +47,7 @@ class LiveMaps:
             return True
         try:
             self.catch_up(timeout)
-        except CatalogUnavailable as exc:
+        except Exception as exc:  # noqa: BLE001 - Kafka's or the topic's: tried again later
             self._warn(exc)
             return False
         return True
@@ -71,7 +70,7 @@ class LiveMaps:
             if self._follower is None:
                 self._follower = self.topic.follower()
             changed = self._follower.poll(timeout)
-        except CatalogUnavailable as exc:
+        except Exception as exc:  # noqa: BLE001 - Kafka's or the topic's: tried again later
             self._warn(exc)
             return False
         if self._warned:

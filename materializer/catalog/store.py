@@ -8,6 +8,7 @@ outside any consumer group: each one needs every record, from the first.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -80,6 +81,11 @@ class CatalogTopic:
             raise CatalogUnavailable(
                 f"catalog.topic: cannot prepare topic {self.topic}: {exc.args[0].str()}"
             ) from None
+        except concurrent.futures.TimeoutError:
+            raise CatalogUnavailable(
+                f"catalog.topic: Kafka did not create topic {self.topic} within "
+                f"{TIMEOUT_SECONDS:.0f} s"
+            ) from None
         self._ready = True
 
     def follower(self) -> CatalogFollower:
@@ -129,7 +135,7 @@ class CatalogTopic:
             change.config,
             change.by,
             change.at_ms,
-            change.rebuild,
+            change.rebuilt_at,
             offset=msg.offset(),
         )
 

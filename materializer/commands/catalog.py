@@ -168,6 +168,12 @@ def delete(
     """Stop a map managed at runtime and forget it."""
     cfg = load(config)
     live = _live(cfg)
+    if purge_data and live.maps.origin.get(name) == "file":
+        live.close()
+        raise fail(
+            f"map {name!r} is declared in the configuration file (maps.{name}): its data is "
+            "the file's map's, and is never purged from here"
+        )
     try:
         with exits_on_errors():
             in_force = live.config

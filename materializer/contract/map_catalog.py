@@ -12,8 +12,10 @@ Maps created through the API live in one compacted, single-partition Kafka topic
   ``version`` counts the map's changes from 1, ``by`` names who made the change;
 - a deletion is a tombstone (no value), so compaction forgets the map; its headers
   ``version``, ``by`` and ``at_ms`` say the same of the deletion;
-- with ``"rebuild": true`` the definition replaces one its state cannot follow: the
-  running materializer folds it into a new copy and moves readers there once it caught up.
+- ``"rebuilt_at": n`` is the version of the map's last change its state could not follow
+  (absent: none): its state must have been rebuilt by that version or a later one, and a
+  materializer whose copy was folded by an earlier one (``<map>:__definition__`` in
+  Redis) folds the definition into a new copy and moves readers there once caught up.
 
 One partition keeps every change in the order it was made; the last record of a key
 is the map's current definition.
@@ -39,9 +41,14 @@ class StoredMap:
     config: dict[str, Any] | None
     by: str = ""
     at_ms: int = 0
-    rebuild: bool = False
+    rebuilt_at: int = 0
     offset: int = field(default=-1, compare=False)
     """Where the record sits in the topic (``-1`` before it is written)."""
+
+    @property
+    def rebuild(self) -> bool:
+        """This change is one the map's state could not follow."""
+        return self.rebuilt_at == self.version > 0
 
     @property
     def deleted(self) -> bool:
@@ -62,8 +69,8 @@ class StoredMap:
             "by": self.by,
             "at_ms": self.at_ms,
         }
-        if self.rebuild:
-            body["rebuild"] = True
+        if self.rebuilt_at:
+            body["rebuilt_at"] = self.rebuilt_at
         return orjson.dumps(body)
 
     def headers(self) -> list[tuple[str, bytes]]:
@@ -107,7 +114,7 @@ def decode(
         body["config"],
         str(body.get("by", "")),
         _int(body.get("at_ms")),
-        bool(body.get("rebuild", False)),
+        _int(body.get("rebuilt_at")),
         offset=offset,
     )
 

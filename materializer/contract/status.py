@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from materializer.contract.redis_layout import MapReport, Watermark
 
-IN_HAND = ("running", "paused", "restoring", "rebuilding")
+IN_HAND = ("running", "paused", "restoring", "rebuilding", "stopping")
 """The states of a map a materializer holds: its queries, or their return, are in hand."""
 
 STALE_REPORT_MS = 15_000

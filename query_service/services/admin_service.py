@@ -244,16 +244,20 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         name = _map_name(request.map)
         by = CALLER.get()
         async with self._catalog.changing() as (maps, topic):
-            known = name in maps.config.maps
+            if request.purge and maps.origin.get(name) == "file":
+                raise FailedPrecondition(
+                    f"map {name!r} is declared in the configuration file (maps.{name}): its "
+                    "data is the file's map's, and is never purged through the API"
+                )
+            known = name in maps.config.maps or name in maps.left_out
             config = maps.config
+            if name not in config.maps and request.purge:  # its definition is not in force
+                config = _translated(with_maps, config, {**config.maps, name: _LEFTOVERS})
             if known or not request.purge:
                 tombstone = await asyncio.to_thread(_translated, check_delete, maps, name, by=by)
                 record = await asyncio.to_thread(_translated, topic.write, tombstone)
                 version = record.version
-            elif maps.origin.get(name) == "file":
-                raise FailedPrecondition(f"map {name!r} is declared in the configuration file")
             else:  # a purge of what a deleted map left
-                config = _translated(with_maps, config, {**config.maps, name: _LEFTOVERS})
                 version = maps.version(name)
         if known:
             await self._catalog.written()

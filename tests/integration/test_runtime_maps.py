@@ -156,6 +156,22 @@ def test_a_map_created_changed_and_deleted_moves_alone_while_another_folds_a_liv
                         "the replica to forget the map", lambda: served(other, "a1", 404)
                     )
                     assert await served(one, "a1", 404)
+
+                    # A map the checks let through but that cannot start (its schema file is
+                    # not on the run's machine) fails alone; the run and the others go on.
+                    absent = str(tmp_path / "absent.avsc")
+                    source = {"topics": [first], "format": "avro", "schema_file": absent}
+                    broken = {"name": f"{added}x", "config": {"source": source, "key": "id"}}
+                    await one.json("POST", "/v1/maps", status=201, json=broken)
+
+                    async def failed() -> bool:
+                        status = await one.json("GET", f"/v1/maps/{added}x/status")
+                        said = status["state"], status["error"]
+                        return said[0] == "FAILED" and "absent.avsc" in said[1]
+
+                    await eventually("the broken map to be reported failed", failed, timeout=60)
+                    assert proc.alive()
+                    await one.json("DELETE", f"/v1/maps/{added}x")
                     return {}
 
             asyncio.run(body())

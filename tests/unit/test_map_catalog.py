@@ -45,8 +45,9 @@ def test_records_are_the_contract() -> None:
         "at_ms": 1_700_000_000_000,
     }
     assert record.headers() == []
-    rebuilt = stored("orders", 4, {"key": "id"}, rebuild=True)
-    assert orjson.loads(rebuilt.value() or b"")["rebuild"] is True
+    rebuilt = stored("orders", 4, {"key": "id"}, rebuilt_at=4)
+    assert orjson.loads(rebuilt.value() or b"")["rebuilt_at"] == 4
+    assert rebuilt.rebuild and not stored("orders", 5, {}, rebuilt_at=4).rebuild
     tombstone = stored("orders", 5, None)
     assert tombstone.value() is None
     assert tombstone.headers() == [
@@ -131,6 +132,9 @@ def test_the_api_cannot_change_or_delete_a_map_of_the_file() -> None:
         check_put(maps, "users", section("users"), by="t", reachable=False)
     with pytest.raises(ChangeRefused, match="remove it there"):
         check_delete(maps, "users", by="t")
+    # A definition the file shadows is the catalog's own: deleting it silences its warning.
+    shadowed = combine(FILE, {"users": stored("users", 4, section("elsewhere"))})
+    assert check_delete(shadowed, "users", by="t").version == 5
 
 
 @pytest.mark.parametrize(
@@ -162,3 +166,8 @@ def test_a_change_the_state_cannot_follow_is_refused_unless_rebuilt(
     assert ", ".join(bound) in str(caught.value)
     rebuilt = check_put(maps, "orders", new, by="t", rebuild=True, reachable=False)
     assert rebuilt.rebuilt and rebuilt.record.rebuild and rebuilt.record.version == 2
+    assert rebuilt.record.rebuilt_at == 2
+    # A later change the state can follow carries the rebuild on, for a run that missed it.
+    maps = combine(FILE, {"orders": rebuilt.record})
+    later = check_put(maps, "orders", {**new, "history": True}, by="t", reachable=False)
+    assert (later.record.version, later.record.rebuilt_at, later.rebuilt) == (3, 2, False)
