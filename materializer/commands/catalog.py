@@ -21,6 +21,7 @@ from rich.table import Table
 from materializer.catalog.changes import Change, check_delete, check_put
 from materializer.catalog.live import LiveMaps
 from materializer.catalog.purge import purge
+from materializer.catalog.rule import combine
 from materializer.commands.cli_support import (
     ConfigOption,
     err,
@@ -100,7 +101,10 @@ def apply(
         with exits_on_errors():
             maps = live.maps
             for name, section in sections.items():
-                checked.append(check_put(maps, name, section, by=_caller(), rebuild=rebuild))
+                change = check_put(maps, name, section, by=_caller(), rebuild=rebuild)
+                checked.append(change)
+                # The next map is checked with this one in force: two that clash are refused.
+                maps = combine(cfg, {**maps.records, name: change.record})
             assert live.topic is not None
             for change in checked:
                 record = live.topic.write(change.record)

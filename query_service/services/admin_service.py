@@ -109,7 +109,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
                     fold_mode=m.fold.mode,
                     table_path=table_path(self._config, name),
                     origin=self._live.maps.origin.get(name, "file"),
-                    version=self._live.maps.version(name),
+                    version=self._live.maps.version(name) if name in self._live.maps.stored else 0,
                 )
                 for name, m in sorted(self._config.maps.items())
             ]

@@ -277,6 +277,13 @@ def test_the_cli_applies_gets_and_deletes_and_a_file_map_shadows_the_catalog(
     refused = cli("apply", "-f", str(maps_file))
     assert refused.returncode == 2 and "declared in the configuration file" in refused.stderr
     assert stored(parse_config(doc)) == {}  # nothing of a refused document is stored
+    # Two maps of one document are checked together: a changelog both claim is refused.
+    shared = {"changelog": {"topic": "shared.changelog"}}
+    clash = {"a1": section(orders, **shared), "a2": section(orders, **shared)}
+    maps_file.write_text(yaml.safe_dump({"maps": clash}))
+    refused = cli("apply", "-f", str(maps_file))
+    assert refused.returncode == 2 and "maps.a2.changelog.topic" in refused.stderr, refused.stderr
+    assert stored(parse_config(doc)) == {}
 
     maps_file.write_text(yaml.safe_dump({"name": "orders", "config": section(orders)}))
     applied = cli("apply", "-f", str(maps_file))
