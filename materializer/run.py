@@ -113,8 +113,6 @@ class _Rebuild:
 
     name: str
     version: int
-    generation: int
-    thread: threading.Thread | None = None
     switched: bool = False
     done: bool = False
     error: str = ""
@@ -239,13 +237,11 @@ class Supervisor:
             self._pinned[m.name] = (before, target)
         else:  # the old definition is gone: the old copy serves as it stands
             self.stop(m, "rebuilding")
-        job = _Rebuild(m.name, version, target)
-        self._rebuilds[m.name] = job
-        job.thread = threading.Thread(
-            target=self._rebuild, args=(job, self.config), name=f"rebuild-{m.name}", daemon=True
-        )
+        job = self._rebuilds[m.name] = _Rebuild(m.name, version)
         log.info("map %s: rebuilding definition %d into generation %d", m.name, version, target)
-        job.thread.start()
+        threading.Thread(
+            target=self._rebuild, args=(job, self.config), name=f"rebuild-{m.name}", daemon=True
+        ).start()
 
     def _rebuild(self, job: _Rebuild, config: AppConfig) -> None:
         client = client_for(config.redis)

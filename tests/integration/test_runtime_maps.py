@@ -100,7 +100,7 @@ def test_a_map_created_changed_and_deleted_moves_alone_while_another_folds_a_liv
         )
         with Stream(kafka_bootstrap, steady_topic) as stream:
 
-            async def body() -> dict[str, Any]:
+            async def body() -> None:
                 async with AsyncExitStack() as stack:
                     one: Front = await stack.enter_async_context(front(cfg))
                     other: Front = await stack.enter_async_context(front(cfg))  # a replica
@@ -172,7 +172,6 @@ def test_a_map_created_changed_and_deleted_moves_alone_while_another_folds_a_liv
                     await eventually("the broken map to be reported failed", failed, timeout=60)
                     assert proc.alive()
                     await one.json("DELETE", f"/v1/maps/{added}x")
-                    return {}
 
             asyncio.run(body())
         reference = stream.reference()
