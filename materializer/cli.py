@@ -7,11 +7,12 @@ import threading
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from materializer.clients.logs import LogFormat, LogLevel, configure_logging
 from materializer.commands import catalog, maps, offsets, rebuild, rehydrate
 from materializer.commands.cli_support import ConfigOption, err, load
-from materializer.config import config_problems
+from materializer.config import WorkerConfig, config_problems
 from materializer.errors import ConfigError, MaterializerError
 
 app = typer.Typer(help="Fold Kafka topics into Delta tables and Redis maps.", no_args_is_help=True)
@@ -64,8 +65,16 @@ def run(
             help="Serve Prometheus /metrics on this port instead of metrics.port (0: off).",
         ),
     ] = None,
+    group: Annotated[
+        str | None,
+        typer.Option(
+            "--group",
+            help="Share the maps with the other runs of this worker group (worker.group).",
+        ),
+    ] = None,
 ) -> None:
-    """Run every map and enrichment (or the named ones) until SIGTERM or Ctrl-C."""
+    """Run every map and enrichment (or the named ones) until SIGTERM or Ctrl-C; with
+    --group, the share of them the worker group gives this run."""
     from materializer.run import run_maps
 
     cfg = load(config)
@@ -73,6 +82,13 @@ def run(
         cfg = cfg.model_copy(
             update={"metrics": cfg.metrics.model_copy(update={"port": metrics_port})}
         )
+    if group is not None:
+        try:
+            worker = WorkerConfig.model_validate({**cfg.worker.model_dump(), "group": group})
+        except ValidationError as exc:
+            err.print(f"[red]--group: {exc.errors()[0]['msg']}[/red]", highlight=False)
+            raise typer.Exit(2) from None
+        cfg = cfg.model_copy(update={"worker": worker})
     if not map_names and not cfg.catalog.enabled and not cfg.maps and not cfg.enrichments:
         err.print("no maps or enrichments declared, and catalog.enabled is off: nothing to run")
         raise typer.Exit(2)

@@ -48,6 +48,7 @@ from materializer.errors import ConfigError
 from materializer.fold.entity_types import (
     EntityTyper,
 )
+from materializer.group.fencing import Ownership
 from materializer.redis.apply import Applied
 from materializer.redis.deliveries import producer_settings
 from materializer.redis.expiry import expiry_ms
@@ -127,6 +128,7 @@ def start_map(
     metrics: BatchMetrics | None = None,
     offsets_group: str | None = MAP_GROUP,
     until: dict[str, dict[int, int]] | None = None,
+    owner: Ownership | None = None,
 ) -> QueryGroup:
     """Start the fold query of one map and its side queries.
 
@@ -140,6 +142,7 @@ def start_map(
     committed to, for Kafka's tools (``{map}``: the map's name); None commits
     none, for queries whose progress is not the map's (a rebuild's replay).
     ``until`` folds only the records before those offsets (``records``).
+    ``owner``: in a worker group, the ownership its writes carry (``group.fencing``).
     """
 
     map_config = config.map(map_name)
@@ -164,6 +167,8 @@ def start_map(
         ttl_ms=ttl_ms,
         changes_max_len=map_config.changes.max_len,
         deleted_retention_ms=int(map_config.fold.deleted_retention.total_seconds() * 1000),
+        epoch=None if owner is None else owner.epoch,
+        transactional_id=None if owner is None else owner.transactional_id,
     )
     typer = None
     if is_inferred(map_config):
@@ -223,14 +228,25 @@ def start_map(
         .foreachBatch(projector)
         .start()
     )
-    delta = start_delta_query(spark, config, map_name, entity, rows_out, generation)
+    check = None if owner is None else owner.check
+    delta = start_delta_query(
+        spark, config, map_name, entity, rows_out, generation, owner_check=check
+    )
     return QueryGroup(
         name=map_name,
         fold=fold_query,
         side=[delta],
         projectors=[projector],
         catch_up=functools.partial(
-            start_delta_query, spark, config, map_name, entity, rows_out, generation, catch_up=True
+            start_delta_query,
+            spark,
+            config,
+            map_name,
+            entity,
+            rows_out,
+            generation,
+            catch_up=True,
+            owner_check=check,
         ),
     )
 

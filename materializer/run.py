@@ -43,9 +43,11 @@ from materializer.contract.redis_layout import (
 from materializer.contract.status import IN_HAND
 from materializer.enrichment.job import start_enrichment
 from materializer.errors import ConfigError, MaterializerError
+from materializer.group.fencing import Ownership, take_over
+from materializer.group.worker import Worker
 from materializer.job import start_map
 from materializer.ops.rebuild import Progress, rebuild
-from materializer.redis.functions import CopyLost
+from materializer.redis.functions import CopyLost, Fenced
 from materializer.redis.state_size import StateSize, StateSizes
 from materializer.restore.automatic import ensure_whole
 from materializer.runtime.control_channel import ControlChannel
@@ -68,6 +70,8 @@ reader keeps the old generation in mind."""
 
 _RECOVERABLE_TYPES: tuple[type[Exception], ...] = (CopyLost, *TRANSIENT_ERRORS)
 RECOVERABLE = tuple(f"{cls.__module__}.{cls.__name__}" for cls in _RECOVERABLE_TYPES)
+FENCED_ERROR = f"{Fenced.__module__}.{Fenced.__name__}"
+"""A query that failed on this: another worker of the group owns its map now."""
 """Failures of a map's query that a restart mends once Redis answers again with a whole
 copy (``Supervisor.restore``): a server that restarted, empty or not, or a cluster that
 was down for a while. Anything else fails the map."""
@@ -86,6 +90,8 @@ class _Map:
     """The generation its queries last started on."""
     state_size: StateSize | None = None
     """Its fold state as last measured (``StateSizes``)."""
+    worker: str = ""
+    """The worker of the group running it (``""``: a run outside a group)."""
 
     def report(self) -> MapReport:
         """The map's state and its fold's latest rates."""
@@ -104,6 +110,7 @@ class _Map:
             processed_rows_per_second=rates[1],
             state_keys=-1 if size is None else size.keys,
             state_bytes=-1 if size is None else size.bytes,
+            worker=self.worker,
         )
 
 
@@ -130,8 +137,10 @@ class Supervisor:
         generation: Callable[[str], int] = lambda _: 0,
         metrics: BatchMetrics | None = None,
         report: Callable[[dict[str, MapReport]], None] = lambda _: None,
+        worker: Worker | None = None,
     ) -> None:
-        """``report`` writes maps' states at once, for a state the loop would report late."""
+        """``report`` writes maps' states at once, for a state the loop would report late.
+        ``worker``: this run's place in its worker group (None: it runs every map)."""
         self._spark = spark
         self.config = config
         """The config in force; a map a rebuild has not yet moved keeps the one it runs."""
@@ -147,6 +156,7 @@ class Supervisor:
         self._metrics = metrics
         self._report = report
         self._access_checked = False
+        self._worker = worker
 
     def _check_access(self) -> None:
         """Once per run: credentials do not change while it runs, and brokers that do not
@@ -181,7 +191,11 @@ class Supervisor:
                     self._batch_log,
                     generation=m.generation,
                     metrics=self._metrics,
+                    owner=self._take_over(config, m.name),
                 )
+        except Fenced as exc:  # another worker claimed it meanwhile
+            self.fenced(m, str(exc))
+            return
         except SourceDataLoss as exc:  # records it needs are gone: it alone fails
             self.fail(m, str(exc))
             return
@@ -199,6 +213,29 @@ class Supervisor:
             return
         m.state, m.error = "running", ""
         log.info("map %s running", m.name)
+
+    def _take_over(self, config: AppConfig, name: str) -> Ownership | None:
+        """In a worker group, the map's ownership: claimed, and its former owner fenced,
+        only while the group gives this worker the map (a worker that lost it while
+        paused must not claim it back)."""
+        if self._worker is None:
+            return None
+        if not self._worker.owns(name):
+            raise Fenced(name, None)
+        owner = take_over(config, name)
+        log.info("map %s: owned by worker %s from epoch %d", name, self._worker.id, owner.epoch)
+        return owner
+
+    def fenced(self, m: _Map, why: str) -> None:
+        """Another worker owns the map now: stop its queries without a drain (they could
+        write nothing more), and leave the map to the group."""
+        if m.queries is not None:
+            m.queries.stop()
+            m.queries = None
+        m.state = "fenced"
+        log.warning(
+            "map %s: %s; its queries stopped, the worker goes on with its others", m.name, why
+        )
 
     def first_start(self, m: _Map, request: Control) -> None:
         """A map's first start in this run: paused if operators paused it before."""
@@ -370,6 +407,9 @@ class Supervisor:
             broken = [q for q in m.queries.queries if not q.isActive]
             if broken:
                 error = explain_failure(self.config, m.name, m.generation, broken[0])
+                if FENCED_ERROR in error:
+                    self.fenced(m, "fenced: another worker took it over")
+                    return
                 if any(name in error for name in RECOVERABLE):
                     self.restore(m, "Redis failed its query")
                     return
@@ -424,6 +464,8 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
             return [n for n in names if n in live.config.maps or n in config.enrichments]
         return [*sorted(live.config.maps), *sorted(config.enrichments)]
 
+    worker = Worker(config) if config.worker.group is not None else None
+
     metrics = BatchMetrics()
     # Before the JVM starts, so that a port already taken ends the run at once.
     metrics_server = serve_metrics(config.metrics, metrics.registry)
@@ -433,10 +475,11 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
     listen(spark, batch_log, metrics)
     channel = ControlChannel(config.redis, in_force())
     supervisor = Supervisor(
-        spark, live.config, batch_log, channel.generation, metrics, channel.report
+        spark, live.config, batch_log, channel.generation, metrics, channel.report, worker
     )
     supervisor.from_file = frozenset(config.maps) | frozenset(config.enrichments)
-    maps = {name: _Map(name) for name in in_force()}
+    # A worker of a group starts the maps the group gives it, as it gives them.
+    maps = {name: _Map(name) for name in in_force()} if worker is None else {}
 
     def measured(name: str, size: StateSize) -> None:
         if name in maps:
@@ -453,6 +496,8 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
     poll = config.catalog.poll_interval.total_seconds()
     try:
         sizes.start()
+        if worker is not None:
+            worker.start()
         requests = channel.requests()
         for m in maps.values():
             if stop.is_set():
@@ -460,12 +505,19 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
             _start(supervisor, live, m, requests[m.name], channel)
         next_poll = time.monotonic() + poll
         while not stop.is_set() and (
-            (following and not maps) or any(m.state in IN_HAND for m in maps.values())
+            worker is not None
+            or (following and not maps)
+            or any(m.state in IN_HAND for m in maps.values())
         ):
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + poll
                 if live.refresh():
-                    _follow(supervisor, live, maps, in_force(), channel)
+                    wanted = in_force()
+                    if worker is not None:  # the group's moves are ``_share``'s
+                        wanted = [n for n in wanted if n in maps]
+                    _follow(supervisor, live, maps, wanted, channel)
+            if worker is not None:
+                _share(supervisor, live, maps, in_force(), channel, worker)
             requests = channel.requests()
             for m in maps.values():
                 supervisor.step(m, requests[m.name])
@@ -475,6 +527,8 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
         sizes.stop()
         supervisor.stop_all([m for m in maps.values() if m.state == "running"])
         channel.report({m.name: m.report() for m in maps.values()})
+        if worker is not None:  # drained: the others take the maps over at once
+            worker.close()
         channel.close()
         live.close()
         spark.stop()
@@ -532,6 +586,40 @@ def _follow(
                 m.state = "paused"
             else:
                 supervisor.start(m)
+
+
+def _share(
+    supervisor: Supervisor,
+    live: LiveMaps,
+    maps: dict[str, _Map],
+    names: list[str],
+    channel: ControlChannel,
+    worker: Worker,
+) -> None:
+    """Bring this worker's maps to what the group gives it: a map lost or fenced stops at
+    once, one moving to another worker drains first, one given to this worker starts."""
+    share = worker.share(names)
+    for name in [n for n in maps if n in share.lost or maps[n].state == "fenced"]:
+        m = maps.pop(name)
+        if m.state != "fenced":
+            supervisor.fenced(m, "lost to the group (this worker was out of it past its session)")
+        worker.fenced(name)
+    moving = [m for m in maps.values() if m.name in names and m.name not in share.owned]
+    if moving:
+        supervisor.stop_all([m for m in moving if m.queries is not None])
+        for m in moving:
+            del maps[m.name]
+            log.info("map %s moved to another worker of group %s", m.name, worker.group)
+    taken = [n for n in names if n in share.owned and n not in maps]
+    if taken:
+        channel.names = sorted({*maps, *taken})
+        requests = channel.requests()
+        for name in taken:
+            m = maps[name] = _Map(name, worker=worker.id)
+            log.info("map %s taken over by worker %s", name, worker.id)
+            _start(supervisor, live, m, requests[name], channel)
+    channel.names = sorted(maps)
+    worker.release(share.version)
 
 
 def _by(live: LiveMaps, name: str) -> str:

@@ -87,16 +87,27 @@ def _state_size(view: MapView) -> str:
     return f"{report.state_keys} keys, {report.state_bytes / 1_048_576:.1f} MiB"
 
 
+def _worker(view: MapView) -> str:
+    """The worker running the map, as its last report says; "-" outside a worker group."""
+    return view.report.worker if view.report is not None and view.report.worker else "-"
+
+
 def _render(views: list[MapView]) -> None:
     maps = Table(title="maps", title_justify="left")
-    columns = ("map", "state", "gen", "last batch", "written", "in/s", "out/s", "lag", "state")
+    columns = ["map", "state", "gen", "last batch", "written", "in/s", "out/s", "lag", "state"]
+    # A worker column when a worker group runs a map: a lone run's table stays as it was.
+    grouped = any(_worker(v) != "-" for v in views)
+    if grouped:
+        columns.insert(2, "worker")
     for column in columns:
-        maps.add_column(column, justify="right" if column not in ("map", "state") else "left")
+        left = column in ("map", "state", "worker")
+        maps.add_column(column, justify="left" if left else "right")
     for v in views:
         style = _STATE_STYLE.get(v.state, "")
         maps.add_row(
             v.name,
             f"[{style}]{v.state}[/{style}]" if style else v.state,
+            *((escape(_worker(v)),) if grouped else ()),  # a name of the operator's choosing
             str(v.generation),
             str(v.watermark.batch_id) if v.watermark else "-",
             _age(v.freshness_ms),
@@ -131,7 +142,8 @@ def status(
     map_name: Annotated[str | None, typer.Argument(help="One map; all when left out.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document per map.")] = False,
 ) -> None:
-    """Each map's state, last batch, rates, and lag per partition against Kafka's log ends.
+    """Each map's state, the worker running it (in a worker group), last batch, rates, and lag
+    per partition against Kafka's log ends.
 
     Exits 1 when a map has failed, so a health check can run it.
     """

@@ -77,8 +77,10 @@ from materializer.config.transforms import (
     Transform,
     ValueToKeyTransform,
 )
+from materializer.config.worker import WorkerConfig
 
 __all__ = [
+    "WorkerConfig",
     "AggregateSpec",
     "AppConfig",
     "AuthConfig",

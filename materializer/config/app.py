@@ -24,6 +24,7 @@ from materializer.config.connections import (
 from materializer.config.enrichments import EnrichmentConfig
 from materializer.config.maps import MapConfig
 from materializer.config.query_service import MetricsConfig, QueryConfig
+from materializer.config.worker import WorkerConfig
 from materializer.errors import ConfigError
 
 
@@ -38,6 +39,7 @@ class AppConfig(_Model):
     metrics: MetricsConfig = MetricsConfig()
     object_store: ObjectStoreConfig | None = None
     catalog: CatalogConfig = CatalogConfig()
+    worker: WorkerConfig = WorkerConfig()
     maps: dict[str, MapConfig] = Field(default_factory=dict)
     enrichments: dict[str, EnrichmentConfig] = Field(default_factory=dict)
 

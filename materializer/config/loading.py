@@ -29,6 +29,8 @@ ENV_OVERRIDES: dict[str, tuple[str, str]] = {
     "MATERIALIZER_CHECKPOINT_ROOT": ("spark", "checkpoint_root"),
     "MATERIALIZER_QUERY_PORT": ("query", "port"),
     "MATERIALIZER_CATALOG_TOPIC": ("catalog", "topic"),
+    "MATERIALIZER_WORKER_GROUP": ("worker", "group"),
+    "MATERIALIZER_WORKER_ID": ("worker", "id"),
 }
 
 

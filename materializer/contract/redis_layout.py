@@ -18,6 +18,12 @@ Written down in docs/redis-layout.md and pinned by tests/unit/test_redis_layout.
   the *marker*: this server holds the map's copy whole (``marker_key``);
 - ``<map>\\0o:{<map>:<key>}`` string, the fold's state of an entity, in its hash
   slot (``state_key``): ``latest``'s winning order, the other modes' JSON;
+- ``<map>\\0w:`` string (tagged per master like the marker), the *owner's epoch*: the
+  fencing token of the worker that owns the map in a worker group; the writing
+  functions refuse a call that carries an older one (``owner_key``), and
+  ``<map>\\0W:`` the map's last epoch handed out (``epoch_key``);
+- ``<group>\\0g:`` hash, a worker group's work slots: map name to slot number
+  (``slots_key``);
 - ``<map>\\0e:`` sorted set and ``<map>\\0x:`` set (tagged per master like the
   marker), a map with ``ttl.redis`` only: keys by when they expire, and keys
   expired whose changelog tombstone is not yet sent (``expiry_index_key``).
@@ -79,6 +85,11 @@ def physical_name(map_name: str, generation: int) -> str:
     return map_name if generation == 0 else f"{map_name}{GENERATION_MARK}{generation}"
 
 
+def logical_name(physical: str) -> str:
+    """The map a physical name (``physical_name``) belongs to."""
+    return physical.split(GENERATION_MARK, 1)[0]
+
+
 def parse_generation(raw: bytes | str | None) -> int:
     """``GET <map>:__generation__``; no key means the map was never rebuilt."""
     if raw is None:
@@ -126,6 +137,36 @@ def marker_key(map_name: str, tag: str | None = None) -> str:
     """
     base = f"{map_name}{MARKER_MARK}"
     return base if tag is None else f"{base}{{{tag}}}"
+
+
+OWNER_MARK = "\x00w:"
+EPOCH_MARK = "\x00W:"
+SLOTS_MARK = "\x00g:"
+
+
+def owner_key(map_name: str, tag: str | None = None) -> str:
+    """Where a server keeps the epoch of the worker that owns the map: ``<map>\\0w:``, and
+    on a Redis Cluster ``{<tag>}`` as the marker (``marker_key``).
+
+    A worker that takes a map over in a worker group raises it on every master
+    before its first write, and every write carries the writer's epoch: the
+    writing functions refuse one older than the key's (``MATERIALIZER_FENCED``),
+    so a worker that lost the map while paused writes nothing more. No key:
+    no owner recorded (a run outside a group), nothing refused.
+    """
+    base = f"{map_name}{OWNER_MARK}"
+    return base if tag is None else f"{base}{{{tag}}}"
+
+
+def epoch_key(map_name: str) -> str:
+    """``<map>\\0W:``: the last owner's epoch handed out for the map, which the next
+    owner's exceeds."""
+    return f"{map_name}{EPOCH_MARK}"
+
+
+def slots_key(group: str) -> str:
+    """``<group>\\0g:``: a worker group's work slots, a hash of map name to slot number."""
+    return f"{group}{SLOTS_MARK}"
 
 
 EXPIRY_MARK = "\x00e:"
@@ -252,6 +293,8 @@ class MapReport:
     """The fold's state keys when last measured (about once a minute); -1: not yet."""
     state_bytes: int = -1
     """Their Redis memory, estimated from a sample; -1: not yet."""
+    worker: str = ""
+    """The worker running the map (``worker.id``; ``""``: a run outside a worker group)."""
 
     def to_hash(self) -> dict[str, str]:
         """The fields of ``<map>:__status__``."""
@@ -263,6 +306,7 @@ class MapReport:
             "processed_rows_per_second": repr(self.processed_rows_per_second),
             "state_keys": str(self.state_keys),
             "state_bytes": str(self.state_bytes),
+            "worker": self.worker,
         }
 
     @classmethod
@@ -279,6 +323,7 @@ class MapReport:
             processed_rows_per_second=float(fields.get("processed_rows_per_second", "0")),
             state_keys=int(fields.get("state_keys", "-1")),
             state_bytes=int(fields.get("state_bytes", "-1")),
+            worker=fields.get("worker", ""),
         )
 
 

@@ -100,6 +100,7 @@ class MapView:
             "total_lag": self.total_lag,
             "state_keys": self.report.state_keys if self.report else -1,
             "state_bytes": self.report.state_bytes if self.report else -1,
+            "worker_id": self.report.worker if self.report else "",
             "partitions": [dataclasses.asdict(p) for p in self.partitions],
         }
 

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from materializer import record_columns as c
-from materializer.batch import Sink
+from materializer.batch import Batch, Sink
 from materializer.checkpoints.running import Checkpoint
 from materializer.clients.object_store import delta_rs_location
 from materializer.config import AppConfig, is_inferred
@@ -66,10 +66,13 @@ def start_delta_query(
     generation: int,
     *,
     catch_up: bool = False,
+    owner_check: Callable[[], None] | None = None,
 ) -> StreamingQuery:
     """The changelog into the Delta table: MERGE per batch, ``txnVersion`` = this query's batch.
 
     ``catch_up``: everything the changelog holds now, then the query ends (a stop's last).
+    ``owner_check``: in a worker group, raises if another worker took the map over; called
+    before each batch's MERGE, so a fenced worker commits nothing more.
     """
     from pyspark.sql import functions as F
 
@@ -83,6 +86,9 @@ def start_delta_query(
     for key, value in kafka_options(config, [changelog], "earliest").items():
         reader = reader.option(key, value)
     reader = reader.option("maxOffsetsPerTrigger", str(changes_per_batch(config)))
+    # In a worker group the changelog is written in transactions: an aborted one (a fenced
+    # worker's) is never merged.
+    reader = reader.option("kafka.isolation.level", "read_committed")
     raw = reader.load()
     changes = raw.select(
         raw["key"].cast("string").alias(c.KEY),
@@ -94,7 +100,8 @@ def start_delta_query(
     )
     delta_checkpoint = checkpoint_path(config, physical, "delta")
     table = table_path(config, physical)
-    sinks: list[Sink] = [
+    sinks: list[Sink] = [] if owner_check is None else [OwnerGuard(owner_check)]
+    sinks += [
         DeltaSink(
             table,
             updated_at=ttl is not None,
@@ -135,3 +142,17 @@ def start_delta_query(
     return writer.foreachBatch(
         typed_batches(projector, table, inferred, table_meta(map_config))
     ).start()
+
+
+class OwnerGuard(Sink):
+    """First of a map's Delta sinks in a worker group: a worker that lost the map stops before
+    its MERGE (``materializer.group.fencing``)."""
+
+    name = "owner"
+
+    def __init__(self, check: Callable[[], None]) -> None:
+        self._check = check
+
+    def write(self, batch: Batch) -> None:
+        """Raise if another worker owns the map now."""
+        self._check()

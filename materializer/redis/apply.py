@@ -68,25 +68,29 @@ def apply_batches(
     """
     import pyarrow as pa
 
-    deliveries = Deliveries(producer)
     chunks = list(batches)
     table = pa.Table.from_batches(chunks) if chunks else arrow_schema().empty_table()
-    letters = 0
-    if target.dead_letter_topic is not None:
-        letters = _send_dead_letters(deliveries, target.dead_letter_topic, table)
-    headers = [(BATCH_HEADER, str(batch_id).encode()), (APP_HEADER, app_id.encode())]
-    writer = Writer(target, batch_id)
-    # Every chunk in Redis before the first changelog record: a batch that fails on the
-    # way (a server that lost the map's copy) leaves nothing in the changelog, so the
-    # copy restored from it is the last whole batch's, which the replay then folds on.
-    if target.folder is None:
-        states = list(writer.latest(_winners(table)))
-    else:
-        states = list(writer.fold(target.folder, _events(table, batch_time_ms)))
-    keys = 0
-    for key, state in states:
-        deliveries.send(target.changelog_topic, key.encode(), state, headers)
-        keys += 1
+    deliveries = Deliveries(producer, target)
+    try:
+        letters = 0
+        if target.dead_letter_topic is not None:
+            letters = _send_dead_letters(deliveries, target.dead_letter_topic, table)
+        headers = [(BATCH_HEADER, str(batch_id).encode()), (APP_HEADER, app_id.encode())]
+        writer = Writer(target, batch_id)
+        # Every chunk in Redis before the first changelog record: a batch that fails on the
+        # way (a server that lost the map's copy) leaves nothing in the changelog, so the
+        # copy restored from it is the last whole batch's, which the replay then folds on.
+        if target.folder is None:
+            states = list(writer.latest(_winners(table)))
+        else:
+            states = list(writer.fold(target.folder, _events(table, batch_time_ms)))
+        keys = 0
+        for key, state in states:
+            deliveries.send(target.changelog_topic, key.encode(), state, headers)
+            keys += 1
+    except BaseException:
+        deliveries.abort()
+        raise
     deliveries.flush()
     return Applied(keys=keys, dead_letters=letters, newest_timestamp_us=_newest(table))
 
@@ -170,9 +174,11 @@ def apply_partition(
 ) -> Iterator[pa.RecordBatch]:
     """Executor side of ``apply_batches``: one row of counts per partition."""
     import pyarrow as pa
+    from pyspark import TaskContext
 
     # A large batch's task: a producer of its own costs little against its records.
-    producer = new_producer(target)
+    context = TaskContext.get()
+    producer = new_producer(target, None if context is None else context.partitionId())
     done = apply_batches(target, batch_id, app_id, batches, producer, batch_time_ms)
     yield pa.RecordBatch.from_pydict(
         {

@@ -3,6 +3,8 @@ batch, through a producer made from the map's settings, each delivered or failed
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from materializer.clients.kafka import librdkafka
@@ -30,19 +32,67 @@ def producer_settings(kafka: KafkaConfig, max_record_bytes: int) -> tuple[tuple[
     return tuple(sorted(settings.items()))
 
 
-def new_producer(target: FoldTarget) -> Producer:
-    """A producer of the changelog and dead-letter records, with the map's Kafka settings."""
+TRANSACTION_TIMEOUT_S = 60.0
+"""How long a producer waits for Kafka to begin, commit or abort a transaction, or to fence
+the producers of its ``transactional.id``."""
+
+
+def new_producer(target: FoldTarget, task: int | None = None) -> Producer:
+    """A producer of the changelog and dead-letter records, with the map's Kafka settings.
+
+    In a worker group (``target.transactional_id``) it is transactional: the
+    driver's under the map's ``transactional.id``, an executor task's under
+    the id with its partition (``task``). Its ``init_transactions`` fences any
+    producer that had the id before it, on this worker or on one that lost the map.
+    """
     from confluent_kafka import Producer
 
-    return Producer(dict(target.producer))
+    settings = dict(target.producer)
+    if target.transactional_id is None:
+        return Producer(settings)
+    settings["transactional.id"] = transactional_id(target.transactional_id, task)
+    producer = Producer(settings)
+    try:
+        producer.init_transactions(TRANSACTION_TIMEOUT_S)
+    except Exception as exc:
+        raise_fenced(target, exc)
+        raise
+    return producer
+
+
+def transactional_id(prefix: str, task: int | None) -> str:
+    """The ``transactional.id`` of a map's driver producer (``task`` None) or task's."""
+    return prefix if task is None else f"{prefix}.{task}"
+
+
+def raise_fenced(target: FoldTarget, exc: Exception) -> None:
+    """Raise ``Fenced`` if Kafka refused a producer because a newer one has its id."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from materializer.redis.functions import Fenced
+
+    if isinstance(exc, KafkaException) and exc.args[0].code() in (
+        KafkaError._FENCED,
+        KafkaError.PRODUCER_FENCED,
+        KafkaError.INVALID_PRODUCER_EPOCH,
+    ):
+        raise Fenced(target.map_name, target.epoch) from exc
 
 
 class Deliveries:
-    """Produces records and fails loudly if any is not delivered by the flush."""
+    """Produces records and fails loudly if any is not delivered by the flush.
 
-    def __init__(self, producer: Producer) -> None:
+    For a map in a worker group, its records go in one transaction that the flush
+    commits: ``read_committed`` readers (the Delta query) never see the records of a
+    worker that was fenced in the middle of a batch.
+    """
+
+    def __init__(self, producer: Producer, target: FoldTarget | None = None) -> None:
         self.producer = producer
         self.errors: list[str] = []
+        self.target = target if target is not None and target.transactional_id else None
+        if self.target is not None:
+            self._in_transaction(producer.begin_transaction)
 
     def _done(self, err: Any, _msg: Any) -> None:
         if err is not None:
@@ -63,6 +113,26 @@ class Deliveries:
         """Wait for every record sent; raise if any was not delivered."""
         remaining = self.producer.flush(120)
         if self.errors or remaining:
+            if self.target is not None:
+                self._in_transaction(self.producer.abort_transaction, TRANSACTION_TIMEOUT_S)
             raise RuntimeError(
                 f"Kafka did not take {len(self.errors) + remaining} records: {self.errors[:3]}"
             )
+        if self.target is not None:
+            self._in_transaction(self.producer.commit_transaction, TRANSACTION_TIMEOUT_S)
+
+    def abort(self) -> None:
+        """Abort the transaction of a batch that failed on the way (outside a group: none)."""
+        if self.target is not None:
+            # Fenced or broken: the producer is done with either way.
+            with contextlib.suppress(Exception):
+                self.producer.abort_transaction(TRANSACTION_TIMEOUT_S)
+
+    def _in_transaction(self, call: Callable[..., None], *args: float) -> None:
+        """A transactional call; a fenced producer raises ``Fenced``."""
+        assert self.target is not None
+        try:
+            call(*args)
+        except Exception as exc:
+            raise_fenced(self.target, exc)
+            raise

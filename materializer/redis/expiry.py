@@ -86,7 +86,7 @@ def sweep_expired(target: FoldTarget, producer: Producer) -> int:
         str(target.changes_max_len).encode(),
         entity_key(name, "").encode(),
     ]
-    deliveries = Deliveries(producer)
+    deliveries = Deliveries(producer, target)
     sent = 0
     for node_name, node in nodes.items():
         index = indexes[node_name].encode()

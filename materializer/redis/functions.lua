@@ -5,8 +5,9 @@
 -- every key a call touches comes in ARGV, and lives on that master (the flag below).
 -- The writing functions' ARGV start with the change stream ('' for none), PX
 -- milliseconds or '', batch id, stream MAXLEN, the entity keys' prefix length, the
--- map's marker on this server, how long a deleted entity's state stays (PX ms) and the
--- map's expiry index on this server ('' without a TTL).
+-- map's marker on this server, how long a deleted entity's state stays (PX ms), the
+-- map's expiry index on this server ('' without a TTL), the map's owner key on this
+-- server and the writer's epoch ('' outside a worker group).
 
 -- Whether a sorts after b byte by byte: Lua's own '<' on strings follows the server's
 -- locale (strcoll), the fold's orders follow bytes, as Spark compares strings.
@@ -36,6 +37,22 @@ end
 
 local function lost()
   return redis.error_reply('MATERIALIZER_LOST this server has no marker of the map: its copy is lost')
+end
+
+-- Whether a newer owner took the map over: its epoch on this server exceeds the writer's.
+local function fenced(args)
+  if args[10] == '' then return false end
+  local owner = redis.call('GET', args[9])
+  return owner ~= false and tonumber(owner) > tonumber(args[10])
+end
+
+local function refused(args)
+  if not whole(args) then return lost() end
+  if fenced(args) then
+    return redis.error_reply('MATERIALIZER_FENCED epoch ' .. args[10] ..
+      ' is no longer the map\'s owner: another worker took it over')
+  end
+  return nil
 end
 
 -- Sets the entity (value '' deletes it) and its state, and appends its change entry.
@@ -69,15 +86,16 @@ local function write(args, entity, state_key, state, value)
   end
 end
 
--- ARGV after the eight: per record its entity key, state key, order and value ('' deletes).
+-- ARGV after the ten: per record its entity key, state key, order and value ('' deletes).
 -- Applies a record whose order is greater than the stored one. Returns per record 1
 -- when applied, else the entity's current value (false: none).
 local function latest(keys, args)
-  if not whole(args) then return lost() end
+  local refusal = refused(args)
+  if refusal then return refusal end
   local out = {}
-  for i = 0, (#args - 8) / 4 - 1 do
-    local entity, state_key = args[9 + 4 * i], args[10 + 4 * i]
-    local order, value = args[11 + 4 * i], args[12 + 4 * i]
+  for i = 0, (#args - 10) / 4 - 1 do
+    local entity, state_key = args[11 + 4 * i], args[12 + 4 * i]
+    local order, value = args[13 + 4 * i], args[14 + 4 * i]
     local current = redis.call('GET', state_key)
     if (not current) or after(order, current) then
       write(args, entity, state_key, order, value)
@@ -96,19 +114,20 @@ local function read(keys, args)
   return out
 end
 
--- ARGV after the eight: per key its entity key, state key, the state its fold read ('' for
+-- ARGV after the ten: per key its entity key, state key, the state its fold read ('' for
 -- none), the new state and value ('' removes the entity). Writes a key only if its state
 -- is still the one its fold read. Returns per key 1 when written, 0 when its state had
 -- changed.
 local function put(keys, args)
-  if not whole(args) then return lost() end
+  local refusal = refused(args)
+  if refusal then return refusal end
   local out = {}
-  for i = 0, (#args - 8) / 5 - 1 do
-    local entity, state_key = args[9 + 5 * i], args[10 + 5 * i]
-    if (redis.call('GET', state_key) or '') ~= args[11 + 5 * i] then
+  for i = 0, (#args - 10) / 5 - 1 do
+    local entity, state_key = args[11 + 5 * i], args[12 + 5 * i]
+    if (redis.call('GET', state_key) or '') ~= args[13 + 5 * i] then
       out[i + 1] = 0
     else
-      write(args, entity, state_key, args[12 + 5 * i], args[13 + 5 * i])
+      write(args, entity, state_key, args[14 + 5 * i], args[15 + 5 * i])
       out[i + 1] = 1
     end
   end
@@ -164,12 +183,34 @@ local function expire(keys, args)
   return out
 end
 
-redis.register_function{function_name='materializer_latest_v3', callback=latest,
+-- KEYS[1]: the map's epoch key. ARGV: its owner key on every master. Hands out the
+-- next owner's epoch: the server's clock in milliseconds, or one more than the last
+-- one handed out if the clock is behind it, so an epoch keeps growing even where a
+-- server restarted empty. Returns it; ``raise`` then sets it on every master.
+local function next_epoch(keys, args)
+  local last = tonumber(redis.call('GET', keys[1]) or '0')
+  local epoch = math.max(now_ms(), last + 1)
+  redis.call('SET', keys[1], epoch)
+  return epoch
+end
+
+-- KEYS[1]: the map's owner key on this server; ARGV[1]: an owner's epoch. Sets it unless
+-- a newer owner's is already there. Returns the epoch the key holds after the call.
+local function raise(keys, args)
+  local owner = redis.call('GET', keys[1])
+  if owner ~= false and tonumber(owner) >= tonumber(args[1]) then return tonumber(owner) end
+  redis.call('SET', keys[1], args[1])
+  return tonumber(args[1])
+end
+
+redis.register_function{function_name='materializer_latest_v4', callback=latest,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_read_v3', callback=read,
   flags={'no-writes', 'allow-cross-slot-keys'}}
-redis.register_function{function_name='materializer_put_v3', callback=put,
+redis.register_function{function_name='materializer_put_v4', callback=put,
   flags={'allow-cross-slot-keys'}}
+redis.register_function{function_name='materializer_next_epoch_v4', callback=next_epoch}
+redis.register_function{function_name='materializer_raise_epoch_v4', callback=raise}
 redis.register_function{function_name='materializer_fill_v3', callback=fill,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_expire_v3', callback=expire,

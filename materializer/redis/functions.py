@@ -2,7 +2,7 @@
 every master, routing a call to the master holding its keys, and the target a map's
 calls write to.
 
-One library (``functions.lua``) holds every function (``materializer_<name>_v3``),
+One library (``functions.lua``) holds every function (``materializer_<name>_v<n>``),
 loaded with ``FUNCTION LOAD REPLACE`` on every master before a map folds, and
 again by a call that finds it gone. A function that writes first checks the
 map's marker: a server restarted empty answers ``MATERIALIZER_LOST`` instead of
@@ -27,16 +27,21 @@ from materializer.errors import MaterializerError
 from materializer.fold.base import KeyFolder
 
 LIBRARY = "materializer"
-LATEST = "materializer_latest_v3"
+LATEST = "materializer_latest_v4"
 READ = READ_FUNCTION
-PUT = "materializer_put_v3"
+PUT = "materializer_put_v4"
+NEXT_EPOCH = "materializer_next_epoch_v4"
+RAISE_EPOCH = "materializer_raise_epoch_v4"
 FILL = "materializer_fill_v3"
 EXPIRE = "materializer_expire_v3"
 
 LOST = "MATERIALIZER_LOST"
 """The error the writing functions answer on a server without the map's marker."""
 
-FIXED_ARGS = 8
+FENCED = "MATERIALIZER_FENCED"
+"""The error the writing functions answer a writer whose epoch a newer owner's exceeds."""
+
+FIXED_ARGS = 10
 
 SOURCE = (resources.files(__package__) / "functions.lua").read_text(encoding="utf-8")
 """The library's Lua (``functions.lua`` beside this module): every function it registers is
@@ -52,6 +57,21 @@ def load_library(config: RedisConfig) -> None:
     client = client_for(config)
     for node in masters(client).values():
         client.execute_command("FUNCTION LOAD", "REPLACE", SOURCE, **on(node))  # type: ignore[no-untyped-call]
+
+
+class Fenced(MaterializerError):
+    """Another worker of the group owns the map now: a write carried an older epoch than the
+    owner's (``contract.redis_layout.owner_key``), and Redis refused it.
+
+    The map's queries on this worker stop; the worker goes on with its other maps.
+    """
+
+    def __init__(self, map_name: str, epoch: int | None) -> None:
+        self.map_name = map_name
+        super().__init__(
+            f"map {map_name}: fenced: another worker took the map over (this worker's "
+            f"epoch {epoch} is older than the owner's); it writes nothing more for it"
+        )
 
 
 class CopyLost(MaterializerError):
@@ -89,6 +109,11 @@ class FoldTarget:
     """How long a deleted entity's fold state stays (``fold.deleted_retention``)."""
     folder: KeyFolder | None = None
     """How a key's events fold into its state; None: ``latest``, ordered by Redis."""
+    epoch: int | None = None
+    """The owner's epoch its writes carry in a worker group (None: outside one)."""
+    transactional_id: str | None = None
+    """In a worker group, the prefix of the ``transactional.id`` of the map's producers:
+    the new owner's producers fence the old owner's (``materializer.group.fencing``)."""
 
 
 _T = TypeVar("_T")
@@ -117,6 +142,8 @@ def call_function(
         except ResponseError as exc:
             if str(exc).startswith(LOST):
                 raise CopyLost(target.map_name, where(client), node) from None
+            if str(exc).startswith(FENCED):
+                raise Fenced(target.map_name, target.epoch) from None
             # A server restarted empty has lost the library with the data: load it
             # again (the marker, lost too, then stops the write).
             if "Function not found" not in str(exc) or attempt:

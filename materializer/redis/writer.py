@@ -16,6 +16,8 @@ from materializer.contract.redis_layout import (
     changes_key,
     entity_key,
     expiry_index_key,
+    logical_name,
+    owner_key,
     state_key,
 )
 from materializer.fold.base import Event, KeyFolder
@@ -76,6 +78,8 @@ class Writer:
             str(prefix).encode(),
         ]
         self.markers = markers(self.client, target.map_name)
+        self.owners = per_master(self.client, logical_name(target.map_name), owner_key)
+        self.epoch = b"" if target.epoch is None else str(target.epoch).encode()
         self.indexes = (
             {}
             if target.ttl_ms is None
@@ -84,11 +88,12 @@ class Writer:
 
     def _fixed(self, node: Any) -> list[bytes]:
         """The writing functions' first arguments on ``node``: its marker, how long a
-        deleted entity's state stays, its expiry index."""
+        deleted entity's state stays, its expiry index, the owner key and the epoch."""
         name = "" if node is None else node.name
         marker = self.markers[name].encode()
         index = self.indexes.get(name, "").encode()
-        return [*self.fixed, marker, str(self.target.deleted_retention_ms).encode(), index]
+        retention = str(self.target.deleted_retention_ms).encode()
+        return [*self.fixed, marker, retention, index, self.owners[name].encode(), self.epoch]
 
     def _chunks(self, items: list[tuple[str, _T]]) -> Iterator[tuple[Any, list[tuple[str, _T]]]]:
         return chunks_by_master(self.client, self.target.map_name, items)

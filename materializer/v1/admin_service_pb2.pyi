@@ -62,7 +62,7 @@ class PartitionLag(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., materialized_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., lag: _Optional[int] = ...) -> None: ...
 
 class MapStatus(_message.Message):
-    __slots__ = ("map", "state", "error", "last_batch_id", "last_batch_at", "watermark", "partitions", "total_lag", "input_rows_per_second", "output_rows_per_second", "reported_at", "state_keys", "state_bytes")
+    __slots__ = ("map", "state", "error", "last_batch_id", "last_batch_at", "watermark", "partitions", "total_lag", "input_rows_per_second", "output_rows_per_second", "reported_at", "state_keys", "state_bytes", "worker_id")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATE_UNSPECIFIED: _ClassVar[MapStatus.State]
@@ -94,6 +94,7 @@ class MapStatus(_message.Message):
     REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
     STATE_KEYS_FIELD_NUMBER: _ClassVar[int]
     STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     map: str
     state: MapStatus.State
     error: str
@@ -107,7 +108,8 @@ class MapStatus(_message.Message):
     reported_at: _timestamp_pb2.Timestamp
     state_keys: int
     state_bytes: int
-    def __init__(self, map: _Optional[str] = ..., state: _Optional[_Union[MapStatus.State, str]] = ..., error: _Optional[str] = ..., last_batch_id: _Optional[int] = ..., last_batch_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ..., partitions: _Optional[_Iterable[_Union[PartitionLag, _Mapping]]] = ..., total_lag: _Optional[int] = ..., input_rows_per_second: _Optional[float] = ..., output_rows_per_second: _Optional[float] = ..., reported_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state_keys: _Optional[int] = ..., state_bytes: _Optional[int] = ...) -> None: ...
+    worker_id: str
+    def __init__(self, map: _Optional[str] = ..., state: _Optional[_Union[MapStatus.State, str]] = ..., error: _Optional[str] = ..., last_batch_id: _Optional[int] = ..., last_batch_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ..., partitions: _Optional[_Iterable[_Union[PartitionLag, _Mapping]]] = ..., total_lag: _Optional[int] = ..., input_rows_per_second: _Optional[float] = ..., output_rows_per_second: _Optional[float] = ..., reported_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state_keys: _Optional[int] = ..., state_bytes: _Optional[int] = ..., worker_id: _Optional[str] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("maps",)

@@ -144,6 +144,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             status.output_rows_per_second = snap.report.processed_rows_per_second
             status.state_keys = snap.report.state_keys
             status.state_bytes = snap.report.state_bytes
+            status.worker_id = snap.report.worker
             if snap.report.reported_at_ms:
                 status.reported_at.FromMilliseconds(snap.report.reported_at_ms)
         mark = snap.watermark

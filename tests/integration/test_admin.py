@@ -7,12 +7,16 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
+import orjson
 import pytest
 import redis
 import yaml
+from typer.testing import CliRunner
 
+from materializer.cli import app
 from materializer.config import AppConfig, parse_config
 from materializer.contract.redis_layout import (
     Control,
@@ -31,22 +35,24 @@ from tests.helpers.slices import SCHEMA
 State = pb.MapStatus.State
 
 
-def two_maps(kafka: str, redis_url: str, topic_a: str, topic_b: str) -> AppConfig:
+def two_maps_doc(kafka: str, redis_url: str, topic_a: str, topic_b: str) -> dict[str, Any]:
     name = uuid.uuid4().hex[:8]
-    return parse_config(
-        {
-            "kafka": {"bootstrap_servers": kafka},
-            "redis": {"url": redis_url},
-            "maps": {
-                f"a{name}": {"source": {"topics": [topic_a], "schema": SCHEMA}, "key": "id"},
-                f"b{name}": {
-                    "source": {"topics": [topic_b], "schema": SCHEMA},
-                    "key": "id",
-                    "fold": {"mode": "merge"},
-                },
+    return {
+        "kafka": {"bootstrap_servers": kafka},
+        "redis": {"url": redis_url},
+        "maps": {
+            f"a{name}": {"source": {"topics": [topic_a], "schema": SCHEMA}, "key": "id"},
+            f"b{name}": {
+                "source": {"topics": [topic_b], "schema": SCHEMA},
+                "key": "id",
+                "fold": {"mode": "merge"},
             },
-        }
-    )
+        },
+    }
+
+
+def two_maps(kafka: str, redis_url: str, topic_a: str, topic_b: str) -> AppConfig:
+    return parse_config(two_maps_doc(kafka, redis_url, topic_a, topic_b))
 
 
 def test_list_maps_describes_the_configuration(kafka_bootstrap, redis_url):
@@ -76,7 +82,7 @@ def test_status_reports_state_and_lag_against_the_log_end(
         meta_key(a),
         mapping=Watermark(batch_id=4, offsets={topic_a: done}, updated_at_ms=now).to_hash(),
     )
-    report = MapReport("running", reported_at_ms=now, input_rows_per_second=12.5)
+    report = MapReport("running", reported_at_ms=now, input_rows_per_second=12.5, worker="worker-a")
     redis_client.hset(status_key(a), mapping=report.to_hash())
     redis_client.hset(
         status_key(b), mapping=MapReport("failed", error="boom", reported_at_ms=now).to_hash()
@@ -89,13 +95,14 @@ def test_status_reports_state_and_lag_against_the_log_end(
     assert sa.last_batch_id == 4
     assert sa.last_batch_at.ToMilliseconds() == now
     assert sa.input_rows_per_second == 12.5
+    assert sa.worker_id == "worker-a"
     assert [
         (p.topic, p.partition, p.materialized_offset, p.log_end_offset, p.lag)
         for p in sa.partitions
     ] == [(topic_a, p, done[p], ends[p], ends[p] - done[p]) for p in sorted(ends)]
     assert sa.total_lag == sum(ends[p] - done[p] for p in ends)
     sb = statuses[b]
-    assert (sb.state, sb.error) == (State.FAILED, "boom")
+    assert (sb.state, sb.error, sb.worker_id) == (State.FAILED, "boom", "")
     assert not sb.HasField("watermark")
 
     one = call(cfg, "GetStatus", pb.GetStatusRequest(map=a)).maps
@@ -124,6 +131,52 @@ def test_status_of_silent_and_unstarted_maps_and_unreachable_kafka(
         (5, -1, -1)
     ]
     assert statuses[a].total_lag == -1
+
+
+def test_status_command_names_the_worker_of_each_map(
+    kafka_bootstrap, redis_url, redis_client: redis.Redis, new_topic, tmp_path: Path
+):
+    doc = two_maps_doc(kafka_bootstrap, redis_url, new_topic(1), new_topic(1))
+    config_file = tmp_path / "maps.yaml"
+    config_file.write_text(yaml.safe_dump(doc))
+    a, b = sorted(doc["maps"])
+
+    def status(*args: str) -> str:
+        result = CliRunner().invoke(
+            app, ["status", *args, "-c", str(config_file)], env={"COLUMNS": "200"}
+        )
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    def documents() -> dict[str, dict[str, Any]]:
+        lines = status("--json").splitlines()
+        return {d["map"]: d for d in (orjson.loads(x) for x in lines if x.startswith("{"))}
+
+    def table_rows() -> dict[str, list[str]]:
+        """The cells of each map's row in the maps table (the partitions table follows it)."""
+        lines = status().split("partitions")[0].splitlines()
+        return {
+            cells[0]: cells
+            for line in lines
+            if len(cells := [c.strip() for c in line.strip("│┃").split("│")]) > 1
+        }
+
+    def report(worker: str) -> None:
+        now = int(time.time() * 1000)
+        lone = MapReport("running", reported_at_ms=now, worker=worker)
+        redis_client.hset(status_key(a), mapping=lone.to_hash())
+
+    # A run outside a worker group: the table is as it always was, the JSON says "".
+    report("")
+    header = next(line for line in status().splitlines() if "last batch" in line)
+    assert "worker" not in header
+    assert [d["worker_id"] for d in documents().values()] == ["", ""]
+
+    report("worker-a")
+    rows = table_rows()
+    assert rows[a][:3] == [a, "running", "worker-a"]
+    assert rows[b][:3] == [b, "not_started", "-"]  # no report yet: no worker either
+    assert {m: d["worker_id"] for m, d in documents().items()} == {a: "worker-a", b: ""}
 
 
 def test_pause_resume_restart_write_the_control_hash(redis_url, redis_client: redis.Redis):

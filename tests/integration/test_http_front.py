@@ -7,6 +7,7 @@ import asyncio
 import random
 import re
 import subprocess
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import redis
 import yaml
 
 from materializer.config import parse_config
+from materializer.contract.redis_layout import MapReport, status_key
 from materializer.v1 import admin_service_pb2 as admin_pb
 from materializer.v1 import admin_service_pb2_grpc as admin_grpc
 from materializer.v1 import enrich_service_pb2 as enrich_pb
@@ -202,8 +204,12 @@ def test_enrich_ndjson_matches_grpc_enrich(redis_url: str, map_name: str) -> Non
     serve_http(cfg, body)
 
 
-def test_admin_in_kafka_connect_shapes(redis_url: str, map_name: str) -> None:
+def test_admin_in_kafka_connect_shapes(
+    redis_url: str, redis_client: redis.Redis, map_name: str
+) -> None:
     cfg = make_config(redis_url, map_name)
+    report = MapReport("running", reported_at_ms=int(time.time() * 1000), worker="worker-a")
+    redis_client.hset(status_key(map_name), mapping=report.to_hash())
 
     async def body(f: Front) -> None:
         listed = await f.json("GET", "/v1/maps")
@@ -214,6 +220,8 @@ def test_admin_in_kafka_connect_shapes(redis_url: str, map_name: str) -> None:
         )
         assert status["map"] == map_name
         assert status["state"] == admin_pb.MapStatus.State.Name(grpc_status.maps[0].state)
+        assert status["state"] == "RUNNING"
+        assert status["worker_id"] == grpc_status.maps[0].worker_id == "worker-a"
         paused = await f.json("PUT", f"/v1/maps/{map_name}/pause", status=202)
         assert paused == {"map": map_name, "requested_state": "PAUSED"}
         assert (await f.json("PUT", f"/v1/maps/{map_name}/resume", status=202))[

@@ -74,6 +74,7 @@ def test_the_default_install_renders_each_part(default: Rendered):
         "Deployment/mat-materializer-driver",
         "Deployment/mat-materializer-query",
         "PersistentVolumeClaim/mat-materializer-data",
+        "PodDisruptionBudget/mat-materializer-driver",
         "PodDisruptionBudget/mat-materializer-query",
         "Service/mat-materializer-driver",
         "Service/mat-materializer-query",

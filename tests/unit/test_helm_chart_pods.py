@@ -1,9 +1,10 @@
 """The Helm chart's pods: what both Deployments share, and the driver's own.
 
 Both parts run as non-root on a read-only root, with the config mounted from the
-ConfigMap and the image and resources from values; the driver is one pod, in local
-mode on a volume (the query pods follow it to its node) or in Kubernetes mode with
-an object store, managing executor pods from a pod template.
+ConfigMap and the image and resources from values; the driver runs in local mode on a
+volume (a single one's query pods follow it to its node) or in Kubernetes mode with
+an object store, managing executor pods from a pod template. The driver's worker
+group is in ``test_helm_chart_workers``.
 
 Rendered in process by Helm's own Go engine (helm-python-sdk, no helm binary; see
 ``tests.helpers.helm_chart``): no cluster and no network. The default and the
@@ -107,10 +108,13 @@ def test_resource_requests_are_set(either: Rendered):
 # --- the driver --------------------------------------------------------------------------
 
 
-def test_the_driver_is_one_pod_replaced_not_rolled(either: Rendered):
-    spec = either.one("Deployment", "-driver")["spec"]
+def test_a_single_driver_is_replaced_not_rolled(render: Render):
+    spec = render({"driver": {"replicas": 1}}).one("Deployment", "-driver")["spec"]
     assert spec["replicas"] == 1
     assert spec["strategy"] == {"type": "Recreate"}
+
+
+def test_the_driver_exposes_its_metrics(either: Rendered):
     ports = {
         p["name"]: p["containerPort"]
         for p in container(either.one("Deployment", "-driver"))["ports"]
@@ -138,11 +142,16 @@ def test_local_mode_with_a_volume(default: Rendered):
 
 
 def test_query_pods_follow_a_single_node_volume(default: Rendered, render: Render):
-    affinity = default.one("Deployment", "-query")["spec"]["template"]["spec"]["affinity"]
+    single = render({"driver": {"replicas": 1}})
+    affinity = single.one("Deployment", "-query")["spec"]["template"]["spec"]["affinity"]
     (term,) = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert term["topologyKey"] == "kubernetes.io/hostname"
     assert term["labelSelector"]["matchLabels"]["app.kubernetes.io/component"] == "driver"
-    shared = render({"storage": {"pvc": {"accessModes": ["ReadWriteMany"]}}})
+    # The default group's volume is ReadWriteMany: the query pods go where they fit.
+    assert "affinity" not in default.one("Deployment", "-query")["spec"]["template"]["spec"]
+    shared = render(
+        {"driver": {"replicas": 1}, "storage": {"pvc": {"accessModes": ["ReadWriteMany"]}}}
+    )
     assert "affinity" not in shared.one("Deployment", "-query")["spec"]["template"]["spec"]
 
 
@@ -169,11 +178,13 @@ def test_kubernetes_mode_with_an_object_store(production: Rendered):
     assert conf["spark.executor.memory"] == "6g"
     assert conf["spark.kubernetes.container.image"] == "registry.example/materializer:0.1.0"
     assert conf["spark.kubernetes.namespace"] == NAMESPACE
-    # Executors reach the driver through its headless Service.
+    # Each driver of the group is reached by its executors at its own pod's address.
     service = production.one("Service", "-driver")
     assert service["spec"]["clusterIP"] == "None"
     ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
-    assert conf["spark.driver.host"] == f"{service['metadata']['name']}.{NAMESPACE}.svc"
+    assert "spark.driver.host" not in conf
+    env = {e["name"]: e for e in container(production.one("Deployment", "-driver"))["env"]}
+    assert env["SPARK_LOCAL_HOSTNAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
     assert conf["spark.driver.port"] == str(ports["driver"])
     assert conf["spark.driver.blockManager.port"] == str(ports["blockmanager"])
     # The user's own Spark settings pass through.

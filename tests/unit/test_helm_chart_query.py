@@ -70,7 +70,7 @@ def test_the_query_port_follows_values(render: Render):
 def test_replicas_hpa_and_pdb_follow_values(default: Rendered, production: Rendered):
     assert default.one("Deployment", "-query")["spec"]["replicas"] == 2
     assert default.maybe("HorizontalPodAutoscaler") is None
-    assert default.one("PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    assert default.one("PodDisruptionBudget", "-query")["spec"]["minAvailable"] == 1
 
     # With the autoscaler on, it owns the replica count.
     assert "replicas" not in production.one("Deployment", "-query")["spec"]
@@ -85,7 +85,7 @@ def test_replicas_hpa_and_pdb_follow_values(default: Rendered, production: Rende
         "name": "cpu",
         "target": {"type": "Utilization", "averageUtilization": 65},
     }
-    pdb = production.one("PodDisruptionBudget")
+    pdb = production.one("PodDisruptionBudget", "-query")
     assert pdb["spec"]["minAvailable"] == 2
     assert pdb["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "query"
 
@@ -102,7 +102,7 @@ def test_replicas_without_autoscaling_or_budget(render: Render):
     )
     assert rendered.one("Deployment", "-query")["spec"]["replicas"] == 5
     assert rendered.maybe("HorizontalPodAutoscaler") is None
-    assert rendered.maybe("PodDisruptionBudget") is None
+    assert rendered.maybe("PodDisruptionBudget", "-query") is None
 
 
 def test_query_service_is_cluster_ip_with_grpc_and_metrics(either: Rendered):

@@ -11,6 +11,7 @@ from materializer.redis import functions
 def test_the_library_registers_exactly_the_functions_python_calls() -> None:
     registered = set(re.findall(r"function_name='([^']+)'", functions.SOURCE))
     called = {functions.LATEST, functions.READ, functions.PUT, functions.FILL, functions.EXPIRE}
+    called |= {functions.NEXT_EPOCH, functions.RAISE_EPOCH}
     assert registered == called
     assert functions.READ == READ_FUNCTION
 
@@ -18,6 +19,7 @@ def test_the_library_registers_exactly_the_functions_python_calls() -> None:
 def test_the_library_is_named_and_answers_the_errors_python_recognises() -> None:
     assert functions.SOURCE.startswith(f"#!lua name={functions.LIBRARY}\n")
     assert f"'{functions.LOST} " in functions.SOURCE
+    assert f"'{functions.FENCED} " in functions.SOURCE
     assert f"'op', '{EXPIRE_OP}'" in functions.SOURCE
 
 

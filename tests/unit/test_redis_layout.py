@@ -14,13 +14,17 @@ from materializer.contract.redis_layout import (
     control_key,
     definition_key,
     entity_key,
+    epoch_key,
     expired_key,
     expiry_index_key,
     generation_key,
+    logical_name,
     marker_key,
     meta_key,
+    owner_key,
     parse_generation,
     physical_name,
+    slots_key,
     state_key,
     state_keys_pattern,
     status_key,
@@ -43,6 +47,17 @@ def test_fold_state_keys_are_the_contract():
     # A scan of the map's entities (users:*) never sees them; a scan of states does.
     assert not state_key("users", "u-1").startswith(b"users:")
     assert state_keys_pattern("users~2") == b"users~2\x00o:*"
+
+
+def test_owner_epochs_and_slots_are_the_contract():
+    assert owner_key("users") == "users\x00w:"
+    assert owner_key("users", slot_tag(0)) == "users\x00w:{3560}"
+    assert key_slot(owner_key("users", slot_tag(9)).encode()) == 9
+    assert epoch_key("users") == "users\x00W:"
+    assert slots_key("workers") == "workers\x00g:"
+    # A generation's writes are fenced by its map's owner.
+    assert logical_name(physical_name("users", 3)) == "users"
+    assert logical_name("users") == "users"
 
 
 def test_markers_are_the_contract():
@@ -117,7 +132,7 @@ def test_status_and_control_hashes_are_the_contract():
         "__generation__",
         "__definition__",
     } == RESERVED_KEYS
-    report = MapReport("failed", "boom", 1700, 12.5, 3.0, 42, 4096)
+    report = MapReport("failed", "boom", 1700, 12.5, 3.0, 42, 4096, "worker-1")
     assert report.to_hash() == {
         "state": "failed",
         "error": "boom",
@@ -126,6 +141,7 @@ def test_status_and_control_hashes_are_the_contract():
         "processed_rows_per_second": "3.0",
         "state_keys": "42",
         "state_bytes": "4096",
+        "worker": "worker-1",
     }
     raw = {k.encode(): v.encode() for k, v in report.to_hash().items()}
     assert MapReport.from_hash(raw) == report

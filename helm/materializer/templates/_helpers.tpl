@@ -61,6 +61,70 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- default (printf "%s-data" (include "materializer.fullname" .)) .Values.storage.pvc.existingClaim }}
 {{- end }}
 
+{{/* The worker group every driver pod joins: driver.group, or the release's full name. */}}
+{{- define "materializer.driver.group" -}}
+{{- default (include "materializer.fullname" .) .Values.driver.group }}
+{{- end }}
+
+{{/* More than one driver: a worker group spread over pods (and nodes). */}}
+{{- define "materializer.driver.several" -}}
+{{- if gt (int .Values.driver.replicas) 1 }}true{{ end }}
+{{- end }}
+
+{{/*
+The data volume's access modes, as JSON: storage.pvc.accessModes, or when that is
+empty [ReadWriteMany] for several drivers and [ReadWriteOnce] for one.
+*/}}
+{{- define "materializer.dataAccessModes" -}}
+{{- $modes := .Values.storage.pvc.accessModes | default list }}
+{{- if and (not $modes) (include "materializer.driver.several" .) }}
+{{- $modes = list "ReadWriteMany" }}
+{{- else if not $modes }}
+{{- $modes = list "ReadWriteOnce" }}
+{{- end }}
+{{- toJson $modes }}
+{{- end }}
+
+{{/*
+Several drivers share the checkpoints: a map's checkpoint moves with the map from one
+worker to another, so every driver pod must reach them. A volume only one node mounts
+(ReadWriteOnce, ReadWriteOncePod) cannot be shared by drivers on other nodes.
+*/}}
+{{- define "materializer.checkSharedCheckpoints" -}}
+{{- if and (include "materializer.driver.several" .) (eq .Values.storage.type "pvc") }}
+{{- $modes := include "materializer.dataAccessModes" . | fromJsonArray }}
+{{- if not (has "ReadWriteMany" $modes) }}
+{{- fail (printf "driver.replicas %d: the drivers of a worker group share the checkpoints, which must be on the object store (storage.type objectStore) or on a ReadWriteMany volume, not on one with accessModes %s (storage.pvc.accessModes); set driver.replicas to 1 for a single driver on this volume" (int .Values.driver.replicas) (toJson $modes)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+spark.stop_timeout in whole seconds (100 when unset), for the driver pods' grace
+period. A duration is a number of seconds or a number and a unit, as the config takes.
+*/}}
+{{- define "materializer.stopTimeoutSeconds" -}}
+{{- $spark := .Values.spark | default dict }}
+{{- $timeout := 100 }}
+{{- if hasKey $spark "stop_timeout" }}
+{{- $timeout = $spark.stop_timeout }}
+{{- end }}
+{{- if kindIs "string" $timeout }}
+{{- $text := $timeout | trim | lower }}
+{{- $number := regexFind "^([0-9]+(\\.[0-9]*)?|\\.[0-9]+)" $text }}
+{{- $unit := trimPrefix $number $text | trim }}
+{{- $units := dict "" 1.0 "s" 1.0 "sec" 1.0 "secs" 1.0 "second" 1.0 "seconds" 1.0 }}
+{{- $_ := merge $units (dict "ms" 0.001 "millisecond" 0.001 "milliseconds" 0.001) }}
+{{- $_ := merge $units (dict "m" 60.0 "min" 60.0 "mins" 60.0 "minute" 60.0 "minutes" 60.0) }}
+{{- $_ := merge $units (dict "h" 3600.0 "hour" 3600.0 "hours" 3600.0 "d" 86400.0 "day" 86400.0 "days" 86400.0) }}
+{{- if or (not $number) (not (hasKey $units $unit)) }}
+{{- fail (printf "spark.stop_timeout: %q is not a duration such as \"100 seconds\"" $timeout) }}
+{{- end }}
+{{- $timeout = mulf (float64 $number) (get $units $unit) }}
+{{- end }}
+{{- ceil $timeout | int }}
+{{- end }}
+
 {{- define "materializer.authSecretName" -}}
 {{- default (printf "%s-query-auth" (include "materializer.fullname" .)) .Values.queryService.auth.existingSecret }}
 {{- end }}
@@ -94,7 +158,9 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 
 {{/*
 The Spark settings of driver.mode kubernetes: where executors run, which image and
-account they use, and how they reach the driver (through its headless Service).
+account they use, and how they reach the driver: a single driver through its headless
+Service; each driver of a group through its own pod's address (SPARK_LOCAL_HOSTNAME),
+its executor pods named by Spark after its own application so that no two clash.
 */}}
 {{- define "materializer.sparkKubernetesConf" -}}
 {{- $driver := .Values.driver -}}
@@ -104,9 +170,7 @@ account they use, and how they reach the driver (through its headless Service).
   "spark.kubernetes.container.image" (include "materializer.image" .)
   "spark.kubernetes.container.image.pullPolicy" .Values.image.pullPolicy
   "spark.kubernetes.authenticate.driver.serviceAccountName" (include "materializer.driver.serviceAccountName" .)
-  "spark.kubernetes.executor.podNamePrefix" (include "materializer.driver.fullname" .)
   "spark.kubernetes.executor.podTemplateFile" (printf "%s/executor-pod-template.yaml" (include "materializer.configDir" .))
-  "spark.driver.host" (printf "%s.%s.svc" (include "materializer.driver.fullname" .) .Release.Namespace)
   "spark.driver.bindAddress" "0.0.0.0"
   "spark.driver.port" ($driver.driverPort | toString)
   "spark.driver.blockManager.port" ($driver.blockManagerPort | toString)
@@ -114,6 +178,10 @@ account they use, and how they reach the driver (through its headless Service).
   "spark.executor.cores" ($driver.executor.cores | toString)
   "spark.executor.memory" ($driver.executor.memory | toString)
 -}}
+{{- if not (include "materializer.driver.several" .) }}
+{{- $_ := set $conf "spark.kubernetes.executor.podNamePrefix" (include "materializer.driver.fullname" .) }}
+{{- $_ := set $conf "spark.driver.host" (printf "%s.%s.svc" (include "materializer.driver.fullname" .) .Release.Namespace) }}
+{{- end }}
 {{- with $driver.executor.requestCores }}
 {{- $_ := set $conf "spark.kubernetes.executor.request.cores" (toString .) }}
 {{- end }}
@@ -157,6 +225,7 @@ account they use, and how they reach the driver (through its headless Service).
 {{- $_ := set $query "tls" $tls -}}
 {{- end }}
 {{- $metrics := set (deepCopy ($v.metrics | default dict)) "port" $v.driver.metricsPort -}}
+{{- /* worker.group and worker.id come through the driver pods' environment. */ -}}
 {{- $config := dict
   "kafka" ($v.kafka | default dict)
   "redis" ($v.redis | default dict)
@@ -164,6 +233,7 @@ account they use, and how they reach the driver (through its headless Service).
   "spark" $spark
   "query" $query
   "metrics" $metrics
+  "worker" ($v.worker | default dict)
   "maps" ($v.maps | default dict)
   "enrichments" ($v.enrichments | default dict)
 -}}

@@ -1,0 +1,265 @@
+"""A worker group of real ``materializer run`` processes sharing maps: a worker killed with
+``kill -9``, one that joins and one that leaves, one paused past its session and fenced,
+on one Redis server or a cluster with checkpoints in an object store. Every map ends
+equal to its plain-Python reference, in Redis, in Delta and in its changelog read as
+committed; an aggregate map counts each event, so an event folded twice shows."""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import redis
+import yaml
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+from materializer.config import AppConfig, parse_config
+from materializer.contract.redis_layout import MapReport, status_key
+from materializer.testing import produce
+from materializer.testing.process import ManagedProcess
+from materializer.testing.reference import fold_aggregate, fold_latest
+from materializer.testing.waiting import wait_until
+from tests.helpers.slices import FIELDS, SCHEMA, delta_map_rs, redis_map
+
+AGGREGATES = {"events": {"fn": "count"}, "age_total": {"fn": "sum", "field": "age"}}
+REFERENCE = {name: (a["fn"], a.get("field")) for name, a in AGGREGATES.items()}
+
+
+def group_config(
+    tmp: Path, kafka: str, redis_url: str, topics: dict[str, str], group: str
+) -> dict[str, Any]:
+    """Maps named by ``topics`` (a name ending in ``agg`` counts and sums per key, the others
+    keep each key's latest record), shared by a worker group; one checkpoint folder on
+    this host, which every worker of the group reaches."""
+    tag = uuid.uuid4().hex[:8]
+    maps: dict[str, Any] = {}
+    for name, topic in topics.items():
+        maps[name] = {
+            "source": {"topics": [topic], "schema": SCHEMA},
+            "key": "id",
+            "changelog": {"topic": f"{name}.changelog.{tag}"},
+        }
+        if name.endswith("agg"):
+            maps[name]["fold"] = {"mode": "aggregate", "aggregates": AGGREGATES}
+    return {
+        "kafka": {"bootstrap_servers": kafka},
+        "redis": {"url": redis_url},
+        "metrics": {"port": 0},
+        "delta": {"root": str(tmp / "warehouse"), "trigger_interval": "500 milliseconds"},
+        "spark": {
+            "master": "local[2]",
+            "checkpoint_root": str(tmp / "checkpoints"),
+            "trigger_interval": "200 milliseconds",
+            "shuffle_partitions": 2,
+            "conf": {"spark.driver.memory": "768m"},
+        },
+        "catalog": {"topic": f"maps-{tag}", "poll_interval": "200 ms"},
+        "worker": {"group": group},
+        "maps": maps,
+    }
+
+
+class Stream:
+    """Events produced to each topic on a thread until stopped, remembered for the reference."""
+
+    def __init__(self, bootstrap: str, topics: list[str], seed: int = 1) -> None:
+        self._bootstrap, self._topics = bootstrap, topics
+        self._rng = random.Random(seed)
+        self._stop = threading.Event()
+        self.events: dict[str, list[tuple[int, int, bytes, bytes | None]]] = {t: [] for t in topics}
+        self._round = 0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def burst(self, n: int = 20) -> None:
+        """``n`` events to each topic."""
+        for topic in self._topics:
+            batch = []
+            for _ in range(n):
+                key = f"k{self._rng.randrange(50)}"
+                age = self._round * 1000 + len(batch)
+                batch.append((key.encode(), orjson.dumps({"id": key, "name": topic, "age": age})))
+            positions = produce(self._bootstrap, topic, batch)
+            self.events[topic] += [
+                (p, o, k, v) for (p, o), (k, v) in zip(positions, batch, strict=True)
+            ]
+        self._round += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.burst()
+            self._stop.wait(0.2)
+
+    def __enter__(self) -> Stream:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def reference(name: str, events: list[tuple[int, int, bytes, bytes | None]]) -> dict[str, Any]:
+    if name.endswith("agg"):
+        return fold_aggregate(events, "id", REFERENCE)
+    return fold_latest(events, "id", FIELDS)
+
+
+def changelog(bootstrap: str, topic: str) -> dict[str, Any]:
+    """The changelog read as committed, each key's last record (a tombstone drops it)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"check-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+        }
+    )
+    try:
+        metadata = consumer.list_topics(topic, timeout=30)
+        state: dict[str, Any] = {}
+        for partition in metadata.topics[topic].partitions:
+            consumer.assign([TopicPartition(topic, partition, OFFSET_BEGINNING)])
+            while True:
+                msg = consumer.poll(10)
+                assert msg is not None, f"{topic}[{partition}]: no end of partition"
+                if msg.error() is not None:
+                    assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+                    break
+                key = msg.key().decode()
+                if msg.value() is None:
+                    state.pop(key, None)
+                else:
+                    state[key] = orjson.loads(msg.value())
+        return state
+    finally:
+        consumer.close()
+
+
+class Group:
+    """Worker processes of one group, by name."""
+
+    def __init__(self, tmp: Path, config_file: Path) -> None:
+        self._tmp, self._config_file = tmp, config_file
+        self.workers: dict[str, ManagedProcess] = {}
+
+    def start(self, name: str) -> ManagedProcess:
+        args = [sys.executable, "-m", "materializer", "run", "-c", str(self._config_file)]
+        env = {**os.environ, "MATERIALIZER_WORKER_ID": name}
+        self.workers[name] = ManagedProcess(args, self._tmp / f"{name}.log", env=env)
+        return self.workers[name]
+
+    def alive(self) -> bool:
+        return all(w.alive() for w in self.workers.values())
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {n}\n{w.tail(30)}" for n, w in self.workers.items())
+
+    def stop(self) -> None:
+        for worker in self.workers.values():
+            worker.stop()
+
+    def wait(self, what: str, condition: Callable[[], bool], timeout: float = 240) -> None:
+        """``wait_until`` with every worker's log tail in its error."""
+        try:
+            wait_until(what, condition, timeout=timeout)
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\n{self.logs()}") from None
+
+
+@pytest.fixture
+def group_of(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], Group]]:
+    made: list[Group] = []
+
+    def make(doc: dict[str, Any]) -> Group:
+        config_file = tmp_path / "maps.yaml"
+        config_file.write_text(yaml.safe_dump(doc))
+        made.append(Group(tmp_path, config_file))
+        return made[-1]
+
+    yield make
+    for group in made:
+        group.stop()
+
+
+def workers_of(client: Any, names: list[str]) -> dict[str, str]:
+    """Each map's worker as its status says, for the maps that report running."""
+    out = {}
+    for name in names:
+        report = MapReport.from_hash(client.hgetall(status_key(name)))
+        if report is not None and report.state == "running":
+            out[name] = report.worker
+    return out
+
+
+def assert_equal_to_reference(
+    client: Any, cfg: AppConfig, stream: Stream, topics: dict[str, str], bootstrap: str
+) -> None:
+    for name, topic in topics.items():
+        expected = reference(name, stream.events[topic])
+        wait_until(
+            f"map {name} to equal its reference in Redis",
+            lambda name=name, expected=expected: redis_map(client, name) == expected,
+            timeout=120,
+        )
+        wait_until(
+            f"map {name} to equal its reference in Delta",
+            lambda name=name, expected=expected: (
+                delta_map_rs(Path(cfg.delta.root) / name) == expected
+            ),
+            timeout=120,
+        )
+        assert changelog(bootstrap, cfg.maps[name].changelog.topic) == expected, name
+
+
+@pytest.mark.timeout(900)
+def test_two_workers_share_four_maps_through_a_kill_a_join_and_a_graceful_leave(
+    kafka_bootstrap, redis_url, redis_client: redis.Redis, new_topic, tmp_path: Path, group_of
+):
+    tag = uuid.uuid4().hex[:6]
+    topics = {f"{n}{tag}": new_topic(2) for n in ("a", "b", "c_agg", "d_agg")}
+    names = list(topics)
+    doc = group_config(tmp_path, kafka_bootstrap, redis_url, topics, f"workers-{tag}")
+    cfg = parse_config(doc)
+    group = group_of(doc)
+    with Stream(kafka_bootstrap, list(topics.values())) as stream:
+        group.start("w1")
+        group.start("w2")
+
+        def shared() -> bool:
+            owners = workers_of(redis_client, names)
+            return len(owners) == 4 and sorted(owners.values()).count("w1") == 2
+
+        group.wait("both workers to run two maps each", shared)
+
+        group.workers["w1"].kill()  # kill -9 of its whole process group
+        group.wait(
+            "w2 to run every map",
+            lambda: (
+                set(workers_of(redis_client, names).values()) == {"w2"}
+                and len(workers_of(redis_client, names)) == 4
+            ),
+        )
+        group.start("w3")
+        group.wait(
+            "w3 to take a fair share",
+            lambda: sorted(workers_of(redis_client, names).values()) == ["w2", "w2", "w3", "w3"],
+        )
+        group.workers["w3"].stop()  # SIGTERM: it drains its maps and leaves the group
+        assert group.workers["w3"].proc.returncode == 0, group.workers["w3"].tail()
+        group.wait(
+            "w2 to run every map again",
+            lambda: list(workers_of(redis_client, names).values()) == ["w2"] * 4,
+        )
+    stream.burst()
+    assert_equal_to_reference(redis_client, cfg, stream, topics, kafka_bootstrap)
+    w3 = group.workers["w3"].log()
+    assert "moved to another worker" in w3 or "stopped" in w3
