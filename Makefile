@@ -78,6 +78,7 @@ bench: setup ## run the benchmarks (JSON lines on stdout)
 	$(BIN)/python bench/live.py
 	$(BIN)/python bench/bulk_run.py
 	$(BIN)/python bench/runtime_maps.py
+	$(BIN)/python bench/worker_group.py
 	$(BIN)/python bench/query.py
 	$(BIN)/python bench/rehydrate.py
 	$(BIN)/python bench/enrich.py

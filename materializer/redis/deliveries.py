@@ -71,12 +71,11 @@ def raise_fenced(target: FoldTarget, exc: Exception) -> None:
 
     from materializer.redis.functions import Fenced
 
-    if isinstance(exc, KafkaException) and exc.args[0].code() in (
-        KafkaError._FENCED,
-        KafkaError.PRODUCER_FENCED,
-        KafkaError.INVALID_PRODUCER_EPOCH,
-    ):
-        raise Fenced(target.map_name, target.epoch) from exc
+    fenced = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+    # The client may raise its error wrapped (a delivery callback's SystemError).
+    for error in (exc, exc.__cause__, exc.__context__):
+        if isinstance(error, KafkaException) and error.args[0].code() in fenced:
+            raise Fenced(target.map_name, target.epoch) from exc
 
 
 class Deliveries:
@@ -111,7 +110,12 @@ class Deliveries:
 
     def flush(self) -> None:
         """Wait for every record sent; raise if any was not delivered."""
-        remaining = self.producer.flush(120)
+        try:
+            remaining = self.producer.flush(120)
+        except Exception as exc:  # a fatal error: a fenced producer's, raised on the way
+            if self.target is not None:
+                raise_fenced(self.target, exc)
+            raise
         if self.errors or remaining:
             if self.target is not None:
                 self._in_transaction(self.producer.abort_transaction, TRANSACTION_TIMEOUT_S)

@@ -6,6 +6,7 @@ committed; an aggregate map counts each event, so an event folded twice shows.""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import sys
@@ -20,13 +21,17 @@ import pytest
 import redis
 import yaml
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from redis.cluster import RedisCluster as ClusterClient
 
 from materializer.config import AppConfig, parse_config
 from materializer.contract.redis_layout import MapReport, status_key
 from materializer.testing import produce
+from materializer.testing.object_store import S3Server
 from materializer.testing.process import ManagedProcess
+from materializer.testing.redis import RedisCluster
 from materializer.testing.reference import fold_aggregate, fold_latest
 from materializer.testing.waiting import wait_until
+from tests.helpers.query_redis import front
 from tests.helpers.slices import FIELDS, SCHEMA, delta_map_rs, redis_map
 
 AGGREGATES = {"events": {"fn": "count"}, "age_total": {"fn": "sum", "field": "age"}}
@@ -263,3 +268,110 @@ def test_two_workers_share_four_maps_through_a_kill_a_join_and_a_graceful_leave(
     assert_equal_to_reference(redis_client, cfg, stream, topics, kafka_bootstrap)
     w3 = group.workers["w3"].log()
     assert "moved to another worker" in w3 or "stopped" in w3
+
+
+@pytest.mark.timeout(900)
+def test_a_worker_paused_past_its_session_is_fenced_and_writes_nothing_more(
+    kafka_bootstrap, redis_url, redis_client: redis.Redis, new_topic, tmp_path: Path, group_of
+):
+    tag = uuid.uuid4().hex[:6]
+    topics = {f"{n}{tag}": new_topic(2) for n in ("p", "q_agg")}
+    names = list(topics)
+    doc = group_config(tmp_path, kafka_bootstrap, redis_url, topics, f"fenced-{tag}")
+    cfg = parse_config(doc)
+    group = group_of(doc)
+    with Stream(kafka_bootstrap, list(topics.values())) as stream:
+        group.start("w1")
+        group.start("w2")
+        group.wait(
+            "each worker to run one map",
+            lambda: sorted(workers_of(redis_client, names).values()) == ["w1", "w2"],
+        )
+        lost = next(n for n, w in workers_of(redis_client, names).items() if w == "w1")
+        group.workers["w1"].pause()  # SIGSTOP to its process group: driver, JVM, workers
+        group.wait(
+            "w2 to take over the paused worker's map",
+            lambda: workers_of(redis_client, names) == dict.fromkeys(names, "w2"),
+        )
+        stream.burst()  # folded by w2 while w1 sleeps on its batch
+        group.workers["w1"].resume()
+        group.wait(
+            "w1 to learn that it lost its map",
+            lambda: (
+                f"map {lost}: " in group.workers["w1"].log()
+                and (
+                    "fenced" in group.workers["w1"].log()
+                    or "lost to the group" in group.workers["w1"].log()
+                )
+            ),
+        )
+        # It goes on: back in the group, it takes a fair share again.
+        group.wait(
+            "w1 to run a map again",
+            lambda: sorted(workers_of(redis_client, names).values()) == ["w1", "w2"],
+        )
+        assert group.workers["w1"].alive(), group.workers["w1"].tail()
+    stream.burst()
+    assert_equal_to_reference(redis_client, cfg, stream, topics, kafka_bootstrap)
+
+
+@pytest.mark.timeout(900)
+def test_a_group_on_a_redis_cluster_with_checkpoints_in_s3_runs_a_map_created_through_the_api_once(
+    kafka_bootstrap, new_topic, tmp_path: Path, group_of
+):
+    tag = uuid.uuid4().hex[:6]
+    steady, created = f"s{tag}", f"n{tag}"
+    topics = {steady: new_topic(2), created: new_topic(2)}
+    with RedisCluster(3) as cluster, S3Server(buckets=["lake"]) as s3:
+        doc = group_config(
+            tmp_path, kafka_bootstrap, cluster.url, {steady: topics[steady]}, f"cluster-{tag}"
+        )
+        doc["redis"]["cluster"] = True
+        doc["spark"]["checkpoint_root"] = f"s3a://lake/checkpoints-{tag}"
+        doc["object_store"] = s3.config()
+        cfg = parse_config(doc)
+        client = ClusterClient.from_url(cluster.url)
+        group = group_of(doc)
+        with Stream(kafka_bootstrap, list(topics.values())) as stream:
+            group.start("w1")
+            group.start("w2")
+            group.wait("the file's map to run", lambda: steady in workers_of(client, [steady]))
+
+            async def create() -> None:
+                async with front(cfg) as api:
+                    section = {
+                        "source": {"topics": [topics[created]], "schema": SCHEMA},
+                        "key": "id",
+                        "changelog": {"topic": f"{created}.changelog"},
+                    }
+                    await api.json(
+                        "POST", "/v1/maps", status=201, json={"name": created, "config": section}
+                    )
+
+            asyncio.run(create())
+            names = [steady, created]
+            group.wait(
+                "each worker to run one map",
+                lambda: sorted(workers_of(client, names).values()) == ["w1", "w2"],
+            )
+            started = [
+                n for n, w in group.workers.items() if f"map {created} taken over" in w.log()
+            ]
+            assert len(started) == 1, group.logs()
+            # Its worker is lost: the other takes it over from the checkpoints in S3.
+            group.workers[started[0]].kill()
+            survivor = "w2" if started[0] == "w1" else "w1"
+            group.wait(
+                "the survivor to run both maps",
+                lambda: workers_of(client, names) == dict.fromkeys(names, survivor),
+            )
+        stream.burst()
+        logs = {steady: cfg.maps[steady].changelog.topic, created: f"{created}.changelog"}
+        for name in names:
+            expected = reference(name, stream.events[topics[name]])
+            group.wait(
+                f"map {name} to equal its reference on the cluster",
+                lambda name=name, expected=expected: redis_map(client, name) == expected,
+            )
+            assert changelog(kafka_bootstrap, str(logs[name])) == expected, name
+        group.stop()  # before the cluster and the object store go
