@@ -517,7 +517,7 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
                         wanted = [n for n in wanted if n in maps]
                     _follow(supervisor, live, maps, wanted, channel)
             if worker is not None:
-                _share(supervisor, live, maps, in_force(), channel, worker)
+                _share(supervisor, live, maps, in_force(), channel, worker, metrics)
             requests = channel.requests()
             for m in maps.values():
                 supervisor.step(m, requests[m.name])
@@ -595,6 +595,7 @@ def _share(
     names: list[str],
     channel: ControlChannel,
     worker: Worker,
+    metrics: BatchMetrics | None = None,
 ) -> None:
     """Bring this worker's maps to what the group gives it: a map lost or fenced stops at
     once, one moving to another worker drains first, one given to this worker starts."""
@@ -619,6 +620,9 @@ def _share(
             log.info("map %s taken over by worker %s", name, worker.id)
             _start(supervisor, live, m, requests[name], channel)
     channel.names = sorted(maps)
+    if metrics is not None:
+        metrics.worker_maps(worker.id, maps, rebalanced=share.version != worker.acted)
+    worker.acted = share.version
     worker.release(share.version)
 
 

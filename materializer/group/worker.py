@@ -48,6 +48,8 @@ class Worker:
         self.membership.on_change = self._moved
         self._slot_of: dict[str, int] = {}
         self._checked = -1
+        self.acted = 0
+        """The assignment version the run's maps were last brought to."""
 
     def start(self) -> None:
         """Make the slots topic ready and join the group."""

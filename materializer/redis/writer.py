@@ -78,7 +78,12 @@ class Writer:
             str(prefix).encode(),
         ]
         self.markers = markers(self.client, target.map_name)
-        self.owners = per_master(self.client, logical_name(target.map_name), owner_key)
+        # Outside a worker group no write carries an epoch, and none is checked.
+        self.owners = (
+            {}
+            if target.epoch is None
+            else per_master(self.client, logical_name(target.map_name), owner_key)
+        )
         self.epoch = b"" if target.epoch is None else str(target.epoch).encode()
         self.indexes = (
             {}
@@ -93,7 +98,8 @@ class Writer:
         marker = self.markers[name].encode()
         index = self.indexes.get(name, "").encode()
         retention = str(self.target.deleted_retention_ms).encode()
-        return [*self.fixed, marker, retention, index, self.owners[name].encode(), self.epoch]
+        owner = self.owners.get(name, "").encode()
+        return [*self.fixed, marker, retention, index, owner, self.epoch]
 
     def _chunks(self, items: list[tuple[str, _T]]) -> Iterator[tuple[Any, list[tuple[str, _T]]]]:
         return chunks_by_master(self.client, self.target.map_name, items)

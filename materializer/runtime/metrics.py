@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -149,6 +150,28 @@ class BatchMetrics(QueryListener):
             ["map", "query"],
             registry=r,
         )
+
+        self._worker_maps = Gauge(
+            "materializer_worker_map",
+            "1 for each map this worker of a group runs (its worker.id); a map that moved to"
+            " another worker is no longer listed here.",
+            ["worker", "map"],
+            registry=r,
+        )
+        self._rebalances = Counter(
+            "materializer_worker_rebalances",
+            "Rebalances of the worker group that gave this worker slots or took them away.",
+            ["worker"],
+            registry=r,
+        )
+
+    def worker_maps(self, worker: str, names: Iterable[str], rebalanced: bool) -> None:
+        """The maps this worker of a group runs now; ``rebalanced``: the group moved some."""
+        self._worker_maps.clear()
+        for name in names:
+            self._worker_maps.labels(worker, name).set(1)
+        if rebalanced:
+            self._rebalances.labels(worker).inc()
 
     def state_size(self, map_name: str, keys: int, size_bytes: int) -> None:
         """A map's fold state as last measured (``redis.state_size``)."""

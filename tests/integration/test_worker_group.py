@@ -11,6 +11,7 @@ import os
 import random
 import sys
 import threading
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -25,7 +26,7 @@ from redis.cluster import RedisCluster as ClusterClient
 
 from materializer.config import AppConfig, parse_config
 from materializer.contract.redis_layout import MapReport, status_key
-from materializer.testing import produce
+from materializer.testing import free_port, produce
 from materializer.testing.object_store import S3Server
 from materializer.testing.process import ManagedProcess
 from materializer.testing.redis import RedisCluster
@@ -156,8 +157,9 @@ class Group:
         self._tmp, self._config_file = tmp, config_file
         self.workers: dict[str, ManagedProcess] = {}
 
-    def start(self, name: str) -> ManagedProcess:
+    def start(self, name: str, metrics_port: int = 0) -> ManagedProcess:
         args = [sys.executable, "-m", "materializer", "run", "-c", str(self._config_file)]
+        args += ["--metrics-port", str(metrics_port)]
         env = {**os.environ, "MATERIALIZER_WORKER_ID": name}
         self.workers[name] = ManagedProcess(args, self._tmp / f"{name}.log", env=env)
         return self.workers[name]
@@ -237,7 +239,8 @@ def test_two_workers_share_four_maps_through_a_kill_a_join_and_a_graceful_leave(
     group = group_of(doc)
     with Stream(kafka_bootstrap, list(topics.values())) as stream:
         group.start("w1")
-        group.start("w2")
+        port = free_port()
+        group.start("w2", metrics_port=port)
 
         def shared() -> bool:
             owners = workers_of(redis_client, names)
@@ -266,8 +269,14 @@ def test_two_workers_share_four_maps_through_a_kill_a_join_and_a_graceful_leave(
         )
     stream.burst()
     assert_equal_to_reference(redis_client, cfg, stream, topics, kafka_bootstrap)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as page:
+        metrics = page.read().decode()
+    for name in names:
+        assert f'materializer_worker_map{{map="{name}",worker="w2"}} 1.0' in metrics
+    # The leaver drained, then left; the stayer logged what moved to it and why.
     w3 = group.workers["w3"].log()
-    assert "moved to another worker" in w3 or "stopped" in w3
+    assert w3.index("stopped") < w3.index("left group"), w3
+    assert "assigned to this worker" in group.workers["w2"].log()
 
 
 @pytest.mark.timeout(900)
