@@ -335,19 +335,28 @@ def hand_over(
     return out
 
 
+def every_map_fresh(group: Group, streams: dict[str, Stream], since: float) -> float | None:
+    """When the last of the maps was fresh again from ``since`` on; None: one is not yet.
+    Raises if a worker exited."""
+    group.check()
+    moments = [s.fresh_again(since) for s in streams.values()]
+    return None if None in moments else max(m for m in moments if m is not None)
+
+
 def failover(
     group: Group,
     client: redis.Redis,
     streams: dict[str, Stream],
     args: argparse.Namespace,
 ) -> list[dict[str, Any]]:
-    """``--kills`` rounds of kill, fresh again, a window, a replacement and a settle."""
+    """``--kills`` rounds: a kill, its maps fresh again, a window, a replacement that takes
+    its share, every map fresh again, and a settle."""
     names = sorted(streams)
     rounds = []
     for n in range(1, args.kills + 1):
         moved = hand_over(group, client, streams, "kill", group.newest(), args.takeover_timeout)
         time.sleep(max(0.0, moved["fresh_at"] + args.window_seconds - time.perf_counter()))
-        started = time.perf_counter()
+        launched = time.perf_counter()
         replacement = group.start()
         wait_for(
             f"{replacement} to take its share of the maps",
@@ -355,14 +364,26 @@ def failover(
             600,
             group.alive[replacement],
         )
+        shared = time.perf_counter()
+        # The maps handed to the new worker wait for its first batches: the next kill
+        # comes once every map is fresh again, and warm for --settle-seconds.
+        wait_for(
+            f"every map fresh again after {replacement} joined",
+            lambda shared=shared: every_map_fresh(group, streams, shared) is not None,
+            args.takeover_timeout,
+            group.alive[replacement],
+        )
         moved["replacement"] = replacement
-        moved["shared_again_s"] = round(time.perf_counter() - started, 1)
+        moved["launched"] = launched
+        moved["join_fresh_at"] = every_map_fresh(group, streams, shared)
+        moved["replacement_shared_s"] = round(shared - launched, 1)
+        moved["replacement_fresh_s"] = round(moved["join_fresh_at"] - launched, 1)
         rounds.append({"round": n, **moved})
         emit(
             name="worker_group_kill",
             round=n,
             units="s",
-            **{k: v for k, v in moved.items() if k not in ("at", "fresh_at")},
+            **{k: v for k, v in moved.items() if not k.endswith("at") and k != "launched"},
         )
         time.sleep(args.settle_seconds)
     return rounds
@@ -496,12 +517,19 @@ def failover_lines(
 ) -> None:
     per_kill = []
     for r in rounds:
+        at, fresh_at = r["at"], r["fresh_at"]
+        before = sorted(
+            x for m in r["maps"] for x in streams[m].latencies_ms(at - args.window_seconds, at)
+        )
         after = {
-            m: percentiles(
-                streams[m].latencies_ms(r["fresh_at"], r["fresh_at"] + args.window_seconds)
-            )["max_ms"]
+            m: percentiles(streams[m].latencies_ms(fresh_at, fresh_at + args.window_seconds))[
+                "max_ms"
+            ]
             for m in r["maps"]
         }
+        join = sorted(
+            x for s in streams.values() for x in s.latencies_ms(r["launched"], r["join_fresh_at"])
+        )
         per_kill.append(
             {
                 "round": r["round"],
@@ -509,9 +537,13 @@ def failover_lines(
                 "survivor": r["survivor"],
                 "fresh_again_s": r["fresh_again_s"],
                 "taken_over_s": r["taken_over_s"],
+                "before_kill_p99_ms": percentiles(before)["p99_ms"],
                 "after_fresh_max_ms": after,
                 "processes_left_behind": r["processes_left_behind"],
-                "replacement_shared_s": r["shared_again_s"],
+                "replacement": r["replacement"],
+                "replacement_shared_s": r["replacement_shared_s"],
+                "replacement_fresh_s": r["replacement_fresh_s"],
+                "join_max_ms": percentiles(join)["max_ms"],
             }
         )
     seconds = sorted(s for r in rounds for s in r["fresh_again_s"].values())
@@ -585,21 +617,21 @@ def others_line(
     windows, all_ms, steady = [], [], []
     unseen = 0
     for h in hand_overs:
-        others = [m for m in streams if m not in h["maps"]]
-        ms = sorted(x for m in others for x in streams[m].latencies_ms(h["at"], h["fresh_at"]))
-        unseen += sum(streams[m].unseen(h["at"], h["fresh_at"]) for m in others)
+        at, others = h["at"], [m for m in streams if m not in h["maps"]]
+        ms = sorted(x for m in others for x in streams[m].latencies_ms(at, h["fresh_at"]))
+        before = sorted(
+            x for m in others for x in streams[m].latencies_ms(at - args.window_seconds, at)
+        )
+        unseen += sum(streams[m].unseen(at, h["fresh_at"]) for m in others)
         all_ms += ms
-        steady += [
-            x
-            for m in streams
-            for x in streams[m].latencies_ms(h["at"] - args.window_seconds, h["at"])
-        ]
+        steady += before
         windows.append(
             {
                 "after": f"kill {h['round']}" if "round" in h else "SIGTERM",
-                "seconds": round(h["fresh_at"] - h["at"], 1),
+                "seconds": round(h["fresh_at"] - at, 1),
                 "samples": len(ms),
                 **percentiles(ms),
+                "before_p99_ms": percentiles(before)["p99_ms"],
             }
         )
     all_ms.sort()

@@ -214,8 +214,9 @@ class SparkConfig(_Model):
     shuffle_partitions: Annotated[int, Field(ge=1)] = 4
     stop_timeout: NonNegativeDuration = timedelta(seconds=100)
     """How long a stop (SIGTERM, Ctrl-C) may take: the folds finish their batches, then the
-    Delta tables take in the changelog up to them. Within the chart's grace period (120 s);
-    what the timeout cuts short is logged, and the next start replays it."""
+    Delta tables take in the changelog up to them (the chart's grace period is this plus
+    20 s); what the timeout cuts short is logged, and the next start replays it. In a
+    worker group a stopping worker leaves the group after it."""
     max_offsets_per_trigger: Annotated[int, Field(ge=1)] | None = None
     jars: Literal["shipped", "installed"] = "shipped"
     """How executors get the Kafka, Delta (and S3) jars: ``shipped``, Spark copies them from
