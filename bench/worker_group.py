@@ -23,10 +23,14 @@ Redis shows it (produce to visible, as ``live.py`` measures it). After
   the kill until the map is *fresh again*, that is, until the moment Redis first
   shows a sampled event of the map produced after the kill within 1 s of its
   produce. Beside it, when its status first named the surviving worker as running
-  it (``taken_over_s``), and the slowest of the map's samples produced in the
-  ``--window-seconds`` after it was fresh again (``after_fresh_max_ms``: whether it
-  stayed so). After that window a replacement worker starts, the group shares the
-  maps two and two again, and ``--settle-seconds`` pass before the next round.
+  it (``taken_over_s``), the moved maps' p99 over the ``--window-seconds`` before the
+  kill, and the slowest of each one's samples produced in the ``--window-seconds``
+  after it was fresh again (``after_fresh_max_ms``: whether it stayed so). After that
+  window a replacement worker starts and the group shares the maps two and two again
+  (``replacement_shared_s``, from its launch); the maps it is handed wait for its
+  first batches, so the round goes on once every map is fresh again
+  (``replacement_fresh_s``; ``join_max_ms``, the slowest sample of any map
+  meanwhile), and ``--settle-seconds`` later comes the next kill.
 - ``worker_group_graceful``: the worker that has run longest gets SIGTERM, the
   process itself, as an orchestrator sends it (a rolling upgrade stops an old worker
   once its replacement has joined): it drains its maps and leaves the group, and the
@@ -38,7 +42,7 @@ Redis shows it (produce to visible, as ``live.py`` measures it). After
 - ``worker_group_others``: the freshness of the maps the killed or stopped worker
   did not run, over the samples produced in each rebalance's window (from the kill
   or SIGTERM until every moved map is fresh again), all windows together; beside
-  it, every map's p99 over the ``--window-seconds`` before each kill or stop.
+  each window, the same maps' p99 over the ``--window-seconds`` before it.
 
 Each of these lines gives its goal and whether it was met; a sample never seen
 (within 120 s of the end) counts against every goal it falls under. Before them,
