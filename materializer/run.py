@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import redis
+from confluent_kafka import KafkaException
 
 from materializer.catalog.changes import state_bound_changes
 from materializer.catalog.live import LiveMaps
@@ -42,7 +43,7 @@ from materializer.contract.redis_layout import (
 )
 from materializer.contract.status import IN_HAND
 from materializer.enrichment.job import start_enrichment
-from materializer.errors import ConfigError, MaterializerError
+from materializer.errors import ConfigError, MaterializerError, SetupError
 from materializer.group.fencing import Ownership, take_over
 from materializer.group.worker import Worker
 from materializer.job import start_map
@@ -70,11 +71,11 @@ reader keeps the old generation in mind."""
 
 _RECOVERABLE_TYPES: tuple[type[Exception], ...] = (CopyLost, *TRANSIENT_ERRORS)
 RECOVERABLE = tuple(f"{cls.__module__}.{cls.__name__}" for cls in _RECOVERABLE_TYPES)
-FENCED_ERROR = f"{Fenced.__module__}.{Fenced.__name__}"
-"""A query that failed on this: another worker of the group owns its map now."""
 """Failures of a map's query that a restart mends once Redis answers again with a whole
 copy (``Supervisor.restore``): a server that restarted, empty or not, or a cluster that
 was down for a while. Anything else fails the map."""
+FENCED_ERROR = f"{Fenced.__module__}.{Fenced.__name__}"
+"""A query that failed on this: another worker of the group may own its map now."""
 
 
 @dataclass
@@ -92,6 +93,9 @@ class _Map:
     """Its fold state as last measured (``StateSizes``)."""
     worker: str = ""
     """The worker of the group running it (``""``: a run outside a group)."""
+    owner: Ownership | None = None
+    """In a worker group, its ownership since the group gave it to this worker: claimed
+    once per assignment, so no restart of it on a worker that lost it claims it back."""
 
     def report(self) -> MapReport:
         """The map's state and its fold's latest rates."""
@@ -191,7 +195,7 @@ class Supervisor:
                     self._batch_log,
                     generation=m.generation,
                     metrics=self._metrics,
-                    owner=self._take_over(config, m.name),
+                    owner=m.owner,
                 )
         except Fenced as exc:  # another worker claimed it meanwhile
             self.fenced(m, str(exc))
@@ -204,7 +208,7 @@ class Supervisor:
             self.fail(m, f"{kind} {m.name} cannot reach its topics: {exc}")
             return
         except MaterializerError as exc:
-            if m.name in self.from_file:
+            if m.name in self.from_file and self._worker is None:
                 raise  # the file's configuration: no restart mends it; the run reports it, ends
             self.fail(m, str(exc))  # a map of the catalog: a change of it may mend it
             return
@@ -214,17 +218,27 @@ class Supervisor:
         m.state, m.error = "running", ""
         log.info("map %s running", m.name)
 
-    def _take_over(self, config: AppConfig, name: str) -> Ownership | None:
-        """In a worker group, the map's ownership: claimed, and its former owner fenced,
-        only while the group gives this worker the map (a worker that lost it while
-        paused must not claim it back)."""
-        if self._worker is None:
-            return None
-        if not self._worker.owns(name):
-            raise Fenced(name, None)
-        owner = take_over(config, name)
-        log.info("map %s: owned by worker %s from epoch %d", name, self._worker.id, owner.epoch)
-        return owner
+    def refenced(self, m: _Map) -> None:
+        """A query refused as fenced: by a newer owner, or, when the map's epoch is still
+        this worker's, by a worker that lost the map and woke up to start a producer of
+        its id; then the map starts again under a new epoch, which fences that one."""
+        try:
+            if m.owner is not None:
+                m.owner.check()
+                log.warning(
+                    "map %s: a worker that lost it fenced one of its producers; "
+                    "taking it over again under a new epoch",
+                    m.name,
+                )
+                self.stop(m, "stopped")
+                m.owner = take_over(self.config, m.name)
+                self.start(m)
+                return
+        except Fenced:
+            pass
+        except Exception as exc:  # noqa: BLE001 - Redis or Kafka away: the group tries later
+            log.warning("map %s: cannot take it over again yet: %s", m.name, exc)
+        self.fenced(m, "fenced: another worker took it over")
 
     def fenced(self, m: _Map, why: str) -> None:
         """Another worker owns the map now: stop its queries without a drain (they could
@@ -408,7 +422,7 @@ class Supervisor:
             if broken:
                 error = explain_failure(self.config, m.name, m.generation, broken[0])
                 if FENCED_ERROR in error:
-                    self.fenced(m, "fenced: another worker took it over")
+                    self.refenced(m)
                     return
                 if any(name in error for name in RECOVERABLE):
                     self.restore(m, "Redis failed its query")
@@ -464,6 +478,15 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
             return [n for n in names if n in live.config.maps or n in config.enrichments]
         return [*sorted(live.config.maps), *sorted(config.enrichments)]
 
+    if config.worker.group is not None and names is not None:
+        live.close()
+        raise ConfigError(
+            "",
+            [
+                f"worker.group: {config.worker.group}: a worker group shares every map "
+                "between its workers; run it without --map"
+            ],
+        )
     worker = Worker(config) if config.worker.group is not None else None
 
     metrics = BatchMetrics()
@@ -521,12 +544,13 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
             requests = channel.requests()
             for m in maps.values():
                 supervisor.step(m, requests[m.name])
-            channel.report({m.name: m.report() for m in maps.values()})
+            # A fenced map is another worker's to report.
+            channel.report({m.name: m.report() for m in maps.values() if m.state != "fenced"})
             stop.wait(LOOP_SECONDS)
     finally:
         sizes.stop()
         supervisor.stop_all([m for m in maps.values() if m.state == "running"])
-        channel.report({m.name: m.report() for m in maps.values()})
+        channel.report({m.name: m.report() for m in maps.values() if m.state != "fenced"})
         if worker is not None:  # drained: the others take the maps over at once
             worker.close()
         channel.close()
@@ -598,13 +622,20 @@ def _share(
     metrics: BatchMetrics | None = None,
 ) -> None:
     """Bring this worker's maps to what the group gives it: a map lost or fenced stops at
-    once, one moving to another worker drains first, one given to this worker starts."""
-    share = worker.share(names)
+    once, one moving to another worker drains first, one given to this worker is claimed
+    (``group.fencing.take_over``), then started. Redis or Kafka away: nothing moves until
+    they answer (the maps running go on)."""
+    try:
+        share = worker.share(names)
+    except (redis.RedisError, KafkaException, SetupError) as exc:
+        log.warning("worker group %s: cannot read its slots yet: %s", worker.group, exc)
+        return
     for name in [n for n in maps if n in share.lost or maps[n].state == "fenced"]:
         m = maps.pop(name)
-        if m.state != "fenced":
+        if m.state == "fenced":
+            worker.fenced(name)
+        else:
             supervisor.fenced(m, "lost to the group (this worker was out of it past its session)")
-        worker.fenced(name)
     moving = [m for m in maps.values() if m.name in names and m.name not in share.owned]
     if moving:
         supervisor.stop_all([m for m in moving if m.queries is not None])
@@ -616,8 +647,19 @@ def _share(
         channel.names = sorted({*maps, *taken})
         requests = channel.requests()
         for name in taken:
-            m = maps[name] = _Map(name, worker=worker.id)
-            log.info("map %s taken over by worker %s", name, worker.id)
+            m = _Map(name, worker=worker.id)
+            if name not in supervisor.config.enrichments:
+                try:
+                    m.owner = take_over(supervisor.config, name)
+                except Fenced:  # claimed after this worker's claim began: the group decides
+                    worker.fenced(name)
+                    continue
+                except (redis.RedisError, KafkaException, MaterializerError) as exc:
+                    log.warning("map %s: cannot take it over yet, trying again: %s", name, exc)
+                    continue
+            maps[name] = m
+            epoch = "" if m.owner is None else f" (epoch {m.owner.epoch})"
+            log.info("map %s taken over by worker %s%s", name, worker.id, epoch)
             _start(supervisor, live, m, requests[name], channel)
     channel.names = sorted(maps)
     if metrics is not None:

@@ -7,7 +7,7 @@ import socket
 from datetime import timedelta
 from typing import Annotated
 
-from pydantic import AfterValidator, Field, field_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from materializer.config.base import MAP_NAME, _Model
 from materializer.config.durations import Duration, PositiveDuration
@@ -55,6 +55,15 @@ class WorkerConfig(_Model):
                 "letters, digits, '_', '.' and '-' only, starting with a letter or digit"
             )
         return group
+
+    @model_validator(mode="after")
+    def _heartbeat_within_session(self) -> WorkerConfig:
+        if self.heartbeat_interval >= self.session_timeout:
+            raise ValueError(
+                "worker.heartbeat_interval must be shorter than worker.session_timeout "
+                "(a third of it or less, as Kafka advises)"
+            )
+        return self
 
     def worker_id(self) -> str:
         """This worker's name: ``id``, or ``<host>-<pid>``."""

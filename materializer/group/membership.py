@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,8 +41,6 @@ class Assignment:
 
     owned: frozenset[int]
     """The slots this worker runs the maps of."""
-    lost: frozenset[int] = frozenset()
-    """Slots it lost without a revocation: their maps stop at once, without a drain."""
     version: int = 0
     """Grows with each change; ``Membership.release`` names the one its loop acted on."""
 
@@ -50,7 +49,8 @@ class Assignment:
 class _State:
     owned: set[int] = field(default_factory=set)
     lost: set[int] = field(default_factory=set)
-    stale: set[int] = field(default_factory=set)
+    stale: dict[int, float] = field(default_factory=dict)
+    """Fenced slots, with when: left out of ``owned`` until assigned anew or ``STALE_S`` on."""
     version: int = 0
     released: int = 0
 
@@ -92,6 +92,10 @@ class Membership:
         self.on_change: Callable[[str, frozenset[int]], None] = lambda _why, _slots: None
         """Told of each move (``assigned``, ``revoked``, ``lost``), on the poll thread."""
         self._thread = threading.Thread(target=self._poll, name="worker-group", daemon=True)
+        self._stale_s = 2 * worker.session_timeout.total_seconds() + 5.0
+        """How long a fenced slot stays left out while the group still gives it to this
+        worker: by then the worker that fenced it, if it was one that lost the map while
+        paused, has learnt of it and stopped."""
 
     def start(self) -> None:
         """Join the group."""
@@ -101,25 +105,34 @@ class Membership:
         self._thread.start()
 
     def assignment(self) -> Assignment:
-        """The slots this worker holds now (fenced ones left out until assigned again)."""
+        """The slots this worker holds now (fenced ones left out for a while)."""
+        now = time.monotonic()
         with self._lock:
             s = self._state
-            return Assignment(frozenset(s.owned - s.stale), frozenset(s.lost), s.version)
+            for slot in [slot for slot, at in s.stale.items() if now - at > self._stale_s]:
+                del s.stale[slot]
+            return Assignment(frozenset(s.owned - s.stale.keys()), s.version)
+
+    def take_lost(self) -> frozenset[int]:
+        """The slots lost since the last call (``on_lost``): their maps stop at once,
+        without a drain, even if the group has given them back since."""
+        with self._lock:
+            lost = frozenset(self._state.lost)
+            self._state.lost.clear()
+            return lost
 
     def release(self, version: int) -> None:
         """The run's loop brought its maps to the assignment of ``version``: a revocation
-        waiting for the maps to stop goes on, and lost slots are forgotten."""
+        waiting for the maps to stop goes on."""
         with self._lock:
-            if version == self._state.version:
-                self._state.lost.clear()
             self._state.released = max(self._state.released, version)
             self._lock.notify_all()
 
     def fenced(self, slot: int) -> None:
-        """A map of ``slot`` was fenced: another worker owns it, whatever this one was last
-        told; it is not taken again until the group assigns it anew."""
+        """A map of ``slot`` was fenced: another worker claimed it, whatever this one was
+        last told; it is not taken again until the group assigns it anew, or for a while."""
         with self._lock:
-            self._state.stale.add(slot)
+            self._state.stale[slot] = time.monotonic()
             self._state.version += 1
 
     def members(self) -> list[tuple[str, str, int]]:
@@ -136,7 +149,8 @@ class Membership:
         self._closing.set()
         with self._lock:
             self._lock.notify_all()
-        self._thread.join(timeout=self._drain_s)
+        if self._thread.is_alive():
+            self._thread.join(timeout=self._drain_s)
         try:
             self._consumer.close()
         except (KafkaException, RuntimeError) as exc:
@@ -146,7 +160,7 @@ class Membership:
         while not self._closing.is_set():
             try:
                 self._consumer.poll(POLL_S)
-            except (KafkaException, RuntimeError) as exc:  # the broker away for a while
+            except Exception as exc:  # noqa: BLE001 - the broker away for a while; a callback's bug
                 log.warning("worker group %s: %s", self.group, exc)
                 self._closing.wait(1.0)
 
@@ -154,7 +168,8 @@ class Membership:
         slots = frozenset(p.partition for p in partitions)
         with self._lock:
             self._state.owned |= slots
-            self._state.stale -= slots
+            for slot in slots:
+                self._state.stale.pop(slot, None)
             self._state.version += 1
         self.rebalances += 1
         self.joined.set()

@@ -11,6 +11,7 @@ them (Kafka cannot shrink a topic: a deleted map leaves a free slot for the next
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 
 from confluent_kafka import KafkaError, KafkaException
@@ -70,26 +71,35 @@ class Slots:
         self._client.hdel(self.key, name)
 
     def ensure_partitions(self, wanted: int) -> None:
-        """The slots topic with at least ``wanted`` partitions (created with them if absent)."""
-        if wanted <= self._partitions:
-            return
-        have = self._topic_partitions()
-        if have == 0:
-            topic = NewTopic(
-                self.topic,
-                num_partitions=max(wanted, 1),
-                replication_factor=self._config.worker.replication_factor,
-                config={"retention.ms": "-1", "cleanup.policy": "compact"},
-            )
-            _done(self._admin.create_topics([topic])[self.topic], self.topic)
-            log.info("worker group: slots topic %s created with %d slots", self.topic, wanted)
-            have = wanted
-        elif have < wanted:
-            grown = NewPartitions(self.topic, wanted)
-            _done(self._admin.create_partitions([grown])[self.topic], self.topic)
-            log.info("worker group: slots topic %s grown to %d slots", self.topic, wanted)
-            have = wanted
-        self._partitions = have
+        """The slots topic with at least ``wanted`` partitions (created with them if absent).
+
+        Another worker may create or grow it at the same moment, with other figures:
+        the count is read back until the broker shows enough.
+        """
+        deadline = time.monotonic() + TIMEOUT_S
+        while self._partitions < wanted:
+            have = self._topic_partitions()
+            if have == 0:
+                topic = NewTopic(
+                    self.topic,
+                    num_partitions=max(wanted, 1),
+                    replication_factor=self._config.worker.replication_factor,
+                    config={"retention.ms": "-1", "cleanup.policy": "compact"},
+                )
+                _done(self._admin.create_topics([topic])[self.topic], self.topic)
+                log.info("worker group: slots topic %s created with %d slots", self.topic, wanted)
+            elif have < wanted:
+                grown = NewPartitions(self.topic, wanted)
+                _done(self._admin.create_partitions([grown])[self.topic], self.topic)
+                log.info("worker group: slots topic %s grown to %d slots", self.topic, wanted)
+            self._partitions = self._topic_partitions()
+            if self._partitions < wanted:
+                if time.monotonic() > deadline:
+                    raise SetupError(
+                        f"worker group: its slots topic {self.topic} shows "
+                        f"{self._partitions} partitions, not the {wanted} it was given"
+                    )
+                time.sleep(0.2)
 
     def _topic_partitions(self) -> int:
         metadata = self._admin.list_topics(self.topic, timeout=TIMEOUT_S)

@@ -48,6 +48,7 @@ class Worker:
         self.membership.on_change = self._moved
         self._slot_of: dict[str, int] = {}
         self._checked = -1
+        self._vetted = False
         self.acted = 0
         """The assignment version the run's maps were last brought to."""
 
@@ -74,9 +75,10 @@ class Worker:
         if assignment.version != self._checked:
             self._checked = assignment.version
             self.check_hosts()
+        lost = self.membership.take_lost()
         return Share(
             owned=frozenset(n for n in names if self._slot_of[n] in assignment.owned),
-            lost=frozenset(n for n in names if self._slot_of[n] in assignment.lost),
+            lost=frozenset(n for n in names if self._slot_of[n] in lost),
             version=assignment.version,
         )
 
@@ -115,9 +117,10 @@ class Worker:
         here = {host for worker_id, host, _ in members if worker_id == self.id}
         elsewhere = [(w, h) for w, h, _ in members if here and h not in here]
         unseen = [(w, h) for w, h in elsewhere if not (root / WORKERS_DIR / w).exists()]
+        vetted, self._vetted = self._vetted, True
         if unseen:
             who = ", ".join(f"{w} on {h}" for w, h in unseen)
-            raise ConfigError(
+            error = ConfigError(
                 "",
                 [
                     f"spark.checkpoint_root: {self._config.spark.checkpoint_root} is a local "
@@ -127,6 +130,10 @@ class Worker:
                     "mounts (a ReadWriteMany claim)"
                 ],
             )
+            if not vetted:  # this worker joined so: it stops before it runs anything
+                raise error
+            # A worker that joined later is the one at fault: it refuses itself.
+            log.error("worker group %s: %s", self.group, "; ".join(error.problems))
 
     def _local_root(self) -> Path | None:
         """The checkpoint root when it is a local folder (None: an object store's)."""

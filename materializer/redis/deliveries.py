@@ -51,6 +51,8 @@ def new_producer(target: FoldTarget, task: int | None = None) -> Producer:
     if target.transactional_id is None:
         return Producer(settings)
     settings["transactional.id"] = transactional_id(target.transactional_id, task)
+    # A worker that lost the map must not fence its new owner's producer of this id.
+    check_owner(target)
     producer = Producer(settings)
     try:
         producer.init_transactions(TRANSACTION_TIMEOUT_S)
@@ -58,6 +60,19 @@ def new_producer(target: FoldTarget, task: int | None = None) -> Producer:
         raise_fenced(target, exc)
         raise
     return producer
+
+
+def check_owner(target: FoldTarget) -> None:
+    """Raise ``Fenced`` if a newer owner than ``target.epoch`` claimed the map."""
+    from materializer.clients.redis import client_for
+    from materializer.contract.redis_layout import epoch_key, logical_name
+    from materializer.redis.functions import Fenced
+
+    if target.epoch is None:
+        return
+    raw = client_for(target.redis).get(epoch_key(logical_name(target.map_name)))
+    if raw is not None and int(raw) > target.epoch:
+        raise Fenced(target.map_name, target.epoch)
 
 
 def transactional_id(prefix: str, task: int | None) -> str:
@@ -81,17 +96,17 @@ def raise_fenced(target: FoldTarget, exc: Exception) -> None:
 class Deliveries:
     """Produces records and fails loudly if any is not delivered by the flush.
 
-    For a map in a worker group, its records go in one transaction that the flush
-    commits: ``read_committed`` readers (the Delta query) never see the records of a
-    worker that was fenced in the middle of a batch.
+    For a map in a worker group, the records sent between two flushes go in one
+    transaction, begun by the first of them and committed by the flush:
+    ``read_committed`` readers (the Delta query) never see the records of a worker
+    fenced in the middle of a batch. A flush with nothing sent commits nothing.
     """
 
     def __init__(self, producer: Producer, target: FoldTarget | None = None) -> None:
         self.producer = producer
         self.errors: list[str] = []
         self.target = target if target is not None and target.transactional_id else None
-        if self.target is not None:
-            self._in_transaction(producer.begin_transaction)
+        self._open = False
 
     def _done(self, err: Any, _msg: Any) -> None:
         if err is not None:
@@ -99,6 +114,9 @@ class Deliveries:
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Any) -> None:
         """Produce one record, waiting for room when the producer's queue is full."""
+        if self.target is not None and not self._open:
+            self._in_transaction(self.producer.begin_transaction)
+            self._open = True
         while True:
             try:
                 self.producer.produce(
@@ -109,7 +127,7 @@ class Deliveries:
                 self.producer.poll(0.05)
 
     def flush(self) -> None:
-        """Wait for every record sent; raise if any was not delivered."""
+        """Wait for every record sent, and commit them; raise if any was not delivered."""
         try:
             remaining = self.producer.flush(120)
         except Exception as exc:  # a fatal error: a fenced producer's, raised on the way
@@ -117,18 +135,24 @@ class Deliveries:
                 raise_fenced(self.target, exc)
             raise
         if self.errors or remaining:
-            if self.target is not None:
-                self._in_transaction(self.producer.abort_transaction, TRANSACTION_TIMEOUT_S)
+            self.abort()
             raise RuntimeError(
                 f"Kafka did not take {len(self.errors) + remaining} records: {self.errors[:3]}"
             )
-        if self.target is not None:
-            self._in_transaction(self.producer.commit_transaction, TRANSACTION_TIMEOUT_S)
+        if self._open:
+            try:
+                self._in_transaction(self.producer.commit_transaction, TRANSACTION_TIMEOUT_S)
+            except Exception:
+                self.abort()
+                raise
+            self._open = False
 
     def abort(self) -> None:
-        """Abort the transaction of a batch that failed on the way (outside a group: none)."""
-        if self.target is not None:
-            # Fenced or broken: the producer is done with either way.
+        """Abort the open transaction of records that must not be read (a batch that failed
+        on the way); the producer can begin another."""
+        if self._open:
+            self._open = False
+            # Fenced or broken: nothing more to do with it here; the caller drops it.
             with contextlib.suppress(Exception):
                 self.producer.abort_transaction(TRANSACTION_TIMEOUT_S)
 

@@ -101,8 +101,12 @@ def sweep_expired(target: FoldTarget, producer: Producer) -> int:
         keys = [bytes(key) for key in client.sscan_iter(expired[node_name], count=SWEEP_KEYS)]
         if not keys:
             continue
-        for key in keys:
-            deliveries.send(target.changelog_topic, key, None, [(EXPIRED_HEADER, b"1")])
+        try:
+            for key in keys:
+                deliveries.send(target.changelog_topic, key, None, [(EXPIRED_HEADER, b"1")])
+        except BaseException:
+            deliveries.abort()
+            raise
         deliveries.flush()
         for start in range(0, len(keys), SWEEP_KEYS):
             client.srem(expired[node_name], *keys[start : start + SWEEP_KEYS])

@@ -40,10 +40,17 @@ local function lost()
 end
 
 -- Whether a newer owner took the map over: its epoch on this server exceeds the writer's.
+-- A writer's epoch above the key's (or no key: a master new to the cluster, or one that
+-- restarted empty) raises the key to it, so the owner's first write on a master fences
+-- there any older writer its claim did not reach.
 local function fenced(args)
   if args[10] == '' then return false end
   local owner = redis.call('GET', args[9])
-  return owner ~= false and tonumber(owner) > tonumber(args[10])
+  if owner == false or tonumber(owner) < tonumber(args[10]) then
+    redis.call('SET', args[9], args[10])
+    return false
+  end
+  return tonumber(owner) > tonumber(args[10])
 end
 
 local function refused(args)
@@ -183,7 +190,7 @@ local function expire(keys, args)
   return out
 end
 
--- KEYS[1]: the map's epoch key. ARGV: its owner key on every master. Hands out the
+-- KEYS[1]: the map's epoch key. Hands out the
 -- next owner's epoch: the server's clock in milliseconds, or one more than the last
 -- one handed out if the clock is behind it, so an epoch keeps growing even where a
 -- server restarted empty. Returns it; ``raise`` then sets it on every master.
@@ -203,6 +210,21 @@ local function raise(keys, args)
   return tonumber(args[1])
 end
 
+-- The previous release's calls: its eight fixed arguments, no owner key and no epoch.
+local function unowned(args)
+  local out = {}
+  for i = 1, 8 do out[i] = args[i] end
+  out[9], out[10] = '', ''
+  for i = 9, #args do out[i + 2] = args[i] end
+  return out
+end
+
+redis.register_function{function_name='materializer_latest_v3',
+  callback=function(keys, args) return latest(keys, unowned(args)) end,
+  flags={'allow-cross-slot-keys'}}
+redis.register_function{function_name='materializer_put_v3',
+  callback=function(keys, args) return put(keys, unowned(args)) end,
+  flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_latest_v4', callback=latest,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_read_v3', callback=read,

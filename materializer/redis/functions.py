@@ -32,6 +32,10 @@ READ = READ_FUNCTION
 PUT = "materializer_put_v4"
 NEXT_EPOCH = "materializer_next_epoch_v4"
 RAISE_EPOCH = "materializer_raise_epoch_v4"
+LEGACY = ("materializer_latest_v3", "materializer_put_v3")
+"""The writing functions of the previous release, with its arguments (no owner, no
+epoch): kept so that its workers and this release's run side by side in a rolling
+upgrade without replacing each other's library."""
 FILL = "materializer_fill_v3"
 EXPIRE = "materializer_expire_v3"
 
@@ -68,10 +72,13 @@ class Fenced(MaterializerError):
 
     def __init__(self, map_name: str, epoch: int | None) -> None:
         self.map_name = map_name
-        super().__init__(
-            f"map {map_name}: fenced: another worker took the map over (this worker's "
-            f"epoch {epoch} is older than the owner's); it writes nothing more for it"
+        why = (
+            "the group no longer assigns it to this worker"
+            if epoch is None
+            else f"another worker took the map over (this worker's epoch {epoch} is older "
+            "than the owner's, or a newer producer holds its transactional.id)"
         )
+        super().__init__(f"map {map_name}: fenced: {why}; it writes nothing more for it")
 
 
 class CopyLost(MaterializerError):

@@ -48,6 +48,7 @@ the map is.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 from dataclasses import replace
@@ -74,7 +75,7 @@ from materializer.redis.prepare import (
 from materializer.source.dead_letters import dead_letter_columns
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     from confluent_kafka import Producer
     from pyspark.sql import Column, DataFrame
@@ -123,7 +124,7 @@ class RedisFold:
     def sweep(self) -> int:
         """Send the keys Redis expired to the change stream and the changelog (see
         ``materializer.redis.expiry``); how many."""
-        with self._lock:
+        with self._lock, self._dropped_on_failure():
             if self._producer is None:
                 self._producer = new_producer(self.target)
             return sweep_expired(self.target, self._producer)
@@ -200,8 +201,18 @@ class RedisFold:
         ``batch_time_ms``: the batch's timestamp, which a mode with ``batch_in_order`` needs."""
         if self.mode.batch_in_order and batch_time_ms is None:
             raise ValueError(f"map {self.target.map_name}: the fold's order needs the batch's time")
-        with self._lock:
+        with self._lock, self._dropped_on_failure():
             return self._apply(events, batch_id, app_id, rows, batch_time_ms)
+
+    @contextlib.contextmanager
+    def _dropped_on_failure(self) -> Iterator[None]:
+        """A call that failed drops the driver's producer: a transactional one may be left
+        in a state no later transaction begins from; the next call makes another."""
+        try:
+            yield
+        except BaseException:
+            self._producer = None
+            raise
 
     def _apply(
         self,

@@ -11,6 +11,7 @@ import os
 import random
 import sys
 import threading
+import time
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,6 +27,7 @@ from redis.cluster import RedisCluster as ClusterClient
 
 from materializer.config import AppConfig, parse_config
 from materializer.contract.redis_layout import MapReport, status_key
+from materializer.group.fencing import take_over
 from materializer.testing import free_port, produce
 from materializer.testing.object_store import S3Server
 from materializer.testing.process import ManagedProcess
@@ -384,3 +386,34 @@ def test_a_group_on_a_redis_cluster_with_checkpoints_in_s3_runs_a_map_created_th
             )
             assert changelog(kafka_bootstrap, str(logs[name])) == expected, name
         group.stop()  # before the cluster and the object store go
+
+
+@pytest.mark.timeout(600)
+def test_a_worker_whose_map_is_claimed_by_another_stops_writing_it_then_takes_it_back(
+    kafka_bootstrap, redis_url, redis_client: redis.Redis, new_topic, tmp_path: Path, group_of
+):
+    tag = uuid.uuid4().hex[:6]
+    topics = {f"c{tag}_agg": new_topic(2)}
+    name = next(iter(topics))
+    doc = group_config(tmp_path, kafka_bootstrap, redis_url, topics, f"claimed-{tag}")
+    cfg = parse_config(doc)
+    group = group_of(doc)
+    with Stream(kafka_bootstrap, list(topics.values())) as stream:
+        worker = group.start("w1")
+        group.wait("w1 to run the map", lambda: workers_of(redis_client, [name]) == {name: "w1"})
+        # Another claim of the map, as a worker the group gave it to would make: w1's
+        # next write is refused by Redis, and w1 stops the map without a drain.
+        take_over(cfg, name)
+        group.wait("w1 to be fenced", lambda: f"map {name}: fenced" in worker.log())
+        frozen = redis_map(redis_client, name)
+        stream.burst()
+        time.sleep(3)  # batches a writer not fenced would have folded by now
+        assert redis_map(redis_client, name) == frozen
+        # The group still gives w1 the map: once the claimer had time to learn it is not
+        # the map's, w1 claims it anew and folds on from its checkpoint.
+        group.wait(
+            "w1 to take the map back",
+            lambda: worker.log().count(f"map {name} taken over by worker w1") == 2,
+        )
+    stream.burst()
+    assert_equal_to_reference(redis_client, cfg, stream, topics, kafka_bootstrap)
