@@ -549,7 +549,12 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
             stop.wait(LOOP_SECONDS)
     finally:
         sizes.stop()
-        supervisor.stop_all([m for m in maps.values() if m.state == "running"])
+        running = [m for m in maps.values() if m.state == "running"]
+        if worker is None:
+            supervisor.stop_all(running)
+        else:  # each map's new owner takes in the rest of its changelog: leave soon
+            for m in running:
+                supervisor.stop(m, "stopped")
         channel.report({m.name: m.report() for m in maps.values() if m.state != "fenced"})
         if worker is not None:  # drained: the others take the maps over at once
             worker.close()
@@ -636,12 +641,12 @@ def _share(
             worker.fenced(name)
         else:
             supervisor.fenced(m, "lost to the group (this worker was out of it past its session)")
-    moving = [m for m in maps.values() if m.name in names and m.name not in share.owned]
-    if moving:
-        supervisor.stop_all([m for m in moving if m.queries is not None])
-        for m in moving:
-            del maps[m.name]
-            log.info("map %s moved to another worker of group %s", m.name, worker.group)
+    # A map moving on finishes its batches in flight; its new owner's Delta query takes in
+    # the rest of its changelog (a drain here would keep the map stale meanwhile).
+    for m in [m for m in maps.values() if m.name in names and m.name not in share.owned]:
+        supervisor.stop(m, "stopped")
+        del maps[m.name]
+        log.info("map %s moved to another worker of group %s", m.name, worker.group)
     taken = [n for n in names if n in share.owned and n not in maps]
     if taken:
         channel.names = sorted({*maps, *taken})
