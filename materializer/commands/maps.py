@@ -117,6 +117,16 @@ def _render(views: list[MapView]) -> None:
             _state_size(v),
         )
     out.print(maps)
+    if grouped:  # each worker's maps, as Kafka Connect lists each worker's connectors
+        workers = Table(title="workers", title_justify="left")
+        for column in ("worker", "maps", "running"):
+            workers.add_column(column, justify="right" if column == "maps" else "left")
+        by_worker: dict[str, list[str]] = {}
+        for v in views:
+            by_worker.setdefault(_worker(v), []).append(v.name)
+        for worker, names in sorted(by_worker.items()):
+            workers.add_row(escape(worker), str(len(names)), ", ".join(names))
+        out.print(workers)
     parts = Table(title="partitions", title_justify="left")
     for column in ("map", "topic", "partition", "materialized", "log end", "lag"):
         parts.add_column(column, justify="right" if column not in ("map", "topic") else "left")

@@ -177,6 +177,11 @@ def test_status_command_names_the_worker_of_each_map(
     assert rows[a][:3] == [a, "running", "worker-a"]
     assert rows[b][:3] == [b, "not_started", "-"]  # no report yet: no worker either
     assert {m: d["worker_id"] for m, d in documents().items()} == {a: "worker-a", b: ""}
+    # And each worker's maps.
+    section = status().split("workers")[-1].split("partitions")[0]
+    lines = [[c.strip() for c in line.strip("│┃").split("│")] for line in section.splitlines()]
+    assert ["worker-a", "1", a] in lines
+    assert ["-", "1", b] in lines
 
 
 def test_pause_resume_restart_write_the_control_hash(redis_url, redis_client: redis.Redis):
