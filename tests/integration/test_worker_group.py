@@ -35,7 +35,7 @@ from materializer.testing.redis import RedisCluster
 from materializer.testing.reference import fold_aggregate, fold_latest
 from materializer.testing.waiting import wait_until
 from tests.helpers.query_redis import front
-from tests.helpers.slices import FIELDS, SCHEMA, delta_map_rs, redis_map
+from tests.helpers.slices import FIELDS, SCHEMA, delta_map_rs, redis_map, slice_config
 
 AGGREGATES = {"events": {"fn": "count"}, "age_total": {"fn": "sum", "field": "age"}}
 REFERENCE = {name: (a["fn"], a.get("field")) for name, a in AGGREGATES.items()}
@@ -47,32 +47,22 @@ def group_config(
     """Maps named by ``topics`` (a name ending in ``agg`` counts and sums per key, the others
     keep each key's latest record), shared by a worker group; one checkpoint folder on
     this host, which every worker of the group reaches."""
-    tag = uuid.uuid4().hex[:8]
-    maps: dict[str, Any] = {}
+    doc: dict[str, Any] = {"maps": {}}
     for name, topic in topics.items():
-        maps[name] = {
-            "source": {"topics": [topic], "schema": SCHEMA},
-            "key": "id",
-            "changelog": {"topic": f"{name}.changelog.{tag}"},
-        }
+        one = slice_config(
+            tmp,
+            kafka,
+            redis_url,
+            topic,
+            map_name=name,
+            spark={"conf": {"spark.driver.memory": "768m"}},
+        )
+        doc = {**one, "maps": {**doc["maps"], **one["maps"]}}
         if name.endswith("agg"):
-            maps[name]["fold"] = {"mode": "aggregate", "aggregates": AGGREGATES}
-    return {
-        "kafka": {"bootstrap_servers": kafka},
-        "redis": {"url": redis_url},
-        "metrics": {"port": 0},
-        "delta": {"root": str(tmp / "warehouse"), "trigger_interval": "500 milliseconds"},
-        "spark": {
-            "master": "local[2]",
-            "checkpoint_root": str(tmp / "checkpoints"),
-            "trigger_interval": "200 milliseconds",
-            "shuffle_partitions": 2,
-            "conf": {"spark.driver.memory": "768m"},
-        },
-        "catalog": {"topic": f"maps-{tag}", "poll_interval": "200 ms"},
-        "worker": {"group": group},
-        "maps": maps,
-    }
+            doc["maps"][name]["fold"] = {"mode": "aggregate", "aggregates": AGGREGATES}
+    doc["catalog"] = {"topic": f"maps-{uuid.uuid4().hex[:8]}", "poll_interval": "200 ms"}
+    doc["worker"] = {"group": group}
+    return doc
 
 
 class Stream:
