@@ -22,21 +22,24 @@ Redis shows it (produce to visible, as ``live.py`` measures it). After
   worker ran (its status hash's ``worker`` just before the kill): the seconds from
   the kill until the map is *fresh again*, that is, until the moment Redis first
   shows a sampled event of the map produced after the kill within 1 s of its
-  produce. Beside it, when its status first named the surviving worker as running
-  it (``taken_over_s``), the moved maps' p99 over the ``--window-seconds`` before the
-  kill, and the slowest of each one's samples produced in the ``--window-seconds``
-  after it was fresh again (``after_fresh_max_ms``: whether it stayed so). After that
-  window a replacement worker starts and the group shares the maps two and two again
+  produce (as the follower sees it, polling every 5 ms). Beside it: when its status
+  first named the surviving worker as running it (``taken_over_s``), the moved maps'
+  p99 over the ``--window-seconds`` before the kill, and the slowest of each one's
+  samples produced in the ``--window-seconds`` after it was fresh again
+  (``after_fresh_max_ms``: whether it stayed so). After that window a replacement
+  worker starts and the group shares the maps two and two again
   (``replacement_shared_s``, from its launch); the maps it is handed wait for its
   first batches, so the round goes on once every map is fresh again
   (``replacement_fresh_s``; ``join_max_ms``, the slowest sample of any map
   meanwhile), and ``--settle-seconds`` later comes the next kill.
 - ``worker_group_graceful``: the worker that has run longest gets SIGTERM, the
   process itself, as an orchestrator sends it (a rolling upgrade stops an old worker
-  once its replacement has joined): it drains its maps and leaves the group, and the
-  last replacement takes them over at once. Its maps' extra staleness: the
-  slowest produce to visible of their samples produced from 5 s before the SIGTERM
-  until ``--window-seconds`` after both are fresh again, minus their p99 over the
+  once its replacement has joined): it finishes its batches and leaves the group,
+  and the last replacement takes its maps over at once. They are fresh again as
+  above, counting only what Redis shows once the worker has exited (it may fold a
+  batch more after the SIGTERM). Their extra staleness: the slowest produce to
+  visible of their samples produced from 5 s before the SIGTERM until
+  ``--window-seconds`` after both are fresh again, minus their p99 over the
   ``--window-seconds`` before that (the steady state). Also the seconds until the
   worker exited, and its exit code.
 - ``worker_group_others``: the freshness of the maps the killed or stopped worker
@@ -74,8 +77,8 @@ from harness import PARTITIONS, emit, produce_bulk, services, setup_line
 from live import catch_up, map_section, nearest_rank, wait_for, write_config
 from runtime_maps import Feed
 
-from materializer.contract.redis_layout import MapReport, status_key
 from materializer.testing import create_topic
+from materializer.testing.group import running_workers
 from materializer.testing.process import ManagedProcess
 
 MODE = "latest"
@@ -87,7 +90,7 @@ GRACEFUL_GOAL_S = 10.0
 OTHERS_GOAL_P99_MS = 1000.0
 LEAD_S = 5.0
 """The hand-over window of a graceful stop starts this long before the SIGTERM: events
-produced then may wait for the drain, and a sample is never slower than this when steady."""
+produced then may wait for the hand-over, and a steady sample takes far less."""
 MIB = 1024 * 1024
 
 
@@ -124,11 +127,15 @@ class Stream:
             out.append((sent, visible))
         return out[::-1]
 
-    def fresh_again(self, since: float) -> float | None:
-        """When Redis first showed a sample produced from ``since`` on within ``FRESH_S`` of
-        its produce; None: not yet."""
+    def fresh_again(self, since: float, gone: float | None = None) -> float | None:
+        """When Redis first showed, from ``gone`` on (default ``since``), a sample produced
+        from ``since`` on within ``FRESH_S`` of its produce; None: not yet."""
         return next(
-            (v for s, v in self.seen(since) if s >= since and v - s <= FRESH_S),
+            (
+                v
+                for s, v in self.seen(since if gone is None else gone)
+                if s >= since and v - s <= FRESH_S
+            ),
             None,
         )
 
@@ -178,12 +185,7 @@ class Group:
 
     def owners(self, client: redis.Redis, names: list[str]) -> dict[str, str]:
         """Each map's worker as its status says, for the maps that report running."""
-        out = {}
-        for name in names:
-            report = MapReport.from_hash(client.hgetall(status_key(name)))
-            if report is not None and report.state == "running":
-                out[name] = report.worker
-        return out
+        return running_workers(client, names)
 
     def balanced(self, client: redis.Redis, names: list[str]) -> bool:
         """Every map running on a live worker, each worker running as many as the others
@@ -309,9 +311,14 @@ def hand_over(
             for m in moved:
                 if m not in taken and owners_now.get(m) == survivor:
                     taken[m] = now - at
+        # A worker told to stop may fold a batch more before it goes: what counts is
+        # seen once it is gone.
+        gone = at if how == "kill" else stopped.get("at")
+        if gone is None:
+            return False
         for m in moved:
             if m not in fresh:
-                visible = streams[m].fresh_again(at)
+                visible = streams[m].fresh_again(at, gone)
                 if visible is not None:
                     fresh[m] = visible - at
         return len(fresh) == len(moved)
@@ -410,7 +417,8 @@ def main() -> None:
         "--settle-seconds",
         type=float,
         default=30,
-        help="after the maps are shared two and two again, before the next kill or stop",
+        help="after every map is fresh again with the replacement in, before the next kill "
+        "or the SIGTERM",
     )
     parser.add_argument("--takeover-timeout", type=float, default=300)
     parser.add_argument("--sample-every", type=int, default=10)

@@ -26,9 +26,9 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartiti
 from redis.cluster import RedisCluster as ClusterClient
 
 from materializer.config import AppConfig, parse_config
-from materializer.contract.redis_layout import MapReport, status_key
 from materializer.group.fencing import take_over
 from materializer.testing import free_port, produce
+from materializer.testing.group import running_workers
 from materializer.testing.object_store import S3Server
 from materializer.testing.process import ManagedProcess
 from materializer.testing.redis import RedisCluster
@@ -189,16 +189,6 @@ def group_of(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], Group]]:
         group.stop()
 
 
-def workers_of(client: Any, names: list[str]) -> dict[str, str]:
-    """Each map's worker as its status says, for the maps that report running."""
-    out = {}
-    for name in names:
-        report = MapReport.from_hash(client.hgetall(status_key(name)))
-        if report is not None and report.state == "running":
-            out[name] = report.worker
-    return out
-
-
 def assert_equal_to_reference(
     client: Any, cfg: AppConfig, stream: Stream, topics: dict[str, str], bootstrap: str
 ) -> None:
@@ -235,7 +225,7 @@ def test_two_workers_share_four_maps_through_a_kill_a_join_and_a_graceful_leave(
         group.start("w2", metrics_port=port)
 
         def shared() -> bool:
-            owners = workers_of(redis_client, names)
+            owners = running_workers(redis_client, names)
             return len(owners) == 4 and sorted(owners.values()).count("w1") == 2
 
         group.wait("both workers to run two maps each", shared)
@@ -244,20 +234,22 @@ def test_two_workers_share_four_maps_through_a_kill_a_join_and_a_graceful_leave(
         group.wait(
             "w2 to run every map",
             lambda: (
-                set(workers_of(redis_client, names).values()) == {"w2"}
-                and len(workers_of(redis_client, names)) == 4
+                set(running_workers(redis_client, names).values()) == {"w2"}
+                and len(running_workers(redis_client, names)) == 4
             ),
         )
         group.start("w3")
         group.wait(
             "w3 to take a fair share",
-            lambda: sorted(workers_of(redis_client, names).values()) == ["w2", "w2", "w3", "w3"],
+            lambda: (
+                sorted(running_workers(redis_client, names).values()) == ["w2", "w2", "w3", "w3"]
+            ),
         )
-        group.workers["w3"].stop()  # SIGTERM: it drains its maps and leaves the group
+        group.workers["w3"].stop()  # SIGTERM: it ends its batches and leaves the group
         assert group.workers["w3"].proc.returncode == 0, group.workers["w3"].tail()
         group.wait(
             "w2 to run every map again",
-            lambda: list(workers_of(redis_client, names).values()) == ["w2"] * 4,
+            lambda: list(running_workers(redis_client, names).values()) == ["w2"] * 4,
         )
     stream.burst()
     assert_equal_to_reference(redis_client, cfg, stream, topics, kafka_bootstrap)
@@ -286,13 +278,13 @@ def test_a_worker_paused_past_its_session_is_fenced_and_writes_nothing_more(
         group.start("w2")
         group.wait(
             "each worker to run one map",
-            lambda: sorted(workers_of(redis_client, names).values()) == ["w1", "w2"],
+            lambda: sorted(running_workers(redis_client, names).values()) == ["w1", "w2"],
         )
-        lost = next(n for n, w in workers_of(redis_client, names).items() if w == "w1")
+        lost = next(n for n, w in running_workers(redis_client, names).items() if w == "w1")
         group.workers["w1"].pause()  # SIGSTOP to its process group: driver, JVM, workers
         group.wait(
             "w2 to take over the paused worker's map",
-            lambda: workers_of(redis_client, names) == dict.fromkeys(names, "w2"),
+            lambda: running_workers(redis_client, names) == dict.fromkeys(names, "w2"),
         )
         stream.burst()  # folded by w2 while w1 sleeps on its batch
         group.workers["w1"].resume()
@@ -309,7 +301,7 @@ def test_a_worker_paused_past_its_session_is_fenced_and_writes_nothing_more(
         # It goes on: back in the group, it takes a fair share again.
         group.wait(
             "w1 to run a map again",
-            lambda: sorted(workers_of(redis_client, names).values()) == ["w1", "w2"],
+            lambda: sorted(running_workers(redis_client, names).values()) == ["w1", "w2"],
         )
         assert group.workers["w1"].alive(), group.workers["w1"].tail()
     stream.burst()
@@ -336,7 +328,7 @@ def test_a_group_on_a_redis_cluster_with_checkpoints_in_s3_runs_a_map_created_th
         with Stream(kafka_bootstrap, list(topics.values())) as stream:
             group.start("w1")
             group.start("w2")
-            group.wait("the file's map to run", lambda: steady in workers_of(client, [steady]))
+            group.wait("the file's map to run", lambda: steady in running_workers(client, [steady]))
 
             async def create() -> None:
                 async with front(cfg) as api:
@@ -353,7 +345,7 @@ def test_a_group_on_a_redis_cluster_with_checkpoints_in_s3_runs_a_map_created_th
             names = [steady, created]
             group.wait(
                 "each worker to run one map",
-                lambda: sorted(workers_of(client, names).values()) == ["w1", "w2"],
+                lambda: sorted(running_workers(client, names).values()) == ["w1", "w2"],
             )
             started = [
                 n for n, w in group.workers.items() if f"map {created} taken over" in w.log()
@@ -364,7 +356,7 @@ def test_a_group_on_a_redis_cluster_with_checkpoints_in_s3_runs_a_map_created_th
             survivor = "w2" if started[0] == "w1" else "w1"
             group.wait(
                 "the survivor to run both maps",
-                lambda: workers_of(client, names) == dict.fromkeys(names, survivor),
+                lambda: running_workers(client, names) == dict.fromkeys(names, survivor),
             )
         stream.burst()
         logs = {steady: cfg.maps[steady].changelog.topic, created: f"{created}.changelog"}
@@ -390,7 +382,9 @@ def test_a_worker_whose_map_is_claimed_by_another_stops_writing_it_then_takes_it
     group = group_of(doc)
     with Stream(kafka_bootstrap, list(topics.values())) as stream:
         worker = group.start("w1")
-        group.wait("w1 to run the map", lambda: workers_of(redis_client, [name]) == {name: "w1"})
+        group.wait(
+            "w1 to run the map", lambda: running_workers(redis_client, [name]) == {name: "w1"}
+        )
         # Another claim of the map, as a worker the group gave it to would make: w1's
         # next write is refused by Redis, and w1 stops the map without a drain.
         take_over(cfg, name)
