@@ -17,6 +17,7 @@ import yaml
 from typer.testing import CliRunner
 
 from materializer.cli import app
+from materializer.commands.cli_support import out
 from materializer.config import AppConfig, parse_config
 from materializer.contract.redis_layout import (
     Control,
@@ -134,17 +135,17 @@ def test_status_of_silent_and_unstarted_maps_and_unreachable_kafka(
 
 
 def test_status_command_names_the_worker_of_each_map(
-    kafka_bootstrap, redis_url, redis_client: redis.Redis, new_topic, tmp_path: Path
+    kafka_bootstrap, redis_url, redis_client: redis.Redis, new_topic, tmp_path: Path, monkeypatch
 ):
+    # The command's console took its width when it was made: wide enough for every column.
+    monkeypatch.setattr(out, "width", 200)
     doc = two_maps_doc(kafka_bootstrap, redis_url, new_topic(1), new_topic(1))
     config_file = tmp_path / "maps.yaml"
     config_file.write_text(yaml.safe_dump(doc))
     a, b = sorted(doc["maps"])
 
     def status(*args: str) -> str:
-        result = CliRunner().invoke(
-            app, ["status", *args, "-c", str(config_file)], env={"COLUMNS": "200"}
-        )
+        result = CliRunner().invoke(app, ["status", *args, "-c", str(config_file)])
         assert result.exit_code == 0, result.output
         return result.output
 
