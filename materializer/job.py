@@ -149,6 +149,7 @@ def start_map(
     physical = physical_name(map_name, generation)
     keyed = records(spark, config, map_name, until)
     checkpoint = Checkpoint(spark, checkpoint_path(config, physical, "fold"))
+    checkpoint.drop_unfinished_writes()
     changelog = changelog_topic(config, map_name, generation)
     max_record_bytes = ensure_changelog_topic(config, map_name, changelog)
     letters = None

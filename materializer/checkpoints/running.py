@@ -57,6 +57,27 @@ class Checkpoint:
         finally:
             stream.close()
 
+    def drop_unfinished_writes(self) -> int:
+        """Delete what a stop or a crash left of a log entry Spark was writing (its temporary
+        ``offsets/.<n>.<uuid>.tmp``, ``commits/...``), before the query starts on the
+        folder; how many. Spark never reads them, but refuses to start a query whose first
+        batch finds its offsets folder holding one (``STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY``):
+        a map stopped, or its worker killed, while its first batch was being planned."""
+        jvm = self._spark.sparkContext._jvm
+        if jvm is None:
+            raise RuntimeError("the Spark session is stopped")
+        path_class = jvm.org.apache.hadoop.fs.Path
+        fs = path_class(self.location).getFileSystem(
+            self._spark.sparkContext._jsc.hadoopConfiguration()
+        )
+        dropped = 0
+        for folder in ("offsets", "commits"):
+            found = fs.globStatus(path_class(f"{self.location}/{folder}/.*.tmp"))
+            for status in found or []:
+                if fs.delete(status.getPath(), False):
+                    dropped += 1
+        return dropped
+
     def query_id(self) -> str:
         """The streaming query's id: stable across restarts, new with a new checkpoint."""
         return str(orjson.loads(self._read("metadata"))["id"])

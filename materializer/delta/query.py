@@ -119,10 +119,12 @@ def start_delta_query(
                 vacuum_retention=ttl.vacuum_retention,
             )
         )
+    checkpoint = Checkpoint(spark, delta_checkpoint)
+    checkpoint.drop_unfinished_writes()
     projector = Projector(
         physical,
         sinks,
-        Checkpoint(spark, delta_checkpoint),
+        checkpoint,
         rows_out,
         query="delta",
         # delta-rs's MERGE takes the changes and keeps each key's last in Arrow.

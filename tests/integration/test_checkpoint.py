@@ -111,3 +111,21 @@ def test_a_merge_order_holds_its_batch_time_from_the_offsets_log(
     state = orjson.loads(redis.Redis.from_url(redis_url).get(state_key(name, "a")))
     # The last event's order: the batch's timestamp, then partition 0 and offset 1.
     assert state["e"] == f"{batch_ms:020d}" + f"{0:010d}{1:019d}"
+
+
+def test_what_an_interrupted_log_write_left_is_dropped_before_a_query_starts(spark, tmp_path: Path):
+    # A worker stopped or killed while Spark wrote a log entry leaves its temporary file,
+    # which makes Spark refuse the folder's next first batch.
+    root = tmp_path / "checkpoint"
+    (root / "offsets").mkdir(parents=True)
+    (root / "commits").mkdir()
+    (root / "offsets" / "0").write_text("v1\n{}")
+    (root / "offsets" / f".1.{uuid.uuid4()}.tmp").write_text("")
+    (root / "commits" / f".0.{uuid.uuid4()}.tmp").write_text("")
+    (root / "sources").mkdir()
+    (root / "sources" / ".kept.tmp").write_text("")  # not a log of the query's own
+
+    assert Checkpoint(spark, str(root)).drop_unfinished_writes() == 2
+    assert sorted(p.name for p in (root / "offsets").iterdir()) == ["0"]
+    assert list((root / "commits").iterdir()) == []
+    assert (root / "sources" / ".kept.tmp").exists()
