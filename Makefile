@@ -52,7 +52,10 @@ $(NODE_CLIENT): tests/interop/package.json tests/interop/package-lock.json
 
 node: $(NODE_CLIENT) ## install the Node gRPC client used by the interop test
 
-setup: venv jars java redis node ## everything the tests and the demo need
+archive: venv jars java redis ## the driver JVM's class data archive: faster starts (skipped when up to date)
+	$(BIN)/materializer jvm-archive
+
+setup: venv jars java redis node archive ## everything the tests and the demo need
 
 proto: venv ## regenerate the gRPC Python code from proto/
 	$(BIN)/python -m tools.codegen
@@ -88,4 +91,4 @@ bench: setup ## run the benchmarks (JSON lines on stdout)
 clean: ## remove the venv, resolved jars and local data
 	rm -rf $(VENV) jvm/lib warehouse checkpoints site tests/interop/node_modules
 
-.PHONY: help venv jars java redis node setup proto lint format docs test bench clean
+.PHONY: help venv jars java redis node archive setup proto lint format docs test bench clean

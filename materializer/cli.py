@@ -106,6 +106,23 @@ def run(
         raise typer.Exit(1)
 
 
+@app.command("jvm-archive")
+def jvm_archive(
+    force: Annotated[bool, typer.Option(help="Write it again even when one is there.")] = False,
+) -> None:
+    """Write the driver JVM's class data archive, once after installing: runs then start
+    with Spark's classes already loaded and verified. It trains on a run of its own (its
+    own broker and Redis, about a minute)."""
+    from materializer.commands.class_archive import build_archive
+
+    try:
+        path = build_archive(typer.echo, force)
+    except MaterializerError as exc:
+        err.print(f"[red]{exc}[/red]", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"class data archive: {path}")
+
+
 @app.command()
 def demo(
     duration: Annotated[

@@ -15,6 +15,7 @@ from materializer.clients.logs import spark_log4j2
 from materializer.clients.object_store import hadoop_conf
 from materializer.config import ObjectStoreConfig, SparkConfig
 from materializer.jvm import jars
+from materializer.spark.class_archive import java_options
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -89,12 +90,14 @@ def spark_conf(
         # Writes must stay readable by delta-rs in the query service: no deletion vectors.
         "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
     }
+    classpath = ":".join(str(p) for p in local_jars)
+    # The driver always has the jars: on its class path they are read as its JVM starts,
+    # where its class data archive can hold them (``class_archive``). A local master's
+    # executors are that JVM; other executors get them copied, or find them installed.
+    conf["spark.driver.extraClassPath"] = classpath
     if config.jars == "installed":
-        # Read as the driver's JVM starts, and as each executor's does.
-        classpath = ":".join(str(p) for p in local_jars)
-        conf["spark.driver.extraClassPath"] = classpath
         conf["spark.executor.extraClassPath"] = classpath
-    else:
+    elif not config.master.startswith("local"):
         conf["spark.jars"] = ",".join(str(p) for p in local_jars)
     if object_store is not None:
         conf.update(hadoop_conf(object_store))
@@ -105,14 +108,16 @@ def spark_conf(
         extra = config.conf.get(key)
         if extra and extra != path:
             conf[key] = f"{path}:{extra}"
+    # Read as the driver's JVM starts. An option the config sets comes after ours and wins.
+    options: list[str] = []
     log4j2 = spark_log4j2()
     if log4j2 is not None:
-        # Read as the driver's JVM starts. A -D the config sets comes after it and wins.
-        option = "-Dlog4j2.configurationFile=file:" + str(
-            conf_file("materializer-log4j2.properties", log4j2)
-        )
-        own = conf.get("spark.driver.extraJavaOptions")
-        conf["spark.driver.extraJavaOptions"] = f"{option} {own}" if own else option
+        log4j2_file = conf_file("materializer-log4j2.properties", log4j2)
+        options.append(f"-Dlog4j2.configurationFile=file:{log4j2_file}")
+    options += java_options(local_jars)
+    own = conf.get("spark.driver.extraJavaOptions")
+    if options:
+        conf["spark.driver.extraJavaOptions"] = " ".join([*options, *([own] if own else [])])
     return conf
 
 

@@ -51,7 +51,9 @@ def test_resolved_jars_carry_the_pinned_versions():
 
 def test_session_conf_uses_local_jars_and_delta():
     conf = spark_conf(SparkConfig())
-    assert all(Path(j).is_file() for j in conf["spark.jars"].split(","))
+    # A local master's executors are the driver's JVM: the jars are on its class path.
+    assert all(Path(j).is_file() for j in conf["spark.driver.extraClassPath"].split(":"))
+    assert "spark.jars" not in conf
     assert "spark.jars.packages" not in conf
     assert conf["spark.sql.extensions"] == "io.delta.sql.DeltaSparkSessionExtension"
     assert conf["spark.sql.catalog.spark_catalog"].endswith("DeltaCatalog")
@@ -60,7 +62,7 @@ def test_session_conf_uses_local_jars_and_delta():
 
 
 def test_installed_jars_go_on_the_class_paths_instead_of_being_shipped():
-    shipped = spark_conf(SparkConfig())
+    shipped = spark_conf(SparkConfig(master="spark://cluster:7077"))
     installed = spark_conf(SparkConfig(jars="installed"), ObjectStoreConfig())
     assert "spark.jars" not in installed
     path = installed["spark.driver.extraClassPath"].split(":")
@@ -70,6 +72,7 @@ def test_installed_jars_go_on_the_class_paths_instead_of_being_shipped():
     assert {str(p) for p in jars("s3")} <= set(path)
     assert all(Path(j).is_file() for j in path)
     assert "spark.executor.extraClassPath" not in shipped
+    assert shipped["spark.driver.extraClassPath"] == ":".join(shipped["spark.jars"].split(","))
     # A class path of the config's own is added to the product's jars, not put in their place.
     own = {"spark.executor.extraClassPath": "/opt/extra/udf.jar"}
     extended = spark_conf(SparkConfig(jars="installed", conf=own))["spark.executor.extraClassPath"]

@@ -65,8 +65,8 @@ def test_aws_defaults_leave_keys_to_the_environment():
 
 
 def test_the_s3_jars_join_a_session_only_with_an_object_store():
-    plain = spark_conf(SparkConfig())["spark.jars"]
-    with_store = spark_conf(SparkConfig(), ObjectStoreConfig())["spark.jars"]
+    plain = spark_conf(SparkConfig())["spark.driver.extraClassPath"]
+    with_store = spark_conf(SparkConfig(), ObjectStoreConfig())["spark.driver.extraClassPath"]
     assert "hadoop-aws" not in plain and "hadoop-aws" in with_store
 
 
