@@ -51,6 +51,7 @@ from materializer.ops.rebuild import Progress, rebuild
 from materializer.redis.functions import CopyLost, Fenced
 from materializer.redis.state_size import StateSize, StateSizes
 from materializer.restore.automatic import ensure_whole
+from materializer.runtime.catch_up import CatchUpTracker, Followed, MapCatchUp
 from materializer.runtime.control_channel import ControlChannel
 from materializer.runtime.listener import listen
 from materializer.runtime.metrics import BatchMetrics, serve_metrics
@@ -96,9 +97,17 @@ class _Map:
     owner: Ownership | None = None
     """In a worker group, its ownership since the group gave it to this worker: claimed
     once per assignment, so no restart of it on a worker that lost it claims it back."""
+    catch_up: MapCatchUp | None = None
+    """How far it is behind its source logs, as last measured while it ran (``CatchUpTracker``,
+    on a thread of its own); None: not measured since it started."""
 
     def report(self) -> MapReport:
-        """The map's state and its fold's latest rates."""
+        """The map's state, its fold's latest rates and its catch-up figures.
+
+        A running map with more records left than its ``catch_up.ready_lag``
+        reports ``catching_up``; every other state (paused, restoring,
+        rebuilding, ...) wins over it, and has no catch-up figures.
+        """
         rates = (0.0, 0.0)
         if self.queries is not None and self.state == "running":
             progress: dict[str, Any] = self.queries.fold.lastProgress or {}
@@ -106,15 +115,21 @@ class _Map:
                 float(progress.get("inputRowsPerSecond") or 0.0),
                 float(progress.get("processedRowsPerSecond") or 0.0),
             )
+        figures = self.catch_up if self.state == "running" else None
         size = self.state_size
         return MapReport(
-            state=self.state,
+            state="catching_up" if figures is not None and figures.catching_up else self.state,
             error=self.error,
             input_rows_per_second=rates[0],
             processed_rows_per_second=rates[1],
             state_keys=-1 if size is None else size.keys,
             state_bytes=-1 if size is None else size.bytes,
             worker=self.worker,
+            records_left=-1 if figures is None else figures.records_left,
+            catch_up_rate=0.0 if figures is None else figures.catch_up_rate,
+            input_rate=0.0 if figures is None else figures.input_rate,
+            eta_seconds=-1.0 if figures is None else figures.eta_seconds,
+            catch_up_partitions=() if figures is None else figures.partitions,
         )
 
 
@@ -515,10 +530,32 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
         measured,
         config.metrics.state_interval.total_seconds(),
     )
+
+    def followed() -> dict[str, Followed]:
+        """The maps whose fold runs here now (not enrichments), for the catch-up figures."""
+        out = {}
+        for m in list(maps.values()):
+            definition = supervisor.config.maps.get(m.name)
+            if m.state == "running" and definition is not None:
+                out[m.name] = Followed(
+                    physical=physical_name(m.name, m.generation),
+                    topics=tuple(definition.source.topics),
+                    ready_lag=definition.catch_up.ready_lag,
+                    from_latest=definition.source.starting_offsets == "latest",
+                )
+        return out
+
+    def caught_up(name: str, figures: MapCatchUp | None) -> None:
+        if name in maps:
+            maps[name].catch_up = figures
+        metrics.catch_up(name, figures)
+
+    catch_up = CatchUpTracker(config.kafka, config.redis, followed, caught_up)
     following = config.catalog.enabled
     poll = config.catalog.poll_interval.total_seconds()
     try:
         sizes.start()
+        catch_up.start()
         if worker is not None:
             worker.start()
         requests = channel.requests()
@@ -558,6 +595,7 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
         channel.report({m.name: m.report() for m in maps.values() if m.state != "fenced"})
         if worker is not None:  # drained: the others take the maps over at once
             worker.close()
+        catch_up.stop()  # last: a look at a Kafka that does not answer must not delay the drain
         channel.close()
         live.close()
         spark.stop()

@@ -5,9 +5,13 @@ a replica whose Redis is gone, instead of letting every call fail with
 UNAVAILABLE; the status flips back on the first successful ping.
 
 Each map has a health of its own, service name ``map/<map>``: NOT_SERVING
-also while its materializer reports it ``restoring`` (Redis lost its copy),
-so a client can tell which maps answer in full. The overall health follows
-Redis alone: one map being restored is no reason to take a replica out.
+also while its materializer reports it ``restoring`` (Redis lost its copy)
+or ``catching_up`` (more records left in its source logs than its
+``catch_up.ready_lag``), so a client can tell which maps answer in full and
+which are fresh enough for read-your-writes. The overall health follows
+Redis alone: one map being restored or catching up is no reason to take a
+replica out, and its lookups keep answering, with the watermark that tells
+how far it is.
 """
 
 from __future__ import annotations
@@ -36,6 +40,23 @@ SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
+_REPORTED = ["state", "records_left", "eta_seconds"]
+
+
+def _not_serving(name: str, reported: list[bytes | None]) -> str:
+    """Why a map whose materializer reported ``reported`` (``_REPORTED``) does not serve;
+    "" when it does."""
+    state, left, eta = (v.decode() if v is not None else "" for v in reported)
+    if state == "restoring":
+        return f"map {name!r} is restoring: Redis lost its copy, which is being written back"
+    if state == "catching_up":
+        figures = f"{left} records left" if left and int(left) >= 0 else "records left unknown"
+        if eta and float(eta) >= 0:
+            figures += f", about {float(eta):.0f} s to go"
+        return f"map {name!r} is catching up ({figures}); lookups answer with its watermark"
+    return ""
+
+
 class RedisHealth:
     """Pings Redis every second and sets every service's health to match."""
 
@@ -55,6 +76,7 @@ class RedisHealth:
         self._task: asyncio.Task[None] | None = None
         self._serving: bool | None = None
         self._map_serving: dict[str, bool] = {}
+        self._map_reasons: dict[str, str] = {}
         self._gone: set[str] = set()
 
     @property
@@ -63,12 +85,17 @@ class RedisHealth:
         return bool(self._serving)
 
     def map_serving(self, name: str) -> bool:
-        """Whether the map serves: Redis answers and its copy is not being restored."""
+        """Whether the map serves: Redis answers, its copy is not being restored and it is
+        not catching up."""
         return self._map_serving.get(name, False)
+
+    def map_reason(self, name: str) -> str:
+        """Why the map does not serve, as of the last check ("" when it does, or is unknown)."""
+        return self._map_reasons.get(name, "")
 
     async def check(self) -> bool:
         """One ping (and each map's reported state); the health statuses follow."""
-        states: list[bytes | None] = []
+        states: list[list[bytes | None]] = []
         try:
             # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a cancellation
             # that lands as the ping fails (a port that refuses at once), and the check
@@ -92,10 +119,13 @@ class RedisHealth:
                 await self._servicer.set(service, SERVING if ok else NOT_SERVING)
         while self._gone:
             name = self._gone.pop()
+            self._map_reasons.pop(name, None)
             if self._map_serving.pop(name, None) is not None:
                 await self._servicer.set(map_service(name), NOT_SERVING)
         for i, name in enumerate(self._maps):
-            serving = ok and i < len(states) and states[i] != b"restoring"
+            reason = _not_serving(name, states[i]) if ok and i < len(states) else ""
+            serving = ok and i < len(states) and not reason
+            self._map_reasons[name] = reason
             if self._map_serving.get(name) != serving:
                 self._map_serving[name] = serving
                 await self._servicer.set(map_service(name), SERVING if serving else NOT_SERVING)
@@ -107,11 +137,11 @@ class RedisHealth:
         self._maps = sorted(maps)
         self._gone.update(set(self._map_serving) - set(self._maps))
 
-    async def _map_states(self) -> list[bytes | None]:
-        """Each map's reported state (``<map>:__status__``), one round trip."""
+    async def _map_states(self) -> list[list[bytes | None]]:
+        """Each map's reported state and records left (``<map>:__status__``), one round trip."""
         async with self._client.pipeline(transaction=False) as pipe:
             for name in self._maps:
-                pipe.hget(status_key(name), "state")
+                pipe.hmget(status_key(name), _REPORTED)
             return list(await pipe.execute())
 
     async def _run(self) -> None:

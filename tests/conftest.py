@@ -18,6 +18,7 @@ RUNS = (
     "test_demo.py",
     "test_run.py",
     "test_source_loss.py",  # a run whose maps lost source records, and their way out
+    "test_catch_up.py",  # a run catching up on a backlog, watched by every viewer
 )
 """Test files that start ``materializer run`` (a JVM of its own, many queries): the longest.
 

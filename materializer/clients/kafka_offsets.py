@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Literal
 
 from materializer.clients.kafka import librdkafka, topic_partitions
 from materializer.config import KafkaConfig
@@ -88,11 +88,8 @@ def partition_offsets(
     from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
 
     wanted: dict[Any, Any] = {}
-    for topic in topics:
-        metadata = admin.list_topics(topic, timeout=KAFKA_TIMEOUT_SECONDS).topics[topic]
-        if metadata.error is not None:
-            raise KafkaOffsetsError(f"topic {topic}: {metadata.error.str()}")
-        for partition in metadata.partitions:
+    for topic, ids in partition_ids(admin, topics).items():
+        for partition in ids:
             if at == "earliest":
                 spec = OffsetSpec.earliest()  # type: ignore[no-untyped-call]
             elif at == "latest":
@@ -116,6 +113,41 @@ def partition_offsets(
             for partition, offset in partitions.items():
                 if offset < 0:
                     partitions[partition] = ends[topic][partition]
+    return out
+
+
+def partition_ids(admin: Any, topics: Sequence[str]) -> dict[str, list[int]]:
+    """Per topic, its partitions (one metadata request per topic); ``KafkaOffsetsError`` for a
+    topic Kafka does not know."""
+    out: dict[str, list[int]] = {}
+    for topic in topics:
+        metadata = admin.list_topics(topic, timeout=KAFKA_TIMEOUT_SECONDS).topics[topic]
+        if metadata.error is not None:
+            raise KafkaOffsetsError(f"topic {topic}: {metadata.error.str()}")
+        out[topic] = sorted(metadata.partitions)
+    return out
+
+
+def offsets_of(
+    admin: Any, partitions: Mapping[str, Sequence[int]], at: Literal["earliest", "latest"]
+) -> dict[str, dict[int, int]]:
+    """The log start or end offset of each of ``partitions``, in one ``ListOffsets`` call for
+    all of them (librdkafka sends one request per partition leader, not one per partition).
+
+    For callers that ask often (``materializer.runtime.catch_up`` asks every
+    second): the partitions are given, so no metadata request goes with it.
+    """
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
+
+    spec = OffsetSpec.earliest() if at == "earliest" else OffsetSpec.latest()  # type: ignore[no-untyped-call]
+    wanted = {TopicPartition(t, p): spec for t, ps in partitions.items() for p in ps}
+    out: dict[str, dict[int, int]] = {t: {} for t in partitions}
+    if not wanted:
+        return out
+    futures = admin.list_offsets(wanted, request_timeout=KAFKA_TIMEOUT_SECONDS)
+    for tp, future in futures.items():
+        out[tp.topic][tp.partition] = int(future.result().offset)
     return out
 
 

@@ -27,7 +27,7 @@ from materializer.commands.cli_support import (
 )
 from materializer.config import AppConfig
 from materializer.contract.control import MapControl, now_ms
-from materializer.contract.status import MapView, map_view
+from materializer.contract.status import FOLDING, MapView, map_view
 
 WaitOption = Annotated[
     bool, typer.Option("--wait/--no-wait", help="Return once the materializer obeyed.")
@@ -65,6 +65,7 @@ def _views(config: AppConfig, names: list[str]) -> list[MapView]:
 
 _STATE_STYLE = {
     "running": "green",
+    "catching_up": "cyan",
     "paused": "yellow",
     "restoring": "magenta",
     "rebuilding": "magenta",
@@ -87,6 +88,19 @@ def _state_size(view: MapView) -> str:
     return f"{report.state_keys} keys, {report.state_bytes / 1_048_576:.1f} MiB"
 
 
+def _eta(seconds: float) -> str:
+    """An ETA in words: "-" when unknown."""
+    if seconds < 0:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+def _left(lag: int) -> str:
+    return "unknown" if lag < 0 else str(lag)
+
+
 def _worker(view: MapView) -> str:
     """The worker running the map, as its last report says; "-" outside a worker group."""
     return view.report.worker if view.report is not None and view.report.worker else "-"
@@ -94,7 +108,10 @@ def _worker(view: MapView) -> str:
 
 def _render(views: list[MapView]) -> None:
     maps = Table(title="maps", title_justify="left")
-    columns = ["map", "state", "gen", "last batch", "written", "in/s", "out/s", "lag", "state"]
+    columns = [
+        *("map", "state", "gen", "last batch", "written", "in/s", "out/s"),
+        *("left", "catch-up/s", "ETA", "state"),
+    ]
     # A worker column when a worker group runs a map: a lone run's table stays as it was.
     grouped = any(_worker(v) != "-" for v in views)
     if grouped:
@@ -113,7 +130,9 @@ def _render(views: list[MapView]) -> None:
             _age(v.freshness_ms),
             f"{v.report.input_rows_per_second:.0f}" if v.report else "-",
             f"{v.report.processed_rows_per_second:.0f}" if v.report else "-",
-            "unknown" if v.total_lag < 0 else str(v.total_lag),
+            _left(v.total_lag),
+            f"{v.catch_up_rate:.0f}",
+            _eta(v.eta_seconds),
             _state_size(v),
         )
     out.print(maps)
@@ -128,7 +147,10 @@ def _render(views: list[MapView]) -> None:
             workers.add_row(escape(worker), str(len(names)), ", ".join(names))
         out.print(workers)
     parts = Table(title="partitions", title_justify="left")
-    for column in ("map", "topic", "partition", "materialized", "log end", "lag"):
+    for column in (
+        *("map", "topic", "partition", "materialized", "log end"),
+        *("left", "catch-up/s", "ETA"),
+    ):
         parts.add_column(column, justify="right" if column not in ("map", "topic") else "left")
     for v in views:
         for p in v.partitions:
@@ -139,6 +161,8 @@ def _render(views: list[MapView]) -> None:
                 str(p.materialized_offset),
                 str(p.log_end_offset) if p.log_end_offset >= 0 else "?",
                 str(p.lag) if p.lag >= 0 else "?",
+                f"{p.catch_up_rate:.0f}",
+                _eta(p.eta_seconds),
             )
     out.print(parts)
     for v in views:
@@ -152,8 +176,9 @@ def status(
     map_name: Annotated[str | None, typer.Argument(help="One map; all when left out.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="One JSON document per map.")] = False,
 ) -> None:
-    """Each map's state, the worker running it (in a worker group), last batch, rates, and lag
-    per partition against Kafka's log ends.
+    """Each map's state, the worker running it (in a worker group), last batch, rates, and
+    records left per partition against Kafka's log ends, with the rate it catches up at and
+    when it should be done (ETA).
 
     Exits 1 when a map has failed, so a health check can run it.
     """
@@ -198,7 +223,9 @@ def _request(config_path: Path, name: str, desired: str, restart: bool, wait: bo
             report = control.report()
             if report is not None:
                 seen.add(report.reported_at_ms)
-            return len(seen) >= 3 and state == desired
+            # A map that resumed far behind its logs runs, catching up.
+            running = desired == "running" and state in FOLDING
+            return len(seen) >= 3 and (state == desired or running)
 
         state = control.wait_for(obeyed, desired)
         out.print(f"{name}: {state}", highlight=False)

@@ -42,6 +42,7 @@ from materializer.config.loading import (
 from materializer.config.maps import (
     DOCUMENT,
     AggregateSpec,
+    CatchUpConfig,
     ChangelogConfig,
     ChangesConfig,
     DeadLetterConfig,
@@ -86,6 +87,7 @@ __all__ = [
     "AuthConfig",
     "CastTransform",
     "CatalogConfig",
+    "CatchUpConfig",
     "ChangelogConfig",
     "ChangesConfig",
     "ComputeTransform",

@@ -195,6 +195,23 @@ class TtlConfig(_Model):
         return self
 
 
+class CatchUpConfig(_Model):
+    """How a map that is far behind its source logs shows it: a backlog at the first start,
+    after a pause or an outage, or a burst it takes a while to fold.
+
+    While a running map has more records left than ``ready_lag`` it reports
+    ``catching_up``: its health (``map/<map>``, ``/readyz?map=``) turns
+    NOT_SERVING, so read-your-writes callers wait or go elsewhere, while lookups
+    keep answering with the watermark that tells how far it is.
+    """
+
+    ready_lag: Annotated[int, Field(ge=0)] = 10_000
+    """Records left in the map's source partitions (the sum over them) at or below which it
+    is ready again; above it, a running map is ``catching_up``. Set it above what a live
+    map holds in flight (its input rate times a trigger interval and a batch), or it turns
+    ``catching_up`` at every burst."""
+
+
 class MapConfig(_Model):
     """One materialized map: its source, key, fold and error handling."""
 
@@ -212,6 +229,8 @@ class MapConfig(_Model):
     changes: ChangesConfig = ChangesConfig()
     ttl: TtlConfig | None = None
     """Expire entities not updated for a while, in Redis and/or the Delta table."""
+    catch_up: CatchUpConfig = CatchUpConfig()
+    """When the map counts as catching up (not ready for read-your-writes callers)."""
 
     @model_validator(mode="after")
     def _record_key_used(self) -> MapConfig:

@@ -25,7 +25,7 @@ from materializer.contract.redis_layout import (
     physical_name,
     status_key,
 )
-from materializer.contract.status import effective_state
+from materializer.contract.status import FOLDING, effective_state
 from materializer.errors import MaterializerError
 
 OBEY_TIMEOUT_SECONDS = 180.0
@@ -75,7 +75,8 @@ class MapControl:
         return report.state if report is not None else "not_started"
 
     def state(self) -> str:
-        """``not_started``, ``running``, ``paused``, ``failed`` or ``stopped`` (gone silent)."""
+        """``not_started``, ``running``, ``catching_up``, ``paused``, ``failed`` or ``stopped``
+        (gone silent), or another state the run reports (``effective_state``)."""
         return effective_state(self.report(), now_ms())
 
     def request(self) -> Control:
@@ -121,7 +122,7 @@ class MapControl:
         checkpoint (nothing lost) and one that was paused stays paused. With no
         live materializer nothing is asked: the map is already still.
         """
-        if self.state() != "running":
+        if self.state() not in FOLDING:
             yield False
             return
         before = self.request().desired
@@ -131,7 +132,7 @@ class MapControl:
                 on_pause()
             # What the run itself wrote, not the age-based state: a run busy finishing a
             # long batch reports nothing meanwhile and would look stopped while it writes.
-            self.wait_for(lambda _: self._reported() != "running", "paused")
+            self.wait_for(lambda _: self._reported() not in FOLDING, "paused")
             yield True
         finally:
             self.ask(before)
@@ -139,8 +140,8 @@ class MapControl:
     def ensure_still(self) -> None:
         """Refuse while a live materializer runs the map (operations that edit its checkpoint)."""
         state = self.state()
-        if state == "running":
+        if state in FOLDING:
             raise MapBusy(
-                f"map {self.map_name!r} is running: pause it (materializer pause "
+                f"map {self.map_name!r} is {state}: pause it (materializer pause "
                 f"{self.map_name}) or stop the materializer first"
             )

@@ -277,6 +277,47 @@ def control_key(map_name: str) -> str:
 
 
 @dataclass(frozen=True)
+class PartitionCatchUp:
+    """How fast one source partition of a running map is being caught up, as the run
+    measured it over its last half minute or so (``materializer.runtime.catch_up``)."""
+
+    topic: str
+    partition: int
+    records_left: int
+    """Records in the log beyond the map's watermark; -1: unknown."""
+    catch_up_rate: float
+    """Records per second the map's watermark advanced."""
+    input_rate: float
+    """Records per second the partition's log grew (what producers add)."""
+    eta_seconds: float
+    """``records_left / (catch_up_rate - input_rate)`` when that gap is positive (0 when
+    nothing is left); -1: unknown, the map is not gaining on its log."""
+
+    def to_json(self) -> dict[str, object]:
+        """One entry of the report's ``catch_up_partitions``."""
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "records_left": self.records_left,
+            "catch_up_rate": self.catch_up_rate,
+            "input_rate": self.input_rate,
+            "eta_seconds": self.eta_seconds,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> PartitionCatchUp:
+        """Parse one entry of ``catch_up_partitions``."""
+        return cls(
+            topic=str(doc["topic"]),
+            partition=int(doc["partition"]),
+            records_left=int(doc.get("records_left", -1)),
+            catch_up_rate=float(doc.get("catch_up_rate", 0.0)),
+            input_rate=float(doc.get("input_rate", 0.0)),
+            eta_seconds=float(doc.get("eta_seconds", -1.0)),
+        )
+
+
+@dataclass(frozen=True)
 class MapReport:
     """A map's state as the materializer last reported it, every second or so while it runs.
 
@@ -295,9 +336,23 @@ class MapReport:
     """Their Redis memory, estimated from a sample; -1: not yet."""
     worker: str = ""
     """The worker running the map (``worker.id``; ``""``: a run outside a worker group)."""
+    records_left: int = -1
+    """Records in the source logs beyond the map's watermark, as the run last measured them
+    (about every second, while the map runs); -1: not measured (a map not running, Kafka
+    not answering, or a report of a materializer from before these figures)."""
+    catch_up_rate: float = 0.0
+    """Records per second the watermark advanced over the last half minute or so."""
+    input_rate: float = 0.0
+    """Records per second the source logs grew over the same span."""
+    eta_seconds: float = -1.0
+    """When the map should have caught up, in seconds from the report: ``records_left /
+    (catch_up_rate - input_rate)``, 0 with nothing left; -1: unknown."""
+    catch_up_partitions: tuple[PartitionCatchUp, ...] = ()
+    """The same figures per source partition."""
 
     def to_hash(self) -> dict[str, str]:
         """The fields of ``<map>:__status__``."""
+        partitions = [p.to_json() for p in self.catch_up_partitions]
         return {
             "state": self.state,
             "error": self.error,
@@ -307,6 +362,11 @@ class MapReport:
             "state_keys": str(self.state_keys),
             "state_bytes": str(self.state_bytes),
             "worker": self.worker,
+            "records_left": str(self.records_left),
+            "catch_up_rate": repr(self.catch_up_rate),
+            "input_rate": repr(self.input_rate),
+            "eta_seconds": repr(self.eta_seconds),
+            "catch_up_partitions": orjson.dumps(partitions).decode(),
         }
 
     @classmethod
@@ -324,6 +384,14 @@ class MapReport:
             state_keys=int(fields.get("state_keys", "-1")),
             state_bytes=int(fields.get("state_bytes", "-1")),
             worker=fields.get("worker", ""),
+            records_left=int(fields.get("records_left", "-1")),
+            catch_up_rate=float(fields.get("catch_up_rate", "0")),
+            input_rate=float(fields.get("input_rate", "0")),
+            eta_seconds=float(fields.get("eta_seconds", "-1")),
+            catch_up_partitions=tuple(
+                PartitionCatchUp.from_json(p)
+                for p in orjson.loads(fields.get("catch_up_partitions", "[]"))
+            ),
         )
 
 

@@ -46,9 +46,13 @@ def _seconds(value: float | None) -> str:
 
 
 def _state_style(state: str) -> str:
-    return {"running": "green", "paused": "yellow", "failed": "bold red", "silent": "red"}.get(
-        state, "dim"
-    )
+    return {
+        "running": "green",
+        "catching_up": "cyan",
+        "paused": "yellow",
+        "failed": "bold red",
+        "silent": "red",
+    }.get(state, "dim")
 
 
 def _entity(entity: dict[str, Any] | None) -> str:

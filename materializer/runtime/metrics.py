@@ -5,7 +5,10 @@ except rows out, which the projector counts inside the fold's and the Delta
 query's batches (the same count the batch log line shows, not a second one),
 and two numbers Spark does not have, which the fold counts on the rows it
 applies (``fold_applied``): the newest Kafka timestamp it folded, and the dead
-letters it sent.
+letters it sent. How far each running map is behind its source logs, and how
+fast it gains, comes from the run's own look at Kafka's log ends
+(``materializer.runtime.catch_up``, ``catch_up``), which Spark's progress
+cannot tell.
 
 Queries are named ``<map>.<query>`` (``users.fold``); map names may hold dots,
 query names do not.
@@ -13,6 +16,7 @@ query names do not.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterable
@@ -29,6 +33,8 @@ from materializer.runtime.listener import Progress, QueryListener
 
 if TYPE_CHECKING:
     from wsgiref.simple_server import WSGIServer
+
+    from materializer.runtime.catch_up import MapCatchUp
 
 
 log = logging.getLogger(__name__)
@@ -144,6 +150,40 @@ class BatchMetrics(QueryListener):
             ["map"],
             registry=r,
         )
+        self._records_left = Gauge(
+            "materializer_records_left",
+            "Records in the source partition beyond the map's watermark, against the log end"
+            " Kafka reports (about every second while the map runs).",
+            ["map", "topic", "partition"],
+            registry=r,
+        )
+        self._catch_up_rate = Gauge(
+            "materializer_catch_up_rate",
+            "Records per second the map's watermark advanced over the last half minute.",
+            ["map"],
+            registry=r,
+        )
+        self._input_rate = Gauge(
+            "materializer_input_rate",
+            "Records per second the map's source partitions grew over the last half minute.",
+            ["map"],
+            registry=r,
+        )
+        self._eta = Gauge(
+            "materializer_catch_up_eta_seconds",
+            "Seconds until the map has caught up with its source logs at the current rates;"
+            " -1 when unknown (it does not gain on them).",
+            ["map"],
+            registry=r,
+        )
+        self._catching_up = Gauge(
+            "materializer_catching_up",
+            "1 while the map has more records left than its catch_up.ready_lag (its health is"
+            " NOT_SERVING), else 0.",
+            ["map"],
+            registry=r,
+        )
+        self._left_partitions: dict[str, set[tuple[str, str]]] = {}
         self._last_batch = Gauge(
             "materializer_last_batch_timestamp_seconds",
             "When the query's last batch finished, in seconds since the epoch.",
@@ -172,6 +212,31 @@ class BatchMetrics(QueryListener):
             self._worker_maps.labels(worker, name).set(1)
         if rebalanced:
             self._rebalances.labels(worker).inc()
+
+    def catch_up(self, map_name: str, figures: MapCatchUp | None) -> None:
+        """A running map's catch-up figures as last measured (``runtime.catch_up``); ``None``
+        for a map no longer running here, whose series go (its figures are unknown)."""
+        gone = self._left_partitions.pop(map_name, set())
+        if figures is None:
+            for topic, partition in gone:
+                self._records_left.remove(map_name, topic, partition)
+            for gauge in (self._catch_up_rate, self._input_rate, self._eta, self._catching_up):
+                with contextlib.suppress(KeyError):
+                    gauge.remove(map_name)
+            return
+        seen = set()
+        for p in figures.partitions:
+            labels = (p.topic, str(p.partition))
+            if p.records_left >= 0:
+                self._records_left.labels(map_name, *labels).set(p.records_left)
+                seen.add(labels)
+        for topic, partition in gone - seen:
+            self._records_left.remove(map_name, topic, partition)
+        self._left_partitions[map_name] = seen
+        self._catch_up_rate.labels(map_name).set(figures.catch_up_rate)
+        self._input_rate.labels(map_name).set(figures.input_rate)
+        self._eta.labels(map_name).set(figures.eta_seconds)
+        self._catching_up.labels(map_name).set(1 if figures.catching_up else 0)
 
     def state_size(self, map_name: str, keys: int, size_bytes: int) -> None:
         """A map's fold state as last measured (``redis.state_size``)."""

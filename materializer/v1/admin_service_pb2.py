@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from materializer.v1 import common_pb2 as materializer_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#materializer/v1/admin_service.proto\x12\x0fmaterializer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cmaterializer/v1/common.proto\"\x11\n\x0fListMapsRequest\"\x8c\x01\n\x07MapInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06topics\x18\x02 \x03(\t\x12\x0e\n\x06\x66ormat\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\x11\n\tfold_mode\x18\x05 \x01(\t\x12\x12\n\ntable_path\x18\x06 \x01(\t\x12\x0e\n\x06origin\x18\x07 \x01(\t\x12\x0f\n\x07version\x18\x08 \x01(\x03\":\n\x10ListMapsResponse\x12&\n\x04maps\x18\x01 \x03(\x0b\x32\x18.materializer.v1.MapInfo\"\x1f\n\x10GetStatusRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\"r\n\x0cPartitionLag\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1b\n\x13materialized_offset\x18\x03 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x04 \x01(\x03\x12\x0b\n\x03lag\x18\x05 \x01(\x03\"\xc6\x04\n\tMapStatus\x12\x0b\n\x03map\x18\x01 \x01(\t\x12/\n\x05state\x18\x02 \x01(\x0e\x32 .materializer.v1.MapStatus.State\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x15\n\rlast_batch_id\x18\x04 \x01(\x03\x12\x31\n\rlast_batch_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\twatermark\x18\x06 \x01(\x0b\x32\x1a.materializer.v1.Watermark\x12\x31\n\npartitions\x18\x07 \x03(\x0b\x32\x1d.materializer.v1.PartitionLag\x12\x11\n\ttotal_lag\x18\x08 \x01(\x03\x12\x1d\n\x15input_rows_per_second\x18\t \x01(\x01\x12\x1e\n\x16output_rows_per_second\x18\n \x01(\x01\x12/\n\x0breported_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nstate_keys\x18\x0c \x01(\x03\x12\x13\n\x0bstate_bytes\x18\r \x01(\x03\x12\x11\n\tworker_id\x18\x0e \x01(\t\"\x80\x01\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bNOT_STARTED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\n\n\x06PAUSED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x12\x0b\n\x07STOPPED\x10\x05\x12\r\n\tRESTORING\x10\x06\x12\x0e\n\nREBUILDING\x10\x07\"=\n\x11GetStatusResponse\x12(\n\x04maps\x18\x01 \x03(\x0b\x32\x1a.materializer.v1.MapStatus\"\x1d\n\x0e\x43ontrolRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\"Y\n\x0f\x43ontrolResponse\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x39\n\x0frequested_state\x18\x02 \x01(\x0e\x32 .materializer.v1.MapStatus.State\"\'\n\x15ValidateConfigRequest\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\"9\n\x16ValidateConfigResponse\x12\r\n\x05valid\x18\x01 \x01(\x08\x12\x10\n\x08problems\x18\x02 \x03(\t\"B\n\rPutMapRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x0f\n\x07rebuild\x18\x03 \x01(\x08\"\"\n\x13GetMapConfigRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\"\xbb\x01\n\rMapDefinition\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x12\n\nchanged_by\x18\x05 \x01(\t\x12.\n\nchanged_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x63reated\x18\x07 \x01(\x08\x12\x12\n\nrebuilding\x18\x08 \x01(\x08\".\n\x10\x44\x65leteMapRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\r\n\x05purge\x18\x02 \x01(\x08\"A\n\x11\x44\x65leteMapResponse\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06purged\x18\x03 \x03(\t2\xc4\x06\n\x0c\x41\x64minService\x12O\n\x08ListMaps\x12 .materializer.v1.ListMapsRequest\x1a!.materializer.v1.ListMapsResponse\x12R\n\tGetStatus\x12!.materializer.v1.GetStatusRequest\x1a\".materializer.v1.GetStatusResponse\x12J\n\x05Pause\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12K\n\x06Resume\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12L\n\x07Restart\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12\x61\n\x0eValidateConfig\x12&.materializer.v1.ValidateConfigRequest\x1a\'.materializer.v1.ValidateConfigResponse\x12K\n\tCreateMap\x12\x1e.materializer.v1.PutMapRequest\x1a\x1e.materializer.v1.MapDefinition\x12T\n\x0cGetMapConfig\x12$.materializer.v1.GetMapConfigRequest\x1a\x1e.materializer.v1.MapDefinition\x12N\n\x0cPutMapConfig\x12\x1e.materializer.v1.PutMapRequest\x1a\x1e.materializer.v1.MapDefinition\x12R\n\tDeleteMap\x12!.materializer.v1.DeleteMapRequest\x1a\".materializer.v1.DeleteMapResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#materializer/v1/admin_service.proto\x12\x0fmaterializer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cmaterializer/v1/common.proto\"\x11\n\x0fListMapsRequest\"\x8c\x01\n\x07MapInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06topics\x18\x02 \x03(\t\x12\x0e\n\x06\x66ormat\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\x11\n\tfold_mode\x18\x05 \x01(\t\x12\x12\n\ntable_path\x18\x06 \x01(\t\x12\x0e\n\x06origin\x18\x07 \x01(\t\x12\x0f\n\x07version\x18\x08 \x01(\x03\":\n\x10ListMapsResponse\x12&\n\x04maps\x18\x01 \x03(\x0b\x32\x18.materializer.v1.MapInfo\"\x1f\n\x10GetStatusRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\"\xb2\x01\n\x0cPartitionLag\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1b\n\x13materialized_offset\x18\x03 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x04 \x01(\x03\x12\x0b\n\x03lag\x18\x05 \x01(\x03\x12\x15\n\rcatch_up_rate\x18\x06 \x01(\x01\x12\x12\n\ninput_rate\x18\x07 \x01(\x01\x12\x13\n\x0b\x65ta_seconds\x18\x08 \x01(\x01\"\x97\x05\n\tMapStatus\x12\x0b\n\x03map\x18\x01 \x01(\t\x12/\n\x05state\x18\x02 \x01(\x0e\x32 .materializer.v1.MapStatus.State\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x15\n\rlast_batch_id\x18\x04 \x01(\x03\x12\x31\n\rlast_batch_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\twatermark\x18\x06 \x01(\x0b\x32\x1a.materializer.v1.Watermark\x12\x31\n\npartitions\x18\x07 \x03(\x0b\x32\x1d.materializer.v1.PartitionLag\x12\x11\n\ttotal_lag\x18\x08 \x01(\x03\x12\x1d\n\x15input_rows_per_second\x18\t \x01(\x01\x12\x1e\n\x16output_rows_per_second\x18\n \x01(\x01\x12/\n\x0breported_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nstate_keys\x18\x0c \x01(\x03\x12\x13\n\x0bstate_bytes\x18\r \x01(\x03\x12\x11\n\tworker_id\x18\x0e \x01(\t\x12\x15\n\rcatch_up_rate\x18\x0f \x01(\x01\x12\x12\n\ninput_rate\x18\x10 \x01(\x01\x12\x13\n\x0b\x65ta_seconds\x18\x11 \x01(\x01\"\x91\x01\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bNOT_STARTED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\n\n\x06PAUSED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x12\x0b\n\x07STOPPED\x10\x05\x12\r\n\tRESTORING\x10\x06\x12\x0e\n\nREBUILDING\x10\x07\x12\x0f\n\x0b\x43\x41TCHING_UP\x10\x08\"=\n\x11GetStatusResponse\x12(\n\x04maps\x18\x01 \x03(\x0b\x32\x1a.materializer.v1.MapStatus\"\x1d\n\x0e\x43ontrolRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\"Y\n\x0f\x43ontrolResponse\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x39\n\x0frequested_state\x18\x02 \x01(\x0e\x32 .materializer.v1.MapStatus.State\"\'\n\x15ValidateConfigRequest\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\"9\n\x16ValidateConfigResponse\x12\r\n\x05valid\x18\x01 \x01(\x08\x12\x10\n\x08problems\x18\x02 \x03(\t\"B\n\rPutMapRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x0f\n\x07rebuild\x18\x03 \x01(\x08\"\"\n\x13GetMapConfigRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\"\xbb\x01\n\rMapDefinition\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x12\n\nchanged_by\x18\x05 \x01(\t\x12.\n\nchanged_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x63reated\x18\x07 \x01(\x08\x12\x12\n\nrebuilding\x18\x08 \x01(\x08\".\n\x10\x44\x65leteMapRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\r\n\x05purge\x18\x02 \x01(\x08\"A\n\x11\x44\x65leteMapResponse\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06purged\x18\x03 \x03(\t2\xc4\x06\n\x0c\x41\x64minService\x12O\n\x08ListMaps\x12 .materializer.v1.ListMapsRequest\x1a!.materializer.v1.ListMapsResponse\x12R\n\tGetStatus\x12!.materializer.v1.GetStatusRequest\x1a\".materializer.v1.GetStatusResponse\x12J\n\x05Pause\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12K\n\x06Resume\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12L\n\x07Restart\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12\x61\n\x0eValidateConfig\x12&.materializer.v1.ValidateConfigRequest\x1a\'.materializer.v1.ValidateConfigResponse\x12K\n\tCreateMap\x12\x1e.materializer.v1.PutMapRequest\x1a\x1e.materializer.v1.MapDefinition\x12T\n\x0cGetMapConfig\x12$.materializer.v1.GetMapConfigRequest\x1a\x1e.materializer.v1.MapDefinition\x12N\n\x0cPutMapConfig\x12\x1e.materializer.v1.PutMapRequest\x1a\x1e.materializer.v1.MapDefinition\x12R\n\tDeleteMap\x12!.materializer.v1.DeleteMapRequest\x1a\".materializer.v1.DeleteMapResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,32 +41,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_LISTMAPSRESPONSE']._serialized_end=339
   _globals['_GETSTATUSREQUEST']._serialized_start=341
   _globals['_GETSTATUSREQUEST']._serialized_end=372
-  _globals['_PARTITIONLAG']._serialized_start=374
-  _globals['_PARTITIONLAG']._serialized_end=488
-  _globals['_MAPSTATUS']._serialized_start=491
-  _globals['_MAPSTATUS']._serialized_end=1073
-  _globals['_MAPSTATUS_STATE']._serialized_start=945
-  _globals['_MAPSTATUS_STATE']._serialized_end=1073
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1075
-  _globals['_GETSTATUSRESPONSE']._serialized_end=1136
-  _globals['_CONTROLREQUEST']._serialized_start=1138
-  _globals['_CONTROLREQUEST']._serialized_end=1167
-  _globals['_CONTROLRESPONSE']._serialized_start=1169
-  _globals['_CONTROLRESPONSE']._serialized_end=1258
-  _globals['_VALIDATECONFIGREQUEST']._serialized_start=1260
-  _globals['_VALIDATECONFIGREQUEST']._serialized_end=1299
-  _globals['_VALIDATECONFIGRESPONSE']._serialized_start=1301
-  _globals['_VALIDATECONFIGRESPONSE']._serialized_end=1358
-  _globals['_PUTMAPREQUEST']._serialized_start=1360
-  _globals['_PUTMAPREQUEST']._serialized_end=1426
-  _globals['_GETMAPCONFIGREQUEST']._serialized_start=1428
-  _globals['_GETMAPCONFIGREQUEST']._serialized_end=1462
-  _globals['_MAPDEFINITION']._serialized_start=1465
-  _globals['_MAPDEFINITION']._serialized_end=1652
-  _globals['_DELETEMAPREQUEST']._serialized_start=1654
-  _globals['_DELETEMAPREQUEST']._serialized_end=1700
-  _globals['_DELETEMAPRESPONSE']._serialized_start=1702
-  _globals['_DELETEMAPRESPONSE']._serialized_end=1767
-  _globals['_ADMINSERVICE']._serialized_start=1770
-  _globals['_ADMINSERVICE']._serialized_end=2606
+  _globals['_PARTITIONLAG']._serialized_start=375
+  _globals['_PARTITIONLAG']._serialized_end=553
+  _globals['_MAPSTATUS']._serialized_start=556
+  _globals['_MAPSTATUS']._serialized_end=1219
+  _globals['_MAPSTATUS_STATE']._serialized_start=1074
+  _globals['_MAPSTATUS_STATE']._serialized_end=1219
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1221
+  _globals['_GETSTATUSRESPONSE']._serialized_end=1282
+  _globals['_CONTROLREQUEST']._serialized_start=1284
+  _globals['_CONTROLREQUEST']._serialized_end=1313
+  _globals['_CONTROLRESPONSE']._serialized_start=1315
+  _globals['_CONTROLRESPONSE']._serialized_end=1404
+  _globals['_VALIDATECONFIGREQUEST']._serialized_start=1406
+  _globals['_VALIDATECONFIGREQUEST']._serialized_end=1445
+  _globals['_VALIDATECONFIGRESPONSE']._serialized_start=1447
+  _globals['_VALIDATECONFIGRESPONSE']._serialized_end=1504
+  _globals['_PUTMAPREQUEST']._serialized_start=1506
+  _globals['_PUTMAPREQUEST']._serialized_end=1572
+  _globals['_GETMAPCONFIGREQUEST']._serialized_start=1574
+  _globals['_GETMAPCONFIGREQUEST']._serialized_end=1608
+  _globals['_MAPDEFINITION']._serialized_start=1611
+  _globals['_MAPDEFINITION']._serialized_end=1798
+  _globals['_DELETEMAPREQUEST']._serialized_start=1800
+  _globals['_DELETEMAPREQUEST']._serialized_end=1846
+  _globals['_DELETEMAPRESPONSE']._serialized_start=1848
+  _globals['_DELETEMAPRESPONSE']._serialized_end=1913
+  _globals['_ADMINSERVICE']._serialized_start=1916
+  _globals['_ADMINSERVICE']._serialized_end=2752
 # @@protoc_insertion_point(module_scope)

@@ -48,21 +48,27 @@ class GetStatusRequest(_message.Message):
     def __init__(self, map: _Optional[str] = ...) -> None: ...
 
 class PartitionLag(_message.Message):
-    __slots__ = ("topic", "partition", "materialized_offset", "log_end_offset", "lag")
+    __slots__ = ("topic", "partition", "materialized_offset", "log_end_offset", "lag", "catch_up_rate", "input_rate", "eta_seconds")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     PARTITION_FIELD_NUMBER: _ClassVar[int]
     MATERIALIZED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LOG_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_RATE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_RATE_FIELD_NUMBER: _ClassVar[int]
+    ETA_SECONDS_FIELD_NUMBER: _ClassVar[int]
     topic: str
     partition: int
     materialized_offset: int
     log_end_offset: int
     lag: int
-    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., materialized_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., lag: _Optional[int] = ...) -> None: ...
+    catch_up_rate: float
+    input_rate: float
+    eta_seconds: float
+    def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., materialized_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., catch_up_rate: _Optional[float] = ..., input_rate: _Optional[float] = ..., eta_seconds: _Optional[float] = ...) -> None: ...
 
 class MapStatus(_message.Message):
-    __slots__ = ("map", "state", "error", "last_batch_id", "last_batch_at", "watermark", "partitions", "total_lag", "input_rows_per_second", "output_rows_per_second", "reported_at", "state_keys", "state_bytes", "worker_id")
+    __slots__ = ("map", "state", "error", "last_batch_id", "last_batch_at", "watermark", "partitions", "total_lag", "input_rows_per_second", "output_rows_per_second", "reported_at", "state_keys", "state_bytes", "worker_id", "catch_up_rate", "input_rate", "eta_seconds")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATE_UNSPECIFIED: _ClassVar[MapStatus.State]
@@ -73,6 +79,7 @@ class MapStatus(_message.Message):
         STOPPED: _ClassVar[MapStatus.State]
         RESTORING: _ClassVar[MapStatus.State]
         REBUILDING: _ClassVar[MapStatus.State]
+        CATCHING_UP: _ClassVar[MapStatus.State]
     STATE_UNSPECIFIED: MapStatus.State
     NOT_STARTED: MapStatus.State
     RUNNING: MapStatus.State
@@ -81,6 +88,7 @@ class MapStatus(_message.Message):
     STOPPED: MapStatus.State
     RESTORING: MapStatus.State
     REBUILDING: MapStatus.State
+    CATCHING_UP: MapStatus.State
     MAP_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +103,9 @@ class MapStatus(_message.Message):
     STATE_KEYS_FIELD_NUMBER: _ClassVar[int]
     STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    CATCH_UP_RATE_FIELD_NUMBER: _ClassVar[int]
+    INPUT_RATE_FIELD_NUMBER: _ClassVar[int]
+    ETA_SECONDS_FIELD_NUMBER: _ClassVar[int]
     map: str
     state: MapStatus.State
     error: str
@@ -109,7 +120,10 @@ class MapStatus(_message.Message):
     state_keys: int
     state_bytes: int
     worker_id: str
-    def __init__(self, map: _Optional[str] = ..., state: _Optional[_Union[MapStatus.State, str]] = ..., error: _Optional[str] = ..., last_batch_id: _Optional[int] = ..., last_batch_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ..., partitions: _Optional[_Iterable[_Union[PartitionLag, _Mapping]]] = ..., total_lag: _Optional[int] = ..., input_rows_per_second: _Optional[float] = ..., output_rows_per_second: _Optional[float] = ..., reported_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state_keys: _Optional[int] = ..., state_bytes: _Optional[int] = ..., worker_id: _Optional[str] = ...) -> None: ...
+    catch_up_rate: float
+    input_rate: float
+    eta_seconds: float
+    def __init__(self, map: _Optional[str] = ..., state: _Optional[_Union[MapStatus.State, str]] = ..., error: _Optional[str] = ..., last_batch_id: _Optional[int] = ..., last_batch_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ..., partitions: _Optional[_Iterable[_Union[PartitionLag, _Mapping]]] = ..., total_lag: _Optional[int] = ..., input_rows_per_second: _Optional[float] = ..., output_rows_per_second: _Optional[float] = ..., reported_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state_keys: _Optional[int] = ..., state_bytes: _Optional[int] = ..., worker_id: _Optional[str] = ..., catch_up_rate: _Optional[float] = ..., input_rate: _Optional[float] = ..., eta_seconds: _Optional[float] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("maps",)

@@ -414,17 +414,17 @@ class HttpFront:
         return _json({"status": "SERVING"})
 
     async def readyz(self, request: web.Request) -> web.Response:
-        """Readiness: Redis answers, and with ``map`` that map is not being restored."""
+        """Readiness: Redis answers, and with ``map`` that map is neither being restored nor
+        catching up (the answer says which)."""
         name = request.query.get("map")
         ok = self._health.serving if name is None else self._health.map_serving(name)
         if ok:
             return _json({"status": "SERVING"})
-        return error_response(
-            grpc.StatusCode.UNAVAILABLE,
-            "not serving: Redis does not answer"
-            if not self._health.serving
-            else f"map {name!r} is not serving",
-        )
+        if not self._health.serving:
+            why = "not serving: Redis does not answer"
+        else:
+            why = (name and self._health.map_reason(name)) or f"map {name!r} is not serving"
+        return error_response(grpc.StatusCode.UNAVAILABLE, why)
 
     async def openapi(self, _: web.Request) -> web.Response:
         """The OpenAPI document of ``ENDPOINTS``."""

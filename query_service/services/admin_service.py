@@ -29,7 +29,13 @@ from materializer.catalog.store import CatalogUnavailable
 from materializer.config import MAP_NAME, AppConfig, validate_text, with_maps
 from materializer.contract.map_catalog import StoredMap
 from materializer.contract.redis_layout import MapReport
-from materializer.contract.status import IN_HAND, effective_state, partition_lags, total_lag
+from materializer.contract.status import (
+    IN_HAND,
+    effective_state,
+    live_report,
+    partition_lags,
+    total_lag,
+)
 from materializer.contract.table_layout import table_path
 from materializer.errors import ConfigError
 from materializer.v1 import admin_service_pb2 as pb
@@ -66,6 +72,7 @@ _STATES = {
     "stopped": State.STOPPED,
     "restoring": State.RESTORING,
     "rebuilding": State.REBUILDING,
+    "catching_up": State.CATCHING_UP,
 }
 
 
@@ -135,8 +142,13 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         ends: dict[str, dict[int, int]] | None,
         now_ms: int,
     ) -> pb.MapStatus:
+        state = effective_state(snap.report, now_ms)
         status = pb.MapStatus(
-            map=name, state=map_state(snap.report, now_ms), state_keys=-1, state_bytes=-1
+            map=name,
+            state=_STATES.get(state, State.STATE_UNSPECIFIED),
+            state_keys=-1,
+            state_bytes=-1,
+            eta_seconds=-1,
         )
         if snap.report is not None:
             status.error = snap.report.error
@@ -153,7 +165,12 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             status.last_batch_id = mark.batch_id
             if mark.updated_at_ms:
                 status.last_batch_at.FromMilliseconds(mark.updated_at_ms)
-        rows = partition_lags(self._config.maps[name].source.topics, mark, ends)
+        live = live_report(snap.report, state)  # a map whose fold runs: figures of now
+        if live is not None:
+            status.catch_up_rate = live.catch_up_rate
+            status.input_rate = live.input_rate
+            status.eta_seconds = live.eta_seconds
+        rows = partition_lags(self._config.maps[name].source.topics, mark, ends, live)
         status.partitions.extend(pb.PartitionLag(**dataclasses.asdict(row)) for row in rows)
         status.total_lag = -1 if ends is None else total_lag(rows)
         return status

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import orjson
+
 from materializer.clients.redis import key_slot, slot_tag
 from materializer.contract.redis_layout import (
     EXPIRE_OP,
     RESERVED_KEYS,
     Control,
     MapReport,
+    PartitionCatchUp,
     Watermark,
     change_entry,
     changes_key,
@@ -142,12 +145,50 @@ def test_status_and_control_hashes_are_the_contract():
         "state_keys": "42",
         "state_bytes": "4096",
         "worker": "worker-1",
+        "records_left": "-1",
+        "catch_up_rate": "0.0",
+        "input_rate": "0.0",
+        "eta_seconds": "-1.0",
+        "catch_up_partitions": "[]",
     }
     raw = {k.encode(): v.encode() for k, v in report.to_hash().items()}
     assert MapReport.from_hash(raw) == report
     # A report from before the state was measured, or from an older materializer.
     older = {b"state": b"running", b"reported_at_ms": b"1"}
     assert MapReport.from_hash(older) == MapReport("running", "", 1, state_keys=-1, state_bytes=-1)
+    assert MapReport.from_hash(older) == MapReport(
+        "running", reported_at_ms=1, records_left=-1, eta_seconds=-1.0, catch_up_partitions=()
+    )
+
+
+def test_a_report_carries_the_catch_up_figures_per_map_and_partition():
+    report = MapReport(
+        "catching_up",
+        reported_at_ms=1700,
+        records_left=1500,
+        catch_up_rate=250.5,
+        input_rate=50.0,
+        eta_seconds=7.5,
+        catch_up_partitions=(
+            PartitionCatchUp("t", 0, 1500, 250.5, 50.0, 7.5),
+            PartitionCatchUp("t", 1, 0, 0.0, 0.0, 0.0),
+        ),
+    )
+    fields = report.to_hash()
+    assert {k: fields[k] for k in ("state", "records_left", "eta_seconds")} == {
+        "state": "catching_up",
+        "records_left": "1500",
+        "eta_seconds": "7.5",
+    }
+    assert orjson.loads(fields["catch_up_partitions"])[0] == {
+        "topic": "t",
+        "partition": 0,
+        "records_left": 1500,
+        "catch_up_rate": 250.5,
+        "input_rate": 50.0,
+        "eta_seconds": 7.5,
+    }
+    assert MapReport.from_hash({k.encode(): v.encode() for k, v in fields.items()}) == report
     assert MapReport.from_hash({}) is None
     assert Control("paused", "r1").to_hash() == {"desired": "paused", "restart_id": "r1"}
     assert Control.from_hash({}) == Control("running", "")
