@@ -72,20 +72,29 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+OPENING_RECORDS = 10_000
+"""The most records a map's opening batch takes (``start_map``'s ``opening``): few enough
+that a start over a long backlog shows its first entities within seconds, on the
+driver's path (``redis.sink.DRIVER_ROWS``), before the Delta query competes for the cores
+(docs/decisions/0025-a-map-opens-with-one-small-batch.md)."""
+OPENING_TRIGGER = "1 day"
+
 
 def records(
     spark: SparkSession,
     config: AppConfig,
     map_name: str,
     until: dict[str, dict[int, int]] | None = None,
+    max_records: int | None = None,
 ) -> DataFrame:
     """The map's records decoded and keyed, errors marked but not yet removed.
 
     With ``until`` (next offsets per topic and partition), only the records
     before it: a replay that must end exactly where another copy stands.
+    ``max_records``: at most that many a batch, whatever ``spark.max_offsets_per_trigger``.
     """
     map_config = config.map(map_name)
-    source = read_source(spark, config, map_config)
+    source = read_source(spark, config, map_config, max_records)
     if until is not None:
         source = source.where(before_offsets(until))
     with map_key_paths(map_name):
@@ -129,6 +138,7 @@ def start_map(
     offsets_group: str | None = MAP_GROUP,
     until: dict[str, dict[int, int]] | None = None,
     owner: Ownership | None = None,
+    opening: bool = False,
 ) -> QueryGroup:
     """Start the fold query of one map and its side queries.
 
@@ -143,11 +153,13 @@ def start_map(
     none, for queries whose progress is not the map's (a rebuild's replay).
     ``until`` folds only the records before those offsets (``records``).
     ``owner``: in a worker group, the ownership its writes carry (``group.fencing``).
+    ``opening``: only the fold, for one batch of at most ``OPENING_RECORDS`` records
+    (``QueryGroup.opening``); its owner then starts the map's queries as usual.
     """
 
     map_config = config.map(map_name)
     physical = physical_name(map_name, generation)
-    keyed = records(spark, config, map_name, until)
+    keyed = records(spark, config, map_name, until, OPENING_RECORDS if opening else None)
     checkpoint = Checkpoint(spark, checkpoint_path(config, physical, "fold"))
     checkpoint.drop_unfinished_writes()
     changelog = changelog_topic(config, map_name, generation)
@@ -222,22 +234,29 @@ def start_map(
         keep_records=True,
         persist=map_config.history and side_outputs,  # the history reads the batch too
     )
+    # The opening's one batch, then nothing until its owner stops it between batches.
+    trigger = OPENING_TRIGGER if opening else processing_time(config.spark.trigger_interval)
     fold_query = (
         events.writeStream.queryName(f"{physical}.fold")
         .option("checkpointLocation", checkpoint.location)
-        .trigger(processingTime=processing_time(config.spark.trigger_interval))
+        .trigger(processingTime=trigger)
         .foreachBatch(projector)
         .start()
     )
     check = None if owner is None else owner.check
-    delta = start_delta_query(
-        spark, config, map_name, entity, rows_out, generation, owner_check=check
-    )
+    side = []
+    if not opening:
+        side.append(
+            start_delta_query(
+                spark, config, map_name, entity, rows_out, generation, owner_check=check
+            )
+        )
     return QueryGroup(
         name=map_name,
         fold=fold_query,
-        side=[delta],
+        side=side,
         projectors=[projector],
+        opening=opening,
         catch_up=functools.partial(
             start_delta_query,
             spark,

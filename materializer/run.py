@@ -184,11 +184,13 @@ class Supervisor:
             check_access(self.config.kafka)
             self._access_checked = True
 
-    def start(self, m: _Map) -> None:
+    def start(self, m: _Map, opening: bool = True) -> None:
         """Start a map's queries on its current generation; a start that fails marks it failed.
 
         The generation is read at every start, so a map a rebuild switched over
-        while paused resumes on the new copy of its data.
+        while paused resumes on the new copy of its data. A map opens with one small
+        batch of its fold alone (``job.start_map``'s ``opening``); ``step`` then starts
+        its queries as usual.
         """
         if m.name in self._rebuilds and m.name not in self._pinned:
             m.state = "rebuilding"  # its old definition is gone: nothing runs until the switch
@@ -211,6 +213,7 @@ class Supervisor:
                     generation=m.generation,
                     metrics=self._metrics,
                     owner=m.owner,
+                    opening=opening,
                 )
         except Fenced as exc:  # another worker claimed it meanwhile
             self.fenced(m, str(exc))
@@ -231,7 +234,10 @@ class Supervisor:
             self.fail(m, f"could not start: {exc}")
             return
         m.state, m.error = "running", ""
-        log.info("map %s running", m.name)
+        if m.queries.opening:
+            log.info("map %s opening: one batch of its fold first", m.name)
+        else:
+            log.info("map %s running", m.name)
 
     def refenced(self, m: _Map) -> None:
         """A query refused as fenced: by a newer owner, or, when the map's epoch is still
@@ -432,6 +438,9 @@ class Supervisor:
         if m.state == "restoring":
             self.restore(m, "")
             return
+        if m.state == "running" and m.queries is not None and m.queries.opened():
+            m.queries.stop()  # between batches: its trigger waits a day
+            self.start(m, opening=False)
         if m.state == "running" and m.queries is not None:
             broken = [q for q in m.queries.queries if not q.isActive]
             if broken:

@@ -222,5 +222,6 @@ class SparkConfig(_Model):
     """How executors get the Kafka, Delta (and S3) jars: ``shipped``, Spark copies them from
     the driver to each executor as it starts (about 700 MB with the S3 jars); ``installed``,
     every executor has them at the driver's paths already (one container image for both,
-    as the chart runs), so they go on the class paths and nothing is copied."""
+    as the chart runs), so they go on the class paths and nothing is copied. A ``local``
+    master's executors are the driver's JVM, which has them on its class path either way."""
     conf: dict[str, str] = Field(default_factory=dict)

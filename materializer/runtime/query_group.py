@@ -38,6 +38,23 @@ class QueryGroup:
     catch_up: Callable[[], StreamingQuery] | None = None
     """Starts the Delta query once more, to take in everything the changelog holds and end
     (``availableNow``): what a stop runs after the fold has stopped."""
+    opening: bool = False
+    """The map's opening: its fold alone, for one small batch (``job.start_map``); once
+    ``opened``, its owner stops it and starts the map's queries as usual."""
+
+    def opened(self) -> bool:
+        """Whether the opening's one trigger has run: its batch committed, or there was none
+        to make (nothing in the topics past the checkpoint)."""
+        if not self.opening or not self.fold.isActive:
+            return False
+        if self.fold.lastProgress is not None:
+            return True
+        status = self.fold.status
+        return (
+            not status["isTriggerActive"]
+            and not status["isDataAvailable"]
+            and (status["message"].startswith("Waiting"))
+        )
 
     @property
     def queries(self) -> list[StreamingQuery]:

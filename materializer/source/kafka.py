@@ -25,9 +25,13 @@ can set another value."""
 
 
 def kafka_options(
-    config: AppConfig, source_topics: list[str], starting_offsets: str
+    config: AppConfig,
+    source_topics: list[str],
+    starting_offsets: str,
+    max_records: int | None = None,
 ) -> dict[str, str]:
-    """Options for ``readStream.format("kafka")``: the Java client's settings, prefixed."""
+    """Options for ``readStream.format("kafka")``: the Java client's settings, prefixed.
+    ``max_records`` a batch bounds it below ``spark.max_offsets_per_trigger``."""
     settings = java(config.kafka, **{"fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS)})
     options = {f"kafka.{key}": value for key, value in settings.items()}
     options |= {
@@ -35,16 +39,21 @@ def kafka_options(
         "startingOffsets": starting_offsets,
         "includeHeaders": "true",
     }
-    if config.spark.max_offsets_per_trigger is not None:
-        options["maxOffsetsPerTrigger"] = str(config.spark.max_offsets_per_trigger)
+    limits = [n for n in (config.spark.max_offsets_per_trigger, max_records) if n is not None]
+    if limits:
+        options["maxOffsetsPerTrigger"] = str(min(limits))
     return options
 
 
-def read_source(spark: SparkSession, config: AppConfig, map_config: MapConfig) -> DataFrame:
-    """The map's topics as a stream of raw records, columns renamed to ``__key``, ``__value``..."""
+def read_source(
+    spark: SparkSession, config: AppConfig, map_config: MapConfig, max_records: int | None = None
+) -> DataFrame:
+    """The map's topics as a stream of raw records, columns renamed to ``__key``, ``__value``...;
+    at most ``max_records`` a batch when given."""
     src = map_config.source
     reader = spark.readStream.format("kafka")
-    for key, value in kafka_options(config, src.topics, src.starting_offsets).items():
+    options = kafka_options(config, src.topics, src.starting_offsets, max_records)
+    for key, value in options.items():
         reader = reader.option(key, value)
     raw = reader.load()
     return raw.select(*[raw[name].alias(alias) for name, alias in c.SOURCE_COLUMNS.items()])
