@@ -58,8 +58,9 @@ from materializer.redis.watermark import WatermarkSink
 from materializer.restore.automatic import ensure_whole
 from materializer.runtime.group_offsets import GroupOffsetsSink
 from materializer.runtime.metrics import BatchMetrics
+from materializer.runtime.pacing import CatchUpPace
 from materializer.runtime.progress import BatchLog
-from materializer.runtime.projector import Projector, report_rows_out
+from materializer.runtime.projector import CATCH_UP_POOL, FOLD_POOL, Projector, report_rows_out
 from materializer.runtime.query_group import QueryGroup
 from materializer.runtime.topics import ensure_changelog_topic, ensure_dead_letter_topic
 from materializer.source.decode import decode
@@ -139,6 +140,7 @@ def start_map(
     until: dict[str, dict[int, int]] | None = None,
     owner: Ownership | None = None,
     opening: bool = False,
+    pace: CatchUpPace | None = None,
 ) -> QueryGroup:
     """Start the fold query of one map and its side queries.
 
@@ -155,11 +157,16 @@ def start_map(
     ``owner``: in a worker group, the ownership its writes carry (``group.fencing``).
     ``opening``: only the fold, for one batch of at most ``OPENING_RECORDS`` records
     (``QueryGroup.opening``); its owner then starts the map's queries as usual.
+    ``pace``: the map catches up beside live maps (``runtime.pacing``): at most
+    ``catch_up.max_records_per_batch`` records a batch, in the catch-up pool, at that pace.
     """
 
     map_config = config.map(map_name)
     physical = physical_name(map_name, generation)
-    keyed = records(spark, config, map_name, until, OPENING_RECORDS if opening else None)
+    max_records = OPENING_RECORDS if opening else None
+    if pace is not None:
+        max_records = map_config.catch_up.max_records_per_batch
+    keyed = records(spark, config, map_name, until, max_records)
     checkpoint = Checkpoint(spark, checkpoint_path(config, physical, "fold"))
     checkpoint.drop_unfinished_writes()
     changelog = changelog_topic(config, map_name, generation)
@@ -233,6 +240,8 @@ def start_map(
         rows_out,
         keep_records=True,
         persist=map_config.history and side_outputs,  # the history reads the batch too
+        pool=FOLD_POOL if pace is None else CATCH_UP_POOL,
+        pace=pace,
     )
     # The opening's one batch, then nothing until its owner stops it between batches.
     trigger = OPENING_TRIGGER if opening else processing_time(config.spark.trigger_interval)

@@ -54,7 +54,8 @@ from materializer.restore.automatic import ensure_whole
 from materializer.runtime.catch_up import CatchUpTracker, Followed, MapCatchUp
 from materializer.runtime.control_channel import ControlChannel
 from materializer.runtime.listener import listen
-from materializer.runtime.metrics import BatchMetrics, serve_metrics
+from materializer.runtime.metrics import BatchMetrics, records_behind, serve_metrics
+from materializer.runtime.pacing import CatchUpPace
 from materializer.runtime.progress import BatchLog
 from materializer.runtime.query_group import QueryGroup
 from materializer.spark.session import build_spark_session
@@ -97,6 +98,8 @@ class _Map:
     owner: Ownership | None = None
     """In a worker group, its ownership since the group gave it to this worker: claimed
     once per assignment, so no restart of it on a worker that lost it claims it back."""
+    pace: CatchUpPace | None = None
+    """While it catches up beside live maps (``runtime.pacing``): its pace; None otherwise."""
     catch_up: MapCatchUp | None = None
     """How far it is behind its source logs, as last measured while it ran (``CatchUpTracker``,
     on a thread of its own); None: not measured since it started."""
@@ -176,6 +179,8 @@ class Supervisor:
         self._report = report
         self._access_checked = False
         self._worker = worker
+        self.maps: dict[str, _Map] = {}
+        """The run's maps (``run_maps`` sets them): a map catching up paces itself by them."""
 
     def _check_access(self) -> None:
         """Once per run: credentials do not change while it runs, and brokers that do not
@@ -184,14 +189,15 @@ class Supervisor:
             check_access(self.config.kafka)
             self._access_checked = True
 
-    def start(self, m: _Map, opening: bool = True) -> None:
+    def start(self, m: _Map, opening: bool = True, pace: CatchUpPace | None = None) -> None:
         """Start a map's queries on its current generation; a start that fails marks it failed.
 
         The generation is read at every start, so a map a rebuild switched over
         while paused resumes on the new copy of its data. A map opens with one small
         batch of its fold alone (``job.start_map``'s ``opening``); ``step`` then starts
-        its queries as usual.
+        its queries as usual, or at a ``pace`` while it catches up beside live maps.
         """
+        m.pace = None
         if m.name in self._rebuilds and m.name not in self._pinned:
             m.state = "rebuilding"  # its old definition is gone: nothing runs until the switch
             return
@@ -214,7 +220,9 @@ class Supervisor:
                     metrics=self._metrics,
                     owner=m.owner,
                     opening=opening,
+                    pace=pace,
                 )
+                m.pace = pace
         except Fenced as exc:  # another worker claimed it meanwhile
             self.fenced(m, str(exc))
             return
@@ -238,6 +246,51 @@ class Supervisor:
             log.info("map %s opening: one batch of its fold first", m.name)
         else:
             log.info("map %s running", m.name)
+
+    def _live_batches_ms(self, m: _Map) -> list[int]:
+        """The last batch durations of the run's other maps folding live."""
+        durations = []
+        for other in list(self.maps.values()):
+            queries = other.queries
+            if other is m or other.state != "running" or other.pace is not None:
+                continue
+            if queries is None or queries.opening or other.name in self.config.enrichments:
+                continue
+            progress = queries.fold.lastProgress
+            if progress is not None:
+                durations.append(int(progress.get("batchDuration") or 0))
+        return durations
+
+    def _paces(self, m: _Map, behind: int) -> bool:
+        """Whether a map that opened ``behind`` records behind catches up at a pace: other
+        maps of the run fold live, and its config bounds its batches."""
+        settings = self.config_for(m).map(m.name).catch_up
+        if settings.max_records_per_batch is None or behind <= settings.ready_lag:
+            return False
+        return any(
+            o is not m and o.state == "running" and o.name not in self.config.enrichments
+            for o in list(self.maps.values())
+        )
+
+    def _follow_pace(self, m: _Map) -> None:
+        """A paced catch-up: slower while the live maps' batches run long; once within its
+        ready lag, or alone, it runs as usual."""
+        assert m.pace is not None and m.queries is not None
+        ready = self.config_for(m).map(m.name).catch_up.ready_lag
+        behind = records_behind(m.queries.fold.lastProgress)
+        live = self._live_batches_ms(m)
+        if behind is not None and (behind <= ready or not live):
+            log.info(
+                "map %s: %s, running as usual",
+                m.name,
+                "caught up" if behind <= ready else "no other map folds live",
+            )
+            m.queries.stop_after_batch()
+            self.start(m, opening=False)
+        else:
+            m.pace.follow(live)
+        if self._metrics is not None:
+            self._metrics.paced(m.name, None if m.pace is None else m.pace.paced_seconds)
 
     def refenced(self, m: _Map) -> None:
         """A query refused as fenced: by a newer owner, or, when the map's epoch is still
@@ -439,8 +492,12 @@ class Supervisor:
             self.restore(m, "")
             return
         if m.state == "running" and m.queries is not None and m.queries.opened():
+            behind = records_behind(m.queries.fold.lastProgress)
             m.queries.stop()  # between batches: its trigger waits a day
-            self.start(m, opening=False)
+            paced = behind is not None and self._paces(m, behind)
+            self.start(m, opening=False, pace=CatchUpPace(m.name) if paced else None)
+        elif m.pace is not None and m.state == "running" and m.queries is not None:
+            self._follow_pace(m)
         if m.state == "running" and m.queries is not None:
             broken = [q for q in m.queries.queries if not q.isActive]
             if broken:
@@ -527,6 +584,7 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
     supervisor.from_file = frozenset(config.maps) | frozenset(config.enrichments)
     # A worker of a group starts the maps the group gives it, as it gives them.
     maps = {name: _Map(name) for name in in_force()} if worker is None else {}
+    supervisor.maps = maps
 
     def measured(name: str, size: StateSize) -> None:
         if name in maps:

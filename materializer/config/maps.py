@@ -210,6 +210,12 @@ class CatchUpConfig(_Model):
     is ready again; above it, a running map is ``catching_up``. Set it above what a live
     map holds in flight (its input rate times a trigger interval and a batch), or it turns
     ``catching_up`` at every burst."""
+    max_records_per_batch: Annotated[int, Field(ge=1)] | None = 100_000
+    """While other maps of its run fold live, a map that starts more than ``ready_lag``
+    behind folds at most this many records a batch, in a scheduler pool that yields the
+    cores to theirs, and waits between its batches while theirs run long; once within
+    ``ready_lag`` (or alone) it runs as usual. Small batches bound how long a live map's
+    batch waits for a core; a whole backlog folds faster in few big ones. None: no bound."""
 
 
 class MapConfig(_Model):

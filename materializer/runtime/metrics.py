@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -49,6 +49,17 @@ def split_query_name(name: str | None) -> tuple[str, str] | None:
     map_name, query = name.rsplit(".", 1)
     # A rebuilt generation (``<map>~<n>``) is still the same map to whoever watches it.
     return map_name.split(GENERATION_MARK, 1)[0], query
+
+
+def records_behind(progress: Mapping[str, Any] | None) -> int | None:
+    """Records a query's last batch left in its sources (latest minus end offsets, summed):
+    what a read limit left for the next batches; None before its first progress."""
+    if progress is None:
+        return None
+    return sum(
+        sum(partition_lags(s.get("endOffset"), s.get("latestOffset")).values())
+        for s in progress.get("sources", [])
+    )
 
 
 def partition_lags(end: Any, latest: Any) -> dict[tuple[str, str], int]:
@@ -183,6 +194,13 @@ class BatchMetrics(QueryListener):
             ["map"],
             registry=r,
         )
+        self._paced = Gauge(
+            "materializer_catch_up_paced_seconds",
+            "The wait before each batch of a map catching up beside live maps, while their"
+            " batches run long (runtime.pacing); 0: full pace.",
+            ["map"],
+            registry=r,
+        )
         self._left_partitions: dict[str, set[tuple[str, str]]] = {}
         self._last_batch = Gauge(
             "materializer_last_batch_timestamp_seconds",
@@ -212,6 +230,14 @@ class BatchMetrics(QueryListener):
             self._worker_maps.labels(worker, name).set(1)
         if rebalanced:
             self._rebalances.labels(worker).inc()
+
+    def paced(self, map_name: str, seconds: float | None) -> None:
+        """A catching-up map's wait between batches (``runtime.pacing``); None: not paced."""
+        if seconds is None:
+            with contextlib.suppress(KeyError):
+                self._paced.remove(map_name)
+        else:
+            self._paced.labels(map_name).set(seconds)
 
     def catch_up(self, map_name: str, figures: MapCatchUp | None) -> None:
         """A running map's catch-up figures as last measured (``runtime.catch_up``); ``None``

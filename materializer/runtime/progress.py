@@ -15,7 +15,7 @@ import logging
 import threading
 
 from materializer.runtime.listener import Progress, QueryListener
-from materializer.runtime.metrics import partition_lags
+from materializer.runtime.metrics import records_behind
 
 log = logging.getLogger("materializer.batches")
 
@@ -41,10 +41,7 @@ class BatchLog(QueryListener):
         name, batch_id = progress["name"], progress["batchId"]
         with self._lock:
             out = self._rows_out.pop((name, batch_id), None)
-        lag = sum(
-            sum(partition_lags(s.get("endOffset"), s.get("latestOffset")).values())
-            for s in progress.get("sources", [])
-        )
+        lag = records_behind(progress) or 0
         fields = {
             "query": name,
             "batch": batch_id,

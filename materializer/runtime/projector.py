@@ -20,8 +20,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-FOLD_POOL, DELTA_POOL = "fold", "delta"
-"""The FAIR scheduler pools of the folds' jobs and of the Delta queries' jobs."""
+FOLD_POOL, DELTA_POOL, CATCH_UP_POOL = "fold", "delta", "catch_up"
+"""The FAIR scheduler pools of the folds' jobs, of the Delta queries' jobs, and of the fold
+of a map catching up beside live ones (``runtime.pacing``)."""
 
 
 class Projector:
@@ -39,13 +40,15 @@ class Projector:
         pool: str = FOLD_POOL,
         persist: bool = True,
         count: bool = True,
+        pace: Callable[[], None] | None = None,
     ) -> None:
         """``prepare`` turns the query's rows into the rows to project. With
         ``keep_records`` the query's rows are records, not folded rows: the sinks get
         them as ``Batch.records`` too, and the first sink to report ``rows_out`` (the
         fold in Redis) gives the batch's count. ``persist=False`` for a batch that only
         one sink reads. ``count=False``: the batch is not counted before the sinks run; the
-        first sink to report ``rows_out`` gives its count (a sink that collects the rows)."""
+        first sink to report ``rows_out`` gives its count (a sink that collects the rows).
+        ``pace`` is called before each batch and may wait (``runtime.pacing``)."""
         self.map_name = map_name
         self.sinks = sinks
         self.checkpoint = checkpoint
@@ -56,6 +59,7 @@ class Projector:
         self._persist = persist
         self._count = count
         self._on_rows_out = on_rows_out
+        self._pace = pace
         self._app_id: str | None = None
         self._drill = CrashDrill()
 
@@ -72,6 +76,8 @@ class Projector:
 
     def __call__(self, rows: DataFrame, batch_id: int) -> None:
         """Project one batch into every sink, in order."""
+        if self._pace is not None:
+            self._pace()
         started = time.monotonic()
         # The jobs this callback submits run in the query's pool (set per thread).
         rows.sparkSession.sparkContext.setLocalProperty("spark.scheduler.pool", self._pool)

@@ -28,10 +28,14 @@ POOLS = """<?xml version="1.0"?>
   <pool name="delta">
     <schedulingMode>FIFO</schedulingMode><weight>1</weight><minShare>0</minShare>
   </pool>
+  <pool name="catch_up">
+    <schedulingMode>FIFO</schedulingMode><weight>1</weight><minShare>0</minShare>
+  </pool>
 </allocations>
 """
-"""Spark's FAIR pools (``runtime.projector.FOLD_POOL``, ``DELTA_POOL``): below its minimum share
-a pool gets the next free slot, so the folds' tasks go before the Delta queries'."""
+"""Spark's FAIR pools (``runtime.projector.FOLD_POOL``, ``DELTA_POOL``, ``CATCH_UP_POOL``):
+below its minimum share a pool gets the next free slot, so the live folds' tasks go before
+the Delta queries' and a catching-up map's."""
 
 
 def conf_file(name: str, content: str) -> Path:

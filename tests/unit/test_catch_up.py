@@ -202,3 +202,31 @@ def test_metrics_follow_the_figures_and_go_with_the_map():
     metrics.catch_up("m", None)  # paused, stopped or moved: its series go
     assert value("materializer_catching_up") is None
     assert value("materializer_catch_up_rate") is None
+
+
+def test_a_paced_catch_up_waits_longer_while_live_batches_run_long_and_less_after():
+    from materializer.runtime.pacing import (
+        FIRST_WAIT_SECONDS,
+        MAX_WAIT_SECONDS,
+        QUICK_MS,
+        SLOW_MS,
+        CatchUpPace,
+    )
+
+    pace = CatchUpPace("m")
+    pace.follow([QUICK_MS - 1])
+    assert pace.paced_seconds == 0
+    pace.follow([10, SLOW_MS + 1])
+    assert pace.paced_seconds == FIRST_WAIT_SECONDS
+    pace.follow([SLOW_MS + 1])
+    assert pace.paced_seconds == 2 * FIRST_WAIT_SECONDS
+    for _ in range(10):
+        pace.follow([SLOW_MS * 4])
+    assert pace.paced_seconds == MAX_WAIT_SECONDS
+    pace.follow([SLOW_MS])  # between quick and slow: it holds
+    assert pace.paced_seconds == MAX_WAIT_SECONDS
+    for _ in range(10):
+        pace.follow([QUICK_MS - 1])
+    assert pace.paced_seconds == 0
+    pace.follow([])  # no live batch measured: nothing to yield to
+    assert pace.paced_seconds == 0
