@@ -80,6 +80,8 @@ bench: setup ## run the benchmarks (JSON lines on stdout)
 	$(BIN)/python bench/pipeline.py
 	$(BIN)/python bench/live.py
 	$(BIN)/python bench/bulk_run.py
+	$(BIN)/python bench/first_minute.py
+	$(BIN)/python bench/isolation.py
 	$(BIN)/python bench/runtime_maps.py
 	$(BIN)/python bench/worker_group.py
 	$(BIN)/python bench/query.py
