@@ -740,10 +740,12 @@ def _share(
     except (redis.RedisError, KafkaException, SetupError) as exc:
         log.warning("worker group %s: cannot read its slots yet: %s", worker.group, exc)
         return
+    fenced = set()
     for name in [n for n in maps if n in share.lost or maps[n].state == "fenced"]:
         m = maps.pop(name)
         if m.state == "fenced":
-            worker.fenced(name)
+            worker.fenced(name)  # left out of the share for a while (``Membership.fenced``)
+            fenced.add(name)
         else:
             supervisor.fenced(m, "lost to the group (this worker was out of it past its session)")
     # A map moving on finishes its batches in flight; its new owner's Delta query takes in
@@ -752,7 +754,8 @@ def _share(
         supervisor.stop(m, "stopped")
         del maps[m.name]
         log.info("map %s moved to another worker of group %s", m.name, worker.group)
-    taken = [n for n in names if n in share.owned and n not in maps]
+    # ``share`` was read before the fences above: a map fenced now is not taken back at once.
+    taken = [n for n in names if n in share.owned and n not in maps and n not in fenced]
     if taken:
         channel.names = sorted({*maps, *taken})
         requests = channel.requests()

@@ -106,7 +106,12 @@ class LiveRun:
         wait_until("every event in Redis, once", self.folded, timeout=300)
         reference = fold_aggregate(self.produced, "id", REFERENCE)
         table = self.tmp_path / "warehouse" / self.name
-        wait_until("every event in Delta, once", lambda: delta_map_rs(table) == reference)
+        # The table is made by the Delta query, which starts after the map's opening batch.
+        wait_until(
+            "every event in Delta, once",
+            lambda: delta_map_rs(table) == reference,
+            retry_errors=True,
+        )
         assert self.proc.alive(), self.proc.tail()
         report = MapReport.from_hash(self.client.hgetall(status_key(self.name)))
         assert report is not None and report.state == "running", self.proc.tail()

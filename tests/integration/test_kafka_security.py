@@ -144,6 +144,7 @@ def test_a_run_over_sasl_ssl_folds_exactly_with_every_client_secured(
         wait_until(
             "Delta to hold every entity",
             lambda: delta_map_rs(tmp_path / "warehouse" / "secure") == reference,
+            retry_errors=True,  # the table is made by the Delta query, after the opening batch
         )
         ends = {p: o + 1 for p, o in positions}
         wait_until(
