@@ -35,7 +35,8 @@ from harness import PARTITIONS, emit, produce_bulk, services, setup_line
 from live import catch_up, map_section, nearest_rank, write_config
 from runtime_maps import Feed
 
-from materializer.contract.redis_layout import Control, Watermark, control_key, meta_key
+from materializer.contract.control import MapControl
+from materializer.contract.redis_layout import Watermark, meta_key
 from materializer.testing import create_topic
 from materializer.testing.process import ManagedProcess
 
@@ -88,7 +89,7 @@ def run_variant(
     doc["maps"][BACKLOG_MAP] = backlog
     config.write_text(yaml.safe_dump(doc))
     # Paused before the run starts: it starts only when resumed.
-    client.hset(control_key(BACKLOG_MAP), mapping=Control(desired="paused").to_hash())
+    MapControl(client, BACKLOG_MAP).ask("paused")
     run = ManagedProcess(
         [sys.executable, "-m", "materializer", "run", "-c", str(config)], work / "run.log"
     )
@@ -103,7 +104,7 @@ def run_variant(
             quiet = time.perf_counter()
             time.sleep(args.window_seconds)
             resumed = time.perf_counter()
-            client.hset(control_key(BACKLOG_MAP), mapping=Control(desired="running").to_hash())
+            MapControl(client, BACKLOG_MAP).ask("running")
             counts = [(resumed, folded(client, BACKLOG_MAP))]
             while time.perf_counter() < resumed + args.seconds:
                 time.sleep(5)
