@@ -41,6 +41,7 @@ from materializer.testing.process import ManagedProcess
 
 GOAL_P99_MS = 1000
 STEADY_P99_MS = 500
+TAIL_SECONDS = 10
 
 
 def windows(
@@ -102,9 +103,10 @@ def measure(
                     wait_for("its first batch", lambda b=before: folded(client, mode) > b, 600, run)
                 marks[start] = time.perf_counter()
                 marks[f"{start}_launched"] = launched
+                # A few seconds past the last window, so its last samples are folded too.
                 wait_for(
                     "the windows",
-                    lambda s=start: time.perf_counter() > marks[s] + args.seconds,
+                    lambda s=start: time.perf_counter() > marks[s] + args.seconds + TAIL_SECONDS,
                     args.seconds + 60,
                     run,
                     1.0,

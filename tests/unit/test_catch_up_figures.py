@@ -204,29 +204,42 @@ def test_metrics_follow_the_figures_and_go_with_the_map():
     assert value("materializer_catch_up_rate") is None
 
 
-def test_a_paced_catch_up_waits_longer_while_live_batches_run_long_and_less_after():
+def test_a_paced_catch_up_rests_longer_while_live_batches_run_long_and_less_after():
     from materializer.runtime.pacing import (
-        FIRST_WAIT_SECONDS,
-        MAX_WAIT_SECONDS,
+        FIRST_SHARE,
+        MAX_SHARE,
         QUICK_MS,
         SLOW_MS,
+        WINDOW_SECONDS,
         CatchUpPace,
     )
 
-    pace = CatchUpPace("m")
-    pace.follow([QUICK_MS - 1])
-    assert pace.paced_seconds == 0
-    pace.follow([10, SLOW_MS + 1])
-    assert pace.paced_seconds == FIRST_WAIT_SECONDS
+    now = [0.0]
+    pace = CatchUpPace("m", clock=lambda: now[0])
+
+    def turn(ms: list[int], seconds: float = 0.5) -> None:
+        now[0] += seconds
+        pace.follow(ms)
+
+    turn([QUICK_MS - 1])
+    assert pace.share == 0
+    turn([10, SLOW_MS + 1])
+    assert pace.share == FIRST_SHARE  # at once
+    turn([SLOW_MS + 1])
+    assert pace.share == FIRST_SHARE  # then at most once a window
+    turn([SLOW_MS + 1], WINDOW_SECONDS)
+    assert pace.share == 2 * FIRST_SHARE
+    for _ in range(10):
+        turn([SLOW_MS * 4], WINDOW_SECONDS)
+    assert pace.share == MAX_SHARE
+    turn([QUICK_MS - 1], WINDOW_SECONDS / 2)  # a slow batch is still in the window
+    assert pace.share == MAX_SHARE
+    for _ in range(10):
+        turn([QUICK_MS - 1], WINDOW_SECONDS)
+    assert pace.share == 0
+    # The rest is a share of the catch-up's own last batch time.
     pace.follow([SLOW_MS + 1])
-    assert pace.paced_seconds == 2 * FIRST_WAIT_SECONDS
-    for _ in range(10):
-        pace.follow([SLOW_MS * 4])
-    assert pace.paced_seconds == MAX_WAIT_SECONDS
-    pace.follow([SLOW_MS])  # between quick and slow: it holds
-    assert pace.paced_seconds == MAX_WAIT_SECONDS
-    for _ in range(10):
-        pace.follow([QUICK_MS - 1])
-    assert pace.paced_seconds == 0
-    pace.follow([])  # no live batch measured: nothing to yield to
-    assert pace.paced_seconds == 0
+    pace()
+    now[0] += 2.0
+    pace()
+    assert pace.paced_seconds == FIRST_SHARE * 2.0
