@@ -44,6 +44,12 @@ redis: ## make sure redis-server is installed (apt-get as root)
 	  else echo "redis-server is missing: install it (sudo apt-get install redis-server) or set REDIS_URL to a running server"; exit 1; fi; \
 	fi
 
+browser: ## make sure Debian's chromium and its chromedriver are installed, for the browser tests (apt-get as root)
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver; \
+	  else echo "chromium and chromedriver are missing: install them (sudo apt-get install chromium chromium-driver) or set MATERIALIZER_CHROMIUM and MATERIALIZER_CHROMEDRIVER to a matching pair"; exit 1; fi; \
+	fi
+
 NODE_CLIENT := tests/interop/node_modules/.package-lock.json
 
 $(NODE_CLIENT): tests/interop/package.json tests/interop/package-lock.json
@@ -55,7 +61,7 @@ node: $(NODE_CLIENT) ## install the Node gRPC client used by the interop test
 archive: venv jars java redis ## the driver JVM's class data archive: faster starts (skipped when up to date)
 	$(BIN)/materializer jvm-archive
 
-setup: venv jars java redis node archive ## everything the tests and the demo need
+setup: venv jars java redis browser node archive ## everything the tests and the demo need
 
 proto: venv ## regenerate the gRPC Python code from proto/
 	$(BIN)/python -m tools.codegen
@@ -93,4 +99,4 @@ bench: setup ## run the benchmarks (JSON lines on stdout)
 clean: ## remove the venv, resolved jars and local data
 	rm -rf $(VENV) jvm/lib warehouse checkpoints site tests/interop/node_modules
 
-.PHONY: help venv jars java redis node archive setup proto lint format docs test bench clean
+.PHONY: help venv jars java redis browser node archive setup proto lint format docs test bench clean

@@ -1,5 +1,5 @@
-"""The test session: real services and Spark as fixtures (``tests/fixtures/``), and the
-order the longest files run in on two workers."""
+"""The test session: real services, Spark and a browser as fixtures (``tests/fixtures/``),
+and the order the longest files run in on two workers."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ pytest_plugins = [
     "tests.fixtures.services",
     "tests.fixtures.spark",
     "tests.fixtures.helm_chart",
+    "tests.fixtures.browser",
 ]
 
 
