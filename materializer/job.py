@@ -281,4 +281,6 @@ def start_map(
 
 
 def _report_applied(metrics: BatchMetrics, map_name: str, applied: Applied) -> None:
-    metrics.fold_applied(map_name, applied.newest_timestamp_us, applied.dead_letters)
+    metrics.fold_applied(
+        map_name, applied.newest_timestamp_us, applied.dead_letters, applied.freshness
+    )

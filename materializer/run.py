@@ -5,7 +5,9 @@ Enrichments are supervised as maps are (``<enrichment>:__control__`` and
 
 A supervisor loop watches each map: a map whose query fails is reported and
 the others keep running; operators' requests in ``<map>:__control__`` (pause,
-resume, restart) are obeyed within one loop, and each map's state and rates
+resume, restart) are obeyed within one loop, operations asked in
+``<map>:__operation__`` (verify, rehydrate, rebuild) are taken up within one loop
+and carried out beside it (``ops.requested``), and each map's state and rates
 go to ``<map>:__status__``. Pausing stops a map's queries after the batch in
 flight, so its offsets stay put; resuming starts them again from their
 checkpoints, so nothing is lost or folded twice. A stop request lets each
@@ -48,11 +50,13 @@ from materializer.group.fencing import Ownership, take_over
 from materializer.group.worker import Worker
 from materializer.job import start_map
 from materializer.ops.rebuild import Progress, rebuild
+from materializer.ops.requested import RequestedOperations
 from materializer.redis.functions import CopyLost, Fenced
 from materializer.redis.state_size import StateSize, StateSizes
 from materializer.restore.automatic import ensure_whole
 from materializer.runtime.catch_up import CatchUpTracker, Followed, MapCatchUp
 from materializer.runtime.control_channel import ControlChannel
+from materializer.runtime.history import HistoryRecorder
 from materializer.runtime.listener import listen
 from materializer.runtime.metrics import BatchMetrics, records_behind, serve_metrics
 from materializer.runtime.pacing import CatchUpPace
@@ -385,6 +389,12 @@ class Supervisor:
         finally:
             job.done = True
 
+    def busy(self, name: str, kind: str) -> str:
+        """Why an operation of ``kind`` asked of the map cannot run now ("" when it can)."""
+        if kind == "rebuild" and name in self._rebuilds:
+            return "a rebuild of its changed definition is under way"
+        return ""
+
     def drop_old_copies(self, name: str) -> None:
         """Drop, on a thread, the copies a rebuild left behind when a stop cut its grace
         period short (readers moved long since: the run has started again)."""
@@ -582,6 +592,13 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
         spark, live.config, batch_log, channel.generation, metrics, channel.report, worker
     )
     supervisor.from_file = frozenset(config.maps) | frozenset(config.enrichments)
+    operations = RequestedOperations(
+        spark,
+        lambda: supervisor.config,
+        config.worker.worker_id() if worker is None else worker.id,
+        busy=supervisor.busy,
+        grace_seconds=REBUILD_GRACE,
+    )
     # A worker of a group starts the maps the group gives it, as it gives them.
     maps = {name: _Map(name) for name in in_force()} if worker is None else {}
     supervisor.maps = maps
@@ -618,11 +635,19 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
         metrics.catch_up(name, figures)
 
     catch_up = CatchUpTracker(config.kafka, config.redis, followed, caught_up)
+    history = None
+    if config.metrics.history.max_len:
+        interval = config.metrics.history.interval.total_seconds()
+        history = HistoryRecorder(
+            config.redis, metrics.intervals, interval, config.metrics.history.max_len
+        )
     following = config.catalog.enabled
     poll = config.catalog.poll_interval.total_seconds()
     try:
         sizes.start()
         catch_up.start()
+        if history is not None:
+            history.start()
         if worker is not None:
             worker.start()
         requests = channel.requests()
@@ -648,11 +673,24 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
             requests = channel.requests()
             for m in maps.values():
                 supervisor.step(m, requests[m.name])
+            # Operations asked of the maps this run holds (in a group: the maps it owns).
+            operations.step(
+                m.name
+                for m in maps.values()
+                if m.state != "fenced" and m.name not in supervisor.config.enrichments
+            )
             # A fenced map is another worker's to report.
-            channel.report({m.name: m.report() for m in maps.values() if m.state != "fenced"})
+            reports = {m.name: m.report() for m in maps.values() if m.state != "fenced"}
+            channel.report(reports)
+            if history is not None:  # the maps' figures over time; enrichments have none
+                history.reported({n: r for n, r in reports.items() if n in supervisor.config.maps})
             stop.wait(LOOP_SECONDS)
     finally:
         sizes.stop()
+        if history is not None:
+            history.stop()
+        # Operations end at their next step; one holding its map still sees it stopped below.
+        operations.interrupt()
         running = [m for m in maps.values() if m.state == "running"]
         if worker is None:
             supervisor.stop_all(running)
@@ -660,6 +698,7 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
             for m in running:
                 supervisor.stop(m, "stopped")
         channel.report({m.name: m.report() for m in maps.values() if m.state != "fenced"})
+        operations.close()
         if worker is not None:  # drained: the others take the maps over at once
             worker.close()
         catch_up.stop()  # last: a look at a Kafka that does not answer must not delay the drain

@@ -12,7 +12,8 @@ Secret either way) and reads, in YAML or JSON::
 Verbs group the RPCs by what they let a caller do, so a grant survives new
 methods of the same kind: ``get`` (Get, BatchGet), ``query`` (Query,
 GetAsOf), ``watch``, ``enrich``, ``status`` (ListMaps, GetStatus, GetMapConfig,
-ValidateConfig), ``control`` (Pause, Resume, Restart) and ``manage`` (CreateMap,
+ValidateConfig, GetOperation), ``control`` (Pause, Resume, Restart, StartOperation: a
+verify, rehydrate or rebuild) and ``manage`` (CreateMap,
 PutMapConfig, DeleteMap: what maps exist, and their definitions). Health checks and
 reflection need no token, so probes and tooling work without secrets. A change made
 with a token is logged with the token's name.
@@ -54,10 +55,19 @@ METHOD_VERBS = {
     "/materializer.v1.AdminService/CreateMap": "manage",
     "/materializer.v1.AdminService/PutMapConfig": "manage",
     "/materializer.v1.AdminService/DeleteMap": "manage",
+    "/materializer.v1.AdminService/StartOperation": "control",
+    "/materializer.v1.AdminService/GetOperation": "status",
 }
 CALLER: ContextVar[str] = ContextVar("caller", default="anonymous")
 """The name of the token the call in hand was made with (``anonymous`` without auth)."""
 OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
+
+
+def preset_grant(context: Any) -> Grant | None:
+    """The grant a call made inside this process carries already (the console's, from its
+    login session); a call from the network never has one and shows its token."""
+    grant = getattr(context, "grant", None)
+    return grant if isinstance(grant, Grant) else None
 
 
 @dataclass(frozen=True)
@@ -71,6 +81,10 @@ class Grant:
     def allows_map(self, name: str) -> bool:
         """Whether the token may touch this map."""
         return self.maps is None or name in self.maps
+
+    def allows_verb(self, verb: str) -> bool:
+        """Whether the token may do this kind of call (``VERBS``)."""
+        return self.verbs is None or verb in self.verbs
 
 
 def _digest(token: str) -> bytes:
@@ -118,6 +132,22 @@ class Authorizer:
         if grant is None:
             raise Unauthenticated("unknown token")
         return grant
+
+    def login(self, token: str) -> tuple[str, Grant]:
+        """A token typed into the console's login form: its digest (hex, what a session
+        keeps instead of the token) and its grant."""
+        digest = _digest(token.strip())
+        grant = self._grants.get(digest) if token.strip() else None
+        if grant is None:
+            raise Unauthenticated("unknown token")
+        return digest.hex(), grant
+
+    def grant_of(self, digest_hex: str) -> Grant | None:
+        """The grant of a session's token digest; None once the token is no longer listed."""
+        try:
+            return self._grants.get(bytes.fromhex(digest_hex))
+        except ValueError:
+            return None
 
     @staticmethod
     def check_verb(grant: Grant, method: str) -> None:

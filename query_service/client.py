@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 import grpc
 import orjson
@@ -308,6 +308,25 @@ class MaterializerClient:
     async def restart(self, map_name: str, *, timeout: float | None = None) -> None:
         """Ask the materializer to restart a map's queries."""
         await self._unary(self.admin.Restart, admin_pb.ControlRequest(map=map_name), timeout)
+
+    async def start_operation(
+        self,
+        map_name: str,
+        kind: Literal["verify", "rehydrate", "rebuild"],
+        *,
+        timeout: float | None = None,
+    ) -> admin_pb.Operation:
+        """Ask the run that holds the map for an operation; its record, ``REQUESTED``
+        (``FAILED_PRECONDITION`` while another is under way, or no run holds the map)."""
+        request = admin_pb.OperationRequest(map=map_name, kind=kind)
+        return await self._unary(self.admin.StartOperation, request, timeout)
+
+    async def last_operation(
+        self, map_name: str, *, timeout: float | None = None
+    ) -> admin_pb.Operation:
+        """The last operation asked of the map, as its run reports it (``NOT_FOUND``: none)."""
+        request = admin_pb.GetOperationRequest(map=map_name)
+        return await self._unary(self.admin.GetOperation, request, timeout)
 
     async def validate_config(self, text: str, *, timeout: float | None = None) -> list[str]:
         """The problems of a configuration document; empty when it is valid."""

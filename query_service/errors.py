@@ -33,6 +33,12 @@ class MapNotFound(QueryServiceError):
         super().__init__(f"no such map {map_name!r} (known maps: {listed})")
 
 
+class NotFound(QueryServiceError):
+    """The request names something of a map that does not exist (yet)."""
+
+    code = grpc.StatusCode.NOT_FOUND
+
+
 class InvalidArgument(QueryServiceError):
     """A request field is malformed; the message names the field."""
 

@@ -21,7 +21,7 @@ from typing import Any, NoReturn
 import grpc
 
 from materializer.errors import first_line
-from query_service.auth import CALLER, OPEN_PREFIXES, Authorizer, Grant
+from query_service.auth import CALLER, OPEN_PREFIXES, Authorizer, Grant, preset_grant
 from query_service.errors import InvalidArgument, QueryServiceError, StoreUnavailable
 from query_service.metrics import LATENCY, REQUESTS, STORE_ERRORS
 
@@ -156,7 +156,9 @@ class MethodCall:
     def _authorize(self, context: grpc.aio.ServicerContext) -> Grant | None:
         if self._authorizer is None:
             return None
-        grant = self._authorizer.authenticate(context.invocation_metadata())
+        grant = preset_grant(context) or self._authorizer.authenticate(
+            context.invocation_metadata()
+        )
         self._authorizer.check_verb(grant, self.method)
         CALLER.set(grant.name)
         return grant

@@ -17,10 +17,7 @@ from materializer.clients.redis import Client, connect
 from materializer.config import AppConfig
 from materializer.config.names import MAP_GROUP, changelog_topic, checkpoint_path
 from materializer.contract.redis_layout import (
-    CONTROL_SUFFIX,
-    DEFINITION_SUFFIX,
-    GENERATION_SUFFIX,
-    STATUS_SUFFIX,
+    MAP_SUFFIXES,
     generation_key,
     marker_key,
     parse_generation,
@@ -33,7 +30,7 @@ log = logging.getLogger(__name__)
 
 MAP_QUERIES = ("fold", "delta")
 """The queries whose checkpoints belong to a generation; the others belong to the map."""
-MAP_KEYS = (STATUS_SUFFIX, CONTROL_SUFFIX, GENERATION_SUFFIX, DEFINITION_SUFFIX)
+MAP_KEYS = MAP_SUFFIXES
 """The Redis keys of the map itself, beside its generations' data."""
 KAFKA_TIMEOUT_SECONDS = 30.0
 

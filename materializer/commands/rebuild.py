@@ -17,15 +17,6 @@ from materializer.commands.cli_support import (
 )
 from materializer.ops import rebuild as ops
 
-_PHASES = {
-    "cleaning": "removing leftovers of an unfinished rebuild",
-    "replaying": "replaying the topics into the new copy",
-    "switching": "holding the map still and switching readers",
-    "grace": "grace period: readers finish with the old copy",
-    "dropping": "dropping the old copy",
-    "done": "done",
-}
-
 
 def rebuild(
     config: ConfigOption,
@@ -59,13 +50,13 @@ def rebuild(
                 TimeElapsedColumn(),
                 console=out,
             ) as bar:
-                task = bar.add_task(_PHASES["cleaning"], total=None)
+                task = bar.add_task(ops.PHASES["cleaning"], total=None)
 
                 def show(progress: ops.Progress) -> None:
                     total = progress.target or None
                     bar.update(
                         task,
-                        description=_PHASES.get(progress.phase, progress.phase),
+                        description=ops.PHASES.get(progress.phase, progress.phase),
                         completed=progress.folded,
                         total=total,
                     )

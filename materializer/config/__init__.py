@@ -55,7 +55,9 @@ from materializer.config.maps import (
 )
 from materializer.config.query_service import (
     AuthConfig,
+    ConsoleConfig,
     EnrichProfileConfig,
+    HistoryConfig,
     LookupConfig,
     MetricsConfig,
     NearCacheConfig,
@@ -116,6 +118,8 @@ __all__ = [
     "MapConfig",
     "MaskTransform",
     "MetricsConfig",
+    "HistoryConfig",
+    "ConsoleConfig",
     "NearCacheConfig",
     "NonNegativeDuration",
     "OBJECT_STORE_SCHEMES",

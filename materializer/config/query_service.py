@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from datetime import timedelta
 from typing import Annotated, Literal
 
@@ -11,7 +12,7 @@ from pydantic import (
 )
 
 from materializer.config.base import _Model
-from materializer.config.durations import PositiveDuration
+from materializer.config.durations import NonNegativeDuration, PositiveDuration
 
 
 class NearCacheConfig(_Model):
@@ -64,6 +65,17 @@ class TlsConfig(_Model):
     client_ca_file: str | None = None
 
 
+class ConsoleConfig(_Model):
+    """The web console on the HTTP port: pages for operators, behind the same tokens."""
+
+    enabled: bool = True
+    base_path: Annotated[str, Field(pattern=r"^(/[A-Za-z0-9._~-]+)+$")] = "/ui"
+    """Where the pages live on the HTTP port; behind an ingress that routes a prefix, that
+    prefix (no trailing slash)."""
+    session: PositiveDuration = timedelta(hours=12)
+    """How long a login lasts; a session is kept in Redis, so every replica knows it."""
+
+
 class QueryConfig(_Model):
     """The query service: gRPC, and its HTTP/JSON front."""
 
@@ -80,6 +92,48 @@ class QueryConfig(_Model):
     tls: TlsConfig | None = None
     metrics_port: Annotated[int, Field(ge=0, le=65535)] | None = 9464
     """Prometheus metrics over HTTP; null turns them off."""
+    console: ConsoleConfig = Field(default_factory=ConsoleConfig)
+    """The web console, served on ``http_port`` when that is on."""
+
+
+MAX_HISTORY_SAMPLES = 1_000_000
+"""The most samples a map's history may keep (``retention / interval``): about 100 MB of
+Redis per map (docs/operations.md#history)."""
+
+
+class HistoryConfig(_Model):
+    """Each map's figures over time, for the web console's charts: ``materializer run``
+    appends a sample per map every ``interval`` to the capped stream ``<map>:__history__``."""
+
+    interval: NonNegativeDuration = timedelta(seconds=5)
+    """How often each running map is sampled; 0 turns the history off."""
+    retention: PositiveDuration = timedelta(hours=24)
+    """How long samples are kept: the stream is capped at ``retention / interval`` samples
+    (trimmed in whole nodes of the stream, so up to about 100 more are kept)."""
+
+    @model_validator(mode="after")
+    def _bounded(self) -> HistoryConfig:
+        if self.interval == timedelta(0):
+            return self
+        if self.interval < timedelta(seconds=1):
+            raise ValueError("interval: must be 0 (no history) or at least 1 second")
+        if self.retention < self.interval:
+            raise ValueError(
+                f"retention: must be at least the interval ({self.interval.total_seconds():g} s)"
+            )
+        if self.max_len > MAX_HISTORY_SAMPLES:
+            raise ValueError(
+                f"retention / interval: {self.max_len} samples per map, more than "
+                f"{MAX_HISTORY_SAMPLES}: keep less or sample less often"
+            )
+        return self
+
+    @property
+    def max_len(self) -> int:
+        """The samples a map's history keeps; 0 when it is off."""
+        if self.interval == timedelta(0):
+            return 0
+        return math.ceil(self.retention / self.interval)
 
 
 class MetricsConfig(_Model):
@@ -91,3 +145,5 @@ class MetricsConfig(_Model):
     state_interval: PositiveDuration = timedelta(minutes=1)
     """How often each map's fold state is counted (a ``SCAN`` of the keyspace) for status and
     metrics."""
+    history: HistoryConfig = HistoryConfig()
+    """Each map's figures over time in Redis (docs/operations.md#history)."""

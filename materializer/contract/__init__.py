@@ -13,7 +13,10 @@ and nowhere else:
 - ``changelog``: the headers of the changelog topic's records;
 - ``entity_json``: an entity as JSON, the same bytes from a Redis hash or a row;
 - ``status`` and ``control``: a map's reported state and the requests an
-  operator leaves for the run (pause, resume, restart).
+  operator leaves for the run (pause, resume, restart);
+- ``history``: a map's figures over time, as the run samples them;
+- ``operations``: the last operation asked of a map (verify, rehydrate,
+  rebuild) and the run's report of it.
 
 How both reach Kafka, Redis and the object store is ``materializer.clients``;
 the lookup join both run is ``materializer.enrichment.plan`` and ``rounds``.

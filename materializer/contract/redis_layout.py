@@ -10,7 +10,11 @@ Written down in docs/redis-layout.md and pinned by tests/unit/test_redis_layout.
   ``key``, ``op`` (``upsert`` | ``delete``), ``batch_id``; and one per key
   ``ttl.redis`` expired: ``op`` ``expire``, ``batch_id`` ``-1`` (no batch made it);
 - ``<map>:__status__`` hash, what the running materializer reports of the map;
+- ``<map>:__history__`` stream (capped), the map's figures over time: a sample every
+  ``metrics.history.interval`` (``materializer.contract.history``);
 - ``<map>:__control__`` hash, what operators ask of it (pause, resume, restart);
+- ``<map>:__operation__`` hash, the last operation asked of it (verify, rehydrate,
+  rebuild) and the run's report of it (``materializer.contract.operations``);
 - ``<map>:__generation__`` string, which generation of the map readers use;
 - ``<map>:__definition__`` string, the catalog version of the definition a rebuild
   folded that generation by;
@@ -24,6 +28,7 @@ Written down in docs/redis-layout.md and pinned by tests/unit/test_redis_layout.
   ``<map>\\0W:`` the map's last epoch handed out (``epoch_key``);
 - ``<group>\\0g:`` hash, a worker group's work slots: map name to slot number
   (``slots_key``);
+- ``\\0c:<digest>`` hash, a login session of the web console (``console_session_key``);
 - ``<map>\\0e:`` sorted set and ``<map>\\0x:`` set (tagged per master like the
   marker), a map with ``ttl.redis`` only: keys by when they expire, and keys
   expired whose changelog tombstone is not yet sent (``expiry_index_key``).
@@ -52,16 +57,19 @@ STATUS_SUFFIX = "__status__"
 CONTROL_SUFFIX = "__control__"
 GENERATION_SUFFIX = "__generation__"
 DEFINITION_SUFFIX = "__definition__"
-RESERVED_KEYS = frozenset(
-    {
-        META_SUFFIX,
-        CHANGES_SUFFIX,
-        STATUS_SUFFIX,
-        CONTROL_SUFFIX,
-        GENERATION_SUFFIX,
-        DEFINITION_SUFFIX,
-    }
+OPERATION_SUFFIX = "__operation__"
+HISTORY_SUFFIX = "__history__"
+MAP_SUFFIXES = (
+    STATUS_SUFFIX,
+    CONTROL_SUFFIX,
+    GENERATION_SUFFIX,
+    DEFINITION_SUFFIX,
+    OPERATION_SUFFIX,
+    HISTORY_SUFFIX,
 )
+"""The bookkeeping keys of the map itself, under its own name whatever generation readers
+use; ``__meta__`` and ``__changes__`` belong to each generation's copy of its data."""
+RESERVED_KEYS = frozenset({META_SUFFIX, CHANGES_SUFFIX, *MAP_SUFFIXES})
 """Entity keys that would collide with a map's own bookkeeping keys."""
 
 
@@ -169,6 +177,20 @@ def slots_key(group: str) -> str:
     return f"{group}{SLOTS_MARK}"
 
 
+CONSOLE_SESSION_MARK = "\x00c:"
+
+
+def console_session_key(digest: str) -> str:
+    """``\\0c:<digest>``: a web console login, by the SHA-256 (hex) of its cookie.
+
+    It holds ``grant`` (the SHA-256 hex of the token that logged in, never the token),
+    ``name`` (the token's name) and ``csrf`` (the session's form token), and expires when
+    the session does. Keyed by a digest, so Redis holds no cookie a reader could replay;
+    no map's key starts with a NUL, so none can clash with it.
+    """
+    return f"{CONSOLE_SESSION_MARK}{digest}"
+
+
 EXPIRY_MARK = "\x00e:"
 EXPIRED_MARK = "\x00x:"
 
@@ -271,9 +293,21 @@ def status_key(map_name: str) -> str:
     return f"{map_name}:{STATUS_SUFFIX}"
 
 
+def history_key(map_name: str) -> str:
+    """The capped stream of a map's figures over time, one sample per interval of the run
+    (``materializer.contract.history``); under the map's own name, as its status: a
+    rebuild's new copy continues the same history."""
+    return f"{map_name}:{HISTORY_SUFFIX}"
+
+
 def control_key(map_name: str) -> str:
     """The Redis hash where operators ask the materializer to pause, resume or restart a map."""
     return f"{map_name}:{CONTROL_SUFFIX}"
+
+
+def operation_key(map_name: str) -> str:
+    """The Redis hash of the last operation asked of a map and the run's report of it."""
+    return f"{map_name}:{OPERATION_SUFFIX}"
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 0.5
+ABANDON_SECONDS = 20.0
+"""How long a rebuild that stops early lets the new copy's batch in flight end."""
 
 
 class RebuildFailed(MaterializerError):
@@ -60,6 +62,16 @@ class Progress:
 
 
 Report = Callable[[Progress], None]
+
+PHASES = {
+    "cleaning": "removing leftovers of an unfinished rebuild",
+    "replaying": "replaying the topics into the new copy",
+    "switching": "holding the map still and switching readers",
+    "grace": "grace period: readers finish with the old copy",
+    "dropping": "dropping the old copy",
+    "done": "done",
+}
+"""Each phase a rebuild reports (``Progress.phase``), in words."""
 
 
 def _offsets_sum(offsets: dict[str, dict[int, int]]) -> int:
@@ -142,6 +154,11 @@ def rebuild(
                 queries.stop_after_batch()
                 client.set(generation_key(map_name), str(new))
             log.info("map %s: readers moved to generation %d", map_name, new)
+        except BaseException:
+            # Interrupted or failed: the new copy's batch in flight ends before its queries
+            # stop (within a bound), rather than being cut short in the middle.
+            queries.stop_after_batch(ABANDON_SECONDS)
+            raise
         finally:
             queries.stop()
         _grace(grace_seconds, report)

@@ -107,13 +107,18 @@ def verify(
     generation: int | None = None,
     show: int = 10,
     replay: Callable[[dict[str, dict[int, int]]], dict[str, bytes]] | None = None,
+    on_start: Callable[[ExpectedState], None] | None = None,
+    on_progress: Callable[[int], None] | None = None,
 ) -> VerifyReport:
     """Compare the map's Redis copy with its expected state, key by key, under the same hold.
 
     ``replay`` folds the map's topics again up to the given offsets and returns
     the digests it found (``ops.replay``); Redis is compared with that too,
     less the keys ``ttl.redis`` expired (their last changelog record is an
-    expiry's tombstone), which a replay cannot know of.
+    expiry's tombstone), which a replay cannot know of. ``on_start`` is told the
+    expected state once the map is held still, ``on_progress`` how many of its
+    source rows were just read (an exception from either ends the comparison
+    and releases the hold).
     """
     config.map(map_name)
     control = MapControl(client, map_name)
@@ -121,10 +126,14 @@ def verify(
     physical = physical_name(map_name, gen)
     with control.held() as paused:
         state = ExpectedState.open(config, map_name, gen)
+        if on_start is not None:
+            on_start(state)
         expected: dict[str, bytes] = {}
         for batch in state.batches():
             for key, value in zip(batch.keys.to_pylist(), batch.values.to_pylist(), strict=True):
                 expected[key] = value_digest(value)
+            if on_progress is not None:
+                on_progress(batch.source_rows)
         actual = redis_digests(client, physical)
         actual_watermark = control.watermark(gen)
         expected_watermark = fold_watermark(config, physical)

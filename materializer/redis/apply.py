@@ -6,9 +6,10 @@ to the changelog. See ``materializer.redis.sink`` for why a replay is safe.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -28,6 +29,8 @@ from materializer.redis.prepare import (
     arrow_schema,
 )
 from materializer.redis.writer import Writer
+from materializer.runtime.freshness import Freshness
+from materializer.runtime.freshness import add as add_freshness
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -37,7 +40,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Applied:
     """What one batch did: keys it touched (their states went to the changelog), dead letters,
-    and the newest Kafka timestamp it folded (microseconds; None: it folded nothing).
+    the newest Kafka timestamp it folded (microseconds; None: it folded nothing), and how
+    old its folded records were when their Redis writes landed (``runtime.freshness``).
 
     The fold counts these on the Arrow rows it already holds: Spark's ``observe`` would
     count them too, but its per-record accumulator sits outside the generated code and
@@ -46,11 +50,42 @@ class Applied:
     keys: int = 0
     dead_letters: int = 0
     newest_timestamp_us: int | None = None
+    freshness: Freshness | None = None
 
     def __add__(self, other: Applied) -> Applied:
         stamps = [t for t in (self.newest_timestamp_us, other.newest_timestamp_us) if t is not None]
-        newest = max(stamps, default=None)
-        return Applied(self.keys + other.keys, self.dead_letters + other.dead_letters, newest)
+        return Applied(
+            self.keys + other.keys,
+            self.dead_letters + other.dead_letters,
+            max(stamps, default=None),
+            add_freshness(self.freshness, other.freshness),
+        )
+
+    def to_row(self) -> dict[str, list[Any]]:
+        """The one row of counts an executor task sends back (``COUNTS``)."""
+        counts, sum_us, max_us = (
+            (None, None, None) if self.freshness is None else self.freshness.to_row()
+        )
+        return {
+            "keys": [self.keys],
+            "dead_letters": [self.dead_letters],
+            "newest_timestamp_us": [self.newest_timestamp_us],
+            "freshness_counts": [counts],
+            "freshness_sum_us": [sum_us],
+            "freshness_max_us": [max_us],
+        }
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Applied:
+        """``to_row``'s row back, as Spark collected it."""
+        return cls(
+            row["keys"],
+            row["dead_letters"],
+            row["newest_timestamp_us"],
+            Freshness.from_row(
+                row["freshness_counts"], row["freshness_sum_us"], row["freshness_max_us"]
+            ),
+        )
 
 
 def apply_batches(
@@ -67,6 +102,7 @@ def apply_batches(
     ``batch_time_ms``: the batch's timestamp, for a mode whose order has it in it.
     """
     import pyarrow as pa
+    import pyarrow.compute as pc
 
     chunks = list(batches)
     table = pa.Table.from_batches(chunks) if chunks else arrow_schema().empty_table()
@@ -84,6 +120,7 @@ def apply_batches(
             states = list(writer.latest(_winners(table)))
         else:
             states = list(writer.fold(target.folder, _events(table, batch_time_ms)))
+        landed_us = time.time_ns() // 1000
         keys = 0
         for key, state in states:
             deliveries.send(target.changelog_topic, key.encode(), state, headers)
@@ -92,15 +129,21 @@ def apply_batches(
         deliveries.abort()
         raise
     deliveries.flush()
-    return Applied(keys=keys, dead_letters=letters, newest_timestamp_us=_newest(table))
+    stamps = _folded_timestamps(table)
+    newest = pc.max(stamps).as_py()
+    return Applied(
+        keys=keys,
+        dead_letters=letters,
+        newest_timestamp_us=None if newest is None else int(newest),
+        freshness=Freshness.of(stamps.to_numpy(), landed_us),
+    )
 
 
-def _newest(table: pa.Table) -> int | None:
-    """The newest Kafka timestamp of the records that fold (a failed one has no order)."""
+def _folded_timestamps(table: pa.Table) -> pa.ChunkedArray:
+    """The Kafka timestamps of the records that fold (a failed one has no order)."""
     import pyarrow.compute as pc
 
-    newest = pc.max(pc.filter(table[TIMESTAMP_US], pc.is_valid(table[ORDER]))).as_py()
-    return None if newest is None else int(newest)
+    return pc.filter(table[TIMESTAMP_US], pc.is_valid(table[ORDER])).drop_null()
 
 
 def _winners(table: pa.Table) -> list[tuple[str, tuple[str, bytes | None]]]:
@@ -180,15 +223,25 @@ def apply_partition(
     context = TaskContext.get()
     producer = new_producer(target, None if context is None else context.partitionId())
     done = apply_batches(target, batch_id, app_id, batches, producer, batch_time_ms)
-    yield pa.RecordBatch.from_pydict(
-        {
-            "keys": [done.keys],
-            "dead_letters": [done.dead_letters],
-            "newest_timestamp_us": [done.newest_timestamp_us],
-        },
-        schema=pa.schema([(name, pa.int64()) for name in COUNTS]),
+    yield pa.RecordBatch.from_pydict(done.to_row(), schema=counts_schema())
+
+
+COUNTS = (
+    "keys",
+    "dead_letters",
+    "newest_timestamp_us",
+    "freshness_counts",
+    "freshness_sum_us",
+    "freshness_max_us",
+)
+"""The row of counts each executor task of a large batch returns (``Applied.to_row``):
+integers, ``freshness_counts`` a list of them."""
+
+
+def counts_schema() -> pa.Schema:
+    """``COUNTS`` as Arrow types, which Spark's ``mapInArrow`` is declared with too."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [(n, pa.list_(pa.int64()) if n == "freshness_counts" else pa.int64()) for n in COUNTS]
     )
-
-
-COUNTS = ("keys", "dead_letters", "newest_timestamp_us")
-"""The row of counts each executor task of a large batch returns (``Applied``)."""

@@ -59,7 +59,7 @@ from materializer.batch import Batch, Sink
 from materializer.config import FoldConfig
 from materializer.fold.base import FoldMode
 from materializer.fold.modes import fold_mode
-from materializer.redis.apply import COUNTS, Applied, apply_batches, apply_partition
+from materializer.redis.apply import Applied, apply_batches, apply_partition, counts_schema
 from materializer.redis.deliveries import new_producer
 from materializer.redis.expiry import ExpirySweeper, sweep_expired
 from materializer.redis.functions import FoldTarget
@@ -223,7 +223,7 @@ class RedisFold:
         batch_time_ms: int | None,
     ) -> Applied:
         from pyspark.sql import functions as F
-        from pyspark.sql import types as T
+        from pyspark.sql.pandas.types import from_arrow_schema
 
         columns = self.arrow_columns(events)
         if rows is not None and rows <= DRIVER_ROWS:
@@ -239,11 +239,11 @@ class RedisFold:
             columns = columns.repartition(F.col(c.KEY))
         counts = columns.mapInArrow(
             functools.partial(apply_partition, self.target, batch_id, app_id, batch_time_ms),
-            T.StructType([T.StructField(name, T.LongType()) for name in COUNTS]),
+            from_arrow_schema(counts_schema()),
         ).collect()
         total = Applied()
         for row in counts:
-            total += Applied(*(row[name] for name in COUNTS))
+            total += Applied.from_row(row.asDict())
         return total
 
 

@@ -13,13 +13,13 @@ in the supervisor's loop.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from materializer.clients.redis import TRANSIENT_ERRORS, Client, client_for
 from materializer.config import RedisConfig
 from materializer.contract.redis_layout import state_keys_pattern
+from materializer.runtime.daemon import DaemonLoop
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +54,10 @@ def measure(client: Client, physical: str) -> StateSize:
     return StateSize(keys, round(mean * keys))
 
 
-class StateSizes:
-    """Measures the maps ``physical()`` names every ``interval_s`` on a daemon thread; the
-    last measure of each is in ``latest``, and ``on_measure`` gets each one too."""
+class StateSizes(DaemonLoop):
+    """Measures the maps ``physical()`` names every ``interval_s`` on a daemon thread, the
+    first time as soon as it starts; the last measure of each is in ``latest``, and
+    ``on_measure`` gets each one too."""
 
     def __init__(
         self,
@@ -65,23 +66,11 @@ class StateSizes:
         on_measure: Callable[[str, StateSize], None],
         interval_s: float,
     ) -> None:
+        super().__init__("state-sizes", interval_s)
         self.latest: dict[str, StateSize] = {}
         self._redis = redis
         self._physical = physical
         self._on_measure = on_measure
-        self._interval = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="state-sizes", daemon=True)
-
-    def start(self) -> None:
-        """Measure now, then every interval."""
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop after the measure under way."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
 
     def _run(self) -> None:
         client = client_for(self._redis)

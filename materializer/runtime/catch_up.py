@@ -25,7 +25,6 @@ Redis that does not answer delays the figures, never the supervisor's loop.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -43,6 +42,7 @@ from materializer.clients.kafka_offsets import (
 from materializer.clients.redis import TRANSIENT_ERRORS, client_for
 from materializer.config import KafkaConfig, RedisConfig
 from materializer.contract.redis_layout import PartitionCatchUp, Watermark, meta_key
+from materializer.runtime.daemon import DaemonLoop
 
 log = logging.getLogger(__name__)
 
@@ -205,9 +205,10 @@ class Followed:
     not known (the log end when it started), so its records left are unknown until then."""
 
 
-class CatchUpTracker:
+class CatchUpTracker(DaemonLoop):
     """Measures every map ``followed()`` names every ``interval_s`` on a daemon thread and
-    hands each map's figures to ``on_measure`` (``None`` for a map no longer followed)."""
+    hands each map's figures to ``on_measure`` (``None`` for a map no longer followed);
+    the first measure as soon as it starts."""
 
     def __init__(
         self,
@@ -218,11 +219,11 @@ class CatchUpTracker:
         interval_s: float = INTERVAL_SECONDS,
         window_s: float = WINDOW_SECONDS,
     ) -> None:
+        super().__init__("catch-up", interval_s)
         self._kafka = kafka
         self._redis = redis
         self._followed = followed
         self._on_measure = on_measure
-        self._interval = interval_s
         self._window = window_s
         self._maps: dict[str, tuple[str, MapWindows]] = {}
         self._admin: Any = None
@@ -230,18 +231,6 @@ class CatchUpTracker:
         self._asked: list[str] = []
         self._partitions_at = 0.0
         self._failing = False
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="catch-up", daemon=True)
-
-    def start(self) -> None:
-        """Measure now, then every interval."""
-        self._thread.start()
-
-    def stop(self) -> None:
-        """Stop after the look under way."""
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
 
     def _run(self) -> None:
         while not self._stop.is_set():

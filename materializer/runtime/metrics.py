@@ -4,7 +4,8 @@ They come from Spark's progress events (one per committed batch, per query),
 except rows out, which the projector counts inside the fold's and the Delta
 query's batches (the same count the batch log line shows, not a second one),
 and two numbers Spark does not have, which the fold counts on the rows it
-applies (``fold_applied``): the newest Kafka timestamp it folded, and the dead
+applies (``fold_applied``): the newest Kafka timestamp it folded, how old each
+record it folded was when Redis held it (``runtime.freshness``), and the dead
 letters it sent. How far each running map is behind its source logs, and how
 fast it gains, comes from the run's own look at Kafka's log ends
 (``materializer.runtime.catch_up``, ``catch_up``), which Spark's progress
@@ -12,23 +13,31 @@ cannot tell.
 
 Queries are named ``<map>.<query>`` (``users.fold``); map names may hold dots,
 query names do not.
+
+The same batches feed each map's history (``runtime.history``): ``intervals``
+adds them up between two of its samples.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.metrics_core import HistogramMetricFamily
+from prometheus_client.registry import Collector
 
 from materializer.config import MetricsConfig
 from materializer.contract.redis_layout import GENERATION_MARK
 from materializer.errors import SetupError
+from materializer.runtime.freshness import PROMETHEUS_BUCKETS_S, Freshness
+from materializer.runtime.history import Intervals
 from materializer.runtime.listener import Progress, QueryListener
 
 if TYPE_CHECKING:
@@ -39,7 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FOLD, DEAD_LETTER = "fold", "dead_letter"
+FOLD, DEAD_LETTER, DELTA = "fold", "dead_letter", "delta"
 
 
 def split_query_name(name: str | None) -> tuple[str, str] | None:
@@ -99,6 +108,43 @@ def finished_at(timestamp: str, duration_ms: int) -> float:
     return started.timestamp() + duration_ms / 1000
 
 
+class FreshnessHistogram(Collector):
+    """``materializer_event_freshness_seconds{map}``: one observation per record folded (its
+    age when the batch's Redis writes landed), fed a batch's bucket counts at a time.
+
+    Prometheus's own ``Histogram`` takes one observation a call: a Python call per
+    record. This collector keeps each map's running sums of ``Freshness`` and writes
+    them out as a histogram when scraped.
+    """
+
+    NAME = "materializer_event_freshness_seconds"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._maps: dict[str, Freshness] = {}
+
+    def add(self, map_name: str, freshness: Freshness) -> None:
+        """Count a batch's records; called on the batch's thread."""
+        with self._lock:
+            before = self._maps.get(map_name)
+            self._maps[map_name] = freshness if before is None else before + freshness
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        """The histogram of every map that folded a record since the run started."""
+        family = HistogramMetricFamily(
+            self.NAME,
+            "Age of each folded record (from its Kafka timestamp) when Redis held its batch.",
+            labels=["map"],
+        )
+        with self._lock:
+            maps = dict(self._maps)
+        for name, f in sorted(maps.items()):
+            bounds = [*(repr(b) for b in PROMETHEUS_BUCKETS_S), "+Inf"]
+            buckets = list(zip(bounds, (float(n) for n in f.prometheus_buckets()), strict=True))
+            family.add_metric([name], buckets, f.sum_us / 1_000_000)
+        yield family
+
+
 class BatchMetrics(QueryListener):
     """Per map and query metrics of every batch of the session, in a registry of their own.
 
@@ -148,6 +194,10 @@ class BatchMetrics(QueryListener):
             ["map"],
             registry=r,
         )
+        self._event_freshness = FreshnessHistogram()
+        r.register(self._event_freshness)
+        self.intervals = Intervals()
+        """Each map's batches since its last history sample (``runtime.history``)."""
         self._state_keys = Gauge(
             "materializer_state_keys",
             "Keys of the map's fold state in Redis (live entities and recently deleted ones),"
@@ -286,18 +336,30 @@ class BatchMetrics(QueryListener):
         self._batch_duration.labels(map_name, query).observe(duration / 1000)
         self._rows_in.labels(map_name, query).inc(int(progress.get("numInputRows", 0)))
         self._last_batch.labels(map_name, query).set(done)
+        if query == DELTA:
+            started_ms = round(finished_at(str(progress["timestamp"]), 0) * 1000)
+            self.intervals.delta_batch(map_name, started_ms, records_behind(progress))
         if query == FOLD:
+            self.intervals.fold_batch(map_name, progress.get("durationMs") or {})
             for source in progress.get("sources", []):
                 lags = partition_lags(source.get("endOffset"), source.get("latestOffset"))
                 for (topic, partition), lag in lags.items():
                     self._lag.labels(map_name, topic, partition).set(lag)
 
     def fold_applied(
-        self, map_name: str, newest_timestamp_us: int | None, dead_letters: int
+        self,
+        map_name: str,
+        newest_timestamp_us: int | None,
+        dead_letters: int,
+        freshness: Freshness | None = None,
     ) -> None:
         """What one fold batch did, from inside it once Redis holds it: the newest Kafka
-        timestamp it folded (microseconds; None: nothing folded) and the dead letters it
-        sent. Called on the batch's thread, as ``rows_out``."""
+        timestamp it folded (microseconds; None: nothing folded), the dead letters it
+        sent, and how old its folded records were (None: none folded). Called on the
+        batch's thread, as ``rows_out``."""
+        self.intervals.fold_applied(map_name, newest_timestamp_us, dead_letters, freshness)
+        if freshness is not None:
+            self._event_freshness.add(map_name, freshness)
         if newest_timestamp_us is not None:
             # Clocks of producers and of this machine may disagree a little; age is never < 0.
             age = time.time() - newest_timestamp_us / 1_000_000

@@ -212,3 +212,109 @@ class DeleteMapResponse(_message.Message):
     version: int
     purged: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, map: _Optional[str] = ..., version: _Optional[int] = ..., purged: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class OperationRequest(_message.Message):
+    __slots__ = ("map", "kind")
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    kind: str
+    def __init__(self, map: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
+
+class GetOperationRequest(_message.Message):
+    __slots__ = ("map",)
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    def __init__(self, map: _Optional[str] = ...) -> None: ...
+
+class KeyDifferences(_message.Message):
+    __slots__ = ("count", "first")
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    FIRST_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    first: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, count: _Optional[int] = ..., first: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class VerifyResult(_message.Message):
+    __slots__ = ("identical", "expected", "actual", "missing", "extra", "different", "watermark_matches")
+    IDENTICAL_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    ACTUAL_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_FIELD_NUMBER: _ClassVar[int]
+    DIFFERENT_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_MATCHES_FIELD_NUMBER: _ClassVar[int]
+    identical: bool
+    expected: int
+    actual: int
+    missing: KeyDifferences
+    extra: KeyDifferences
+    different: KeyDifferences
+    watermark_matches: bool
+    def __init__(self, identical: _Optional[bool] = ..., expected: _Optional[int] = ..., actual: _Optional[int] = ..., missing: _Optional[_Union[KeyDifferences, _Mapping]] = ..., extra: _Optional[_Union[KeyDifferences, _Mapping]] = ..., different: _Optional[_Union[KeyDifferences, _Mapping]] = ..., watermark_matches: _Optional[bool] = ...) -> None: ...
+
+class RehydrateResult(_message.Message):
+    __slots__ = ("loaded", "removed", "expired", "seconds")
+    LOADED_FIELD_NUMBER: _ClassVar[int]
+    REMOVED_FIELD_NUMBER: _ClassVar[int]
+    EXPIRED_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    loaded: int
+    removed: int
+    expired: int
+    seconds: float
+    def __init__(self, loaded: _Optional[int] = ..., removed: _Optional[int] = ..., expired: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class RebuildResult(_message.Message):
+    __slots__ = ("generation",)
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    def __init__(self, generation: _Optional[int] = ...) -> None: ...
+
+class Operation(_message.Message):
+    __slots__ = ("map", "id", "kind", "requested_by", "requested_at", "state", "phase", "progress_done", "progress_total", "started_at", "finished_at", "worker_id", "error", "verify", "rehydrate", "rebuild")
+    class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STATE_UNSPECIFIED: _ClassVar[Operation.State]
+        REQUESTED: _ClassVar[Operation.State]
+        RUNNING: _ClassVar[Operation.State]
+        DONE: _ClassVar[Operation.State]
+        FAILED: _ClassVar[Operation.State]
+    STATE_UNSPECIFIED: Operation.State
+    REQUESTED: Operation.State
+    RUNNING: Operation.State
+    DONE: Operation.State
+    FAILED: Operation.State
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_BY_FIELD_NUMBER: _ClassVar[int]
+    REQUESTED_AT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_DONE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    VERIFY_FIELD_NUMBER: _ClassVar[int]
+    REHYDRATE_FIELD_NUMBER: _ClassVar[int]
+    REBUILD_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    id: str
+    kind: str
+    requested_by: str
+    requested_at: _timestamp_pb2.Timestamp
+    state: Operation.State
+    phase: str
+    progress_done: int
+    progress_total: int
+    started_at: _timestamp_pb2.Timestamp
+    finished_at: _timestamp_pb2.Timestamp
+    worker_id: str
+    error: str
+    verify: VerifyResult
+    rehydrate: RehydrateResult
+    rebuild: RebuildResult
+    def __init__(self, map: _Optional[str] = ..., id: _Optional[str] = ..., kind: _Optional[str] = ..., requested_by: _Optional[str] = ..., requested_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state: _Optional[_Union[Operation.State, str]] = ..., phase: _Optional[str] = ..., progress_done: _Optional[int] = ..., progress_total: _Optional[int] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., finished_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., worker_id: _Optional[str] = ..., error: _Optional[str] = ..., verify: _Optional[_Union[VerifyResult, _Mapping]] = ..., rehydrate: _Optional[_Union[RehydrateResult, _Mapping]] = ..., rebuild: _Optional[_Union[RebuildResult, _Mapping]] = ...) -> None: ...

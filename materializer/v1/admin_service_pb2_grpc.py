@@ -84,6 +84,16 @@ class AdminServiceStub:
                 request_serializer=materializer_dot_v1_dot_admin__service__pb2.DeleteMapRequest.SerializeToString,
                 response_deserializer=materializer_dot_v1_dot_admin__service__pb2.DeleteMapResponse.FromString,
                 _registered_method=True)
+        self.StartOperation = channel.unary_unary(
+                '/materializer.v1.AdminService/StartOperation',
+                request_serializer=materializer_dot_v1_dot_admin__service__pb2.OperationRequest.SerializeToString,
+                response_deserializer=materializer_dot_v1_dot_admin__service__pb2.Operation.FromString,
+                _registered_method=True)
+        self.GetOperation = channel.unary_unary(
+                '/materializer.v1.AdminService/GetOperation',
+                request_serializer=materializer_dot_v1_dot_admin__service__pb2.GetOperationRequest.SerializeToString,
+                response_deserializer=materializer_dot_v1_dot_admin__service__pb2.Operation.FromString,
+                _registered_method=True)
 
 
 class AdminServiceServicer:
@@ -160,6 +170,25 @@ class AdminServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def StartOperation(self, request, context):
+        """Ask the materializer that runs the map for an operation on it (verify, rehydrate or
+        rebuild): stored at once and answered as requested; the run that holds the map
+        carries it out within a second or so and reports on it (GetOperation). One at a
+        time per map: FAILED_PRECONDITION, naming the one under way, while one is; also
+        when no materializer runs the map.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetOperation(self, request, context):
+        """The last operation asked of the map, as its run last reported it (NOT_FOUND when
+        none was ever asked).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AdminServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -212,6 +241,16 @@ def add_AdminServiceServicer_to_server(servicer, server):
                     servicer.DeleteMap,
                     request_deserializer=materializer_dot_v1_dot_admin__service__pb2.DeleteMapRequest.FromString,
                     response_serializer=materializer_dot_v1_dot_admin__service__pb2.DeleteMapResponse.SerializeToString,
+            ),
+            'StartOperation': grpc.unary_unary_rpc_method_handler(
+                    servicer.StartOperation,
+                    request_deserializer=materializer_dot_v1_dot_admin__service__pb2.OperationRequest.FromString,
+                    response_serializer=materializer_dot_v1_dot_admin__service__pb2.Operation.SerializeToString,
+            ),
+            'GetOperation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetOperation,
+                    request_deserializer=materializer_dot_v1_dot_admin__service__pb2.GetOperationRequest.FromString,
+                    response_serializer=materializer_dot_v1_dot_admin__service__pb2.Operation.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -484,6 +523,60 @@ class AdminService:
             '/materializer.v1.AdminService/DeleteMap',
             materializer_dot_v1_dot_admin__service__pb2.DeleteMapRequest.SerializeToString,
             materializer_dot_v1_dot_admin__service__pb2.DeleteMapResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def StartOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/materializer.v1.AdminService/StartOperation',
+            materializer_dot_v1_dot_admin__service__pb2.OperationRequest.SerializeToString,
+            materializer_dot_v1_dot_admin__service__pb2.Operation.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetOperation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/materializer.v1.AdminService/GetOperation',
+            materializer_dot_v1_dot_admin__service__pb2.GetOperationRequest.SerializeToString,
+            materializer_dot_v1_dot_admin__service__pb2.Operation.FromString,
             options,
             channel_credentials,
             insecure,

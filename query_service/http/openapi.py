@@ -24,7 +24,8 @@ ERRORS = {
     "401": "no bearer token, or an unknown one",
     "403": "the token may not use this map or verb",
     "404": "no such map (or route)",
-    "409": "a map of that name exists already",
+    "409": "a map of that name exists already, or the map cannot take an operation now "
+    "(one is under way, or no materializer runs it)",
     "413": "more keys or bytes than the server takes at once",
     "503": "Redis does not answer, or the map is being restored: retry",
     "504": "the map did not reach min_offsets within timeout_ms",

@@ -101,6 +101,45 @@ def _definition(answer: admin_pb.MapDefinition) -> dict[str, Any]:
     }
 
 
+async def sse_changes(
+    request: web.Request,
+    watch: Callable[[Callable[[], Awaitable[None]]], AsyncGenerator[Any, None]],
+) -> web.StreamResponse:
+    """A ``Watch`` stream written as Server-Sent Events (the API's and the console's).
+
+    ``watch`` starts the call given what to do once the stream is positioned: the
+    response starts then, so a refusal before it is still an error status.
+    """
+    response = web.StreamResponse(headers={"Content-Type": SSE, "Cache-Control": "no-cache"})
+
+    async def opened() -> None:
+        await response.prepare(request)
+
+    stream = watch(opened)
+    answers = _with_keepalives(stream, response)
+    try:
+        async for answer in answers:
+            if answer is None:
+                await response.write(b": keepalive\n\n")
+                continue
+            await response.write(b"".join(_sse(change) for change in answer.changes))
+    except HttpAbort as exc:
+        if not response.prepared:
+            raise
+        # Positioned, then ended (the stream trimmed past this watcher): said in the stream.
+        await response.write(
+            b"event: error\ndata: " + error_body(exc.code.name, exc.message) + b"\n\n"
+        )
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass  # the client went away
+    finally:
+        # The keepalives' pending read of the stream goes first: a generator that is
+        # being read cannot be closed (a client gone during a keepalive made that a 500).
+        await answers.aclose()
+        await stream.aclose()
+    return response
+
+
 def _entry(key: str, found: bool, raw: bytes) -> dict[str, Any]:
     return {"key": key, "found": found, "entity": shapes.entity_json(raw) if found else None}
 
@@ -143,6 +182,8 @@ class HttpFront:
         self._get_map_config = call(ADMIN_RPC + "GetMapConfig", admin.GetMapConfig)
         self._put_map_config = call(ADMIN_RPC + "PutMapConfig", admin.PutMapConfig)
         self._delete_map = call(ADMIN_RPC + "DeleteMap", admin.DeleteMap)
+        self._start_operation = call(ADMIN_RPC + "StartOperation", admin.StartOperation)
+        self._get_operation = call(ADMIN_RPC + "GetOperation", admin.GetOperation)
 
     def handler(self, endpoint: Endpoint) -> Handler:
         """The handler of ``endpoint``."""
@@ -247,35 +288,9 @@ class HttpFront:
             include_entities=bool_param(request, "include_entities"),
             keys=list_param(request, "keys"),
         )
-        response = web.StreamResponse(headers={"Content-Type": SSE, "Cache-Control": "no-cache"})
-
-        async def opened() -> None:
-            await response.prepare(request)
-
-        context = HttpContext(request, on_initial_metadata=opened)
-        stream = self._watch(call, context)
-        answers = _with_keepalives(stream, response)
-        try:
-            async for answer in answers:
-                if answer is None:
-                    await response.write(b": keepalive\n\n")
-                    continue
-                await response.write(b"".join(_sse(change) for change in answer.changes))
-        except HttpAbort as exc:
-            if not response.prepared:
-                raise
-            # Positioned, then ended (the stream trimmed past this watcher): said in the stream.
-            await response.write(
-                b"event: error\ndata: " + error_body(exc.code.name, exc.message) + b"\n\n"
-            )
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass  # the client went away
-        finally:
-            # The keepalives' pending read of the stream goes first: a generator that is
-            # being read cannot be closed (a client gone during a keepalive made that a 500).
-            await answers.aclose()
-            await stream.aclose()
-        return response
+        return await sse_changes(
+            request, lambda opened: self._watch(call, HttpContext(request, None, opened))
+        )
 
     async def enrich(self, request: web.Request) -> web.StreamResponse:
         """``Enrich`` of an NDJSON body, answered line by line as the lookups go."""
@@ -400,6 +415,27 @@ class HttpFront:
         )
         answer = await self._delete_map(call, HttpContext(request))
         return _json({"name": answer.map, "version": answer.version, "purged": list(answer.purged)})
+
+    async def start_operation(self, request: web.Request) -> web.Response:
+        """``StartOperation`` of a ``{"kind"}`` body: accepted, the run carries it out. A
+        refusal for the map's state (one under way, no run) is a 409, as Kafka Connect
+        answers a restart it cannot take now."""
+        asked = await json_body(request, shapes.OperationBody)
+        call = admin_pb.OperationRequest(map=request.match_info["map"], kind=asked.kind)
+        try:
+            answer = await self._start_operation(call, HttpContext(request))
+        except HttpAbort as exc:
+            if exc.code != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            return web.Response(
+                body=error_body(exc.code.name, exc.message), status=409, content_type=JSON
+            )
+        return _message(answer, 202)
+
+    async def last_operation(self, request: web.Request) -> web.Response:
+        """``GetOperation``."""
+        call = admin_pb.GetOperationRequest(map=request.match_info["map"])
+        return _message(await self._get_operation(call, HttpContext(request)))
 
     async def validate(self, request: web.Request) -> web.Response:
         """``ValidateConfig`` of the body, a configuration document."""

@@ -19,6 +19,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor
 from pydantic import BaseModel, ConfigDict, Field, RootModel, StringConstraints, WithJsonSchema
 
 from materializer.config import MAP_NAME
+from materializer.contract.operations import KINDS
 from materializer.contract.redis_layout import RESERVED_KEYS
 from materializer.v1 import common_pb2
 
@@ -213,6 +214,15 @@ class MapDeleted(_Shape):
     name: str
     version: int = Field(description="the deletion's version in the catalog")
     purged: list[str] = Field(description="what the purge removed, one line each")
+
+
+class OperationBody(_Shape):
+    """An operation to ask of the run that holds the map."""
+
+    kind: Annotated[str, WithJsonSchema({"type": "string", "enum": list(KINDS)})] = Field(
+        description="verify: compare Redis with Delta and the changelog; rehydrate: load "
+        "Redis from them; rebuild: fold the map again into a new generation"
+    )
 
 
 class ErrorDetail(_Shape):

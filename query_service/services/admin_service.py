@@ -1,5 +1,6 @@
-"""``materializer.v1.AdminService``: map status and lag, pause/resume/restart, validation, and
-maps created, changed and deleted at runtime (Kafka Connect's ``/connectors`` over gRPC)."""
+"""``materializer.v1.AdminService``: map status and lag, pause/resume/restart, operations the
+run carries out (verify, rehydrate, rebuild), validation, and maps created, changed and
+deleted at runtime (Kafka Connect's ``/connectors`` over gRPC)."""
 
 from __future__ import annotations
 
@@ -28,9 +29,11 @@ from materializer.catalog.purge import purge
 from materializer.catalog.store import CatalogUnavailable
 from materializer.config import MAP_NAME, AppConfig, validate_text, with_maps
 from materializer.contract.map_catalog import StoredMap
+from materializer.contract.operations import KINDS, Operation
 from materializer.contract.redis_layout import MapReport
 from materializer.contract.status import (
     IN_HAND,
+    STALE_REPORT_MS,
     effective_state,
     live_report,
     partition_lags,
@@ -47,6 +50,7 @@ from query_service.errors import (
     FailedPrecondition,
     InvalidArgument,
     MapNotFound,
+    NotFound,
     StoreUnavailable,
 )
 from query_service.services.map_service import watermark_to_proto
@@ -197,6 +201,44 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
         self._check_map(name)
         await self._control.request(name, desired=desired, restart=restart)
         return pb.ControlResponse(map=name, requested_state=_STATES[desired])
+
+    async def StartOperation(
+        self, request: pb.OperationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Operation:
+        """Store a request for an operation that the run holding the map carries out."""
+        name = self._check_map(request.map)
+        if request.kind not in KINDS:
+            raise InvalidArgument(f"kind: unknown {request.kind!r} (one of {', '.join(KINDS)})")
+        report = (await self._control.snapshot([name]))[name].report
+        now_ms = int(time.time() * 1000)
+        state = effective_state(report, now_ms)
+        reporting = report is not None and now_ms - report.reported_at_ms <= STALE_REPORT_MS
+        if not reporting or state == "stopped":
+            raise FailedPrecondition(
+                f"map {name!r} is {state}: no materializer runs it to carry out the "
+                f"{request.kind}; start one (materializer run), or use materializer "
+                f"{request.kind} {name}"
+            )
+        asked = Operation.request(request.kind, CALLER.get())
+        standing = await self._control.start_operation(name, asked)
+        if standing.id != asked.id:
+            raise FailedPrecondition(
+                f"map {name!r}: {standing.kind} {standing.id} asked by "
+                f"{standing.requested_by} is {standing.state}; one operation at a time, "
+                "ask again once it ended"
+            )
+        log.info("map %s: %s %s asked by %s", name, asked.kind, asked.id, asked.requested_by)
+        return operation_to_proto(name, standing)
+
+    async def GetOperation(
+        self, request: pb.GetOperationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.Operation:
+        """The last operation asked of the map, as its run last reported it."""
+        name = self._check_map(request.map)
+        operation = await self._control.operation(name)
+        if operation is None:
+            raise NotFound(f"map {name!r}: no operation was asked of it yet")
+        return operation_to_proto(name, operation)
 
     async def ValidateConfig(
         self, request: pb.ValidateConfigRequest, context: grpc.aio.ServicerContext
@@ -365,4 +407,65 @@ def _definition(name: str, record: StoredMap, origin: str) -> pb.MapDefinition:
     )
     if record.at_ms:
         answer.changed_at.FromMilliseconds(record.at_ms)
+    return answer
+
+
+_OPERATION_STATES = {
+    "requested": pb.Operation.State.REQUESTED,
+    "running": pb.Operation.State.RUNNING,
+    "done": pb.Operation.State.DONE,
+    "failed": pb.Operation.State.FAILED,
+}
+
+
+def _differences(found: Any) -> pb.KeyDifferences:
+    found = found or {}
+    return pb.KeyDifferences(count=int(found.get("count", 0)), first=list(found.get("first", [])))
+
+
+def operation_to_proto(name: str, operation: Operation) -> pb.Operation:
+    """An operation record (``materializer.contract.operations``) as the API answers it."""
+    answer = pb.Operation(
+        map=name,
+        id=operation.id,
+        kind=operation.kind,
+        requested_by=operation.requested_by,
+        state=_OPERATION_STATES.get(operation.state, pb.Operation.State.STATE_UNSPECIFIED),
+        phase=operation.phase,
+        progress_done=operation.done,
+        progress_total=operation.total,
+        worker_id=operation.worker,
+        error=operation.error,
+    )
+    for stamp, ms in (
+        (answer.requested_at, operation.requested_at_ms),
+        (answer.started_at, operation.started_at_ms),
+        (answer.finished_at, operation.finished_at_ms),
+    ):
+        if ms:
+            stamp.FromMilliseconds(ms)
+    result = operation.result
+    if result and operation.kind == "verify":
+        answer.verify.CopyFrom(
+            pb.VerifyResult(
+                identical=bool(result.get("identical")),
+                expected=int(result.get("expected", 0)),
+                actual=int(result.get("actual", 0)),
+                missing=_differences(result.get("missing")),
+                extra=_differences(result.get("extra")),
+                different=_differences(result.get("different")),
+                watermark_matches=bool(result.get("watermark_matches")),
+            )
+        )
+    elif result and operation.kind == "rehydrate":
+        answer.rehydrate.CopyFrom(
+            pb.RehydrateResult(
+                loaded=int(result.get("loaded", 0)),
+                removed=int(result.get("removed", 0)),
+                expired=int(result.get("expired", 0)),
+                seconds=float(result.get("seconds", 0.0)),
+            )
+        )
+    elif result and operation.kind == "rebuild":
+        answer.rebuild.CopyFrom(pb.RebuildResult(generation=int(result.get("generation", 0))))
     return answer

@@ -1,4 +1,5 @@
-"""The admin side of ``<map>:__status__`` / ``<map>:__control__``, and the source log ends.
+"""The admin side of ``<map>:__status__`` / ``<map>:__control__`` / ``<map>:__operation__``,
+and the source log ends.
 
 The materializer reports each map's state and obeys the control hash
 (``materializer.runtime.control_channel``); this store reads the one and writes the
@@ -18,6 +19,7 @@ from materializer.clients.kafka_offsets import admin_client, partition_offsets
 from materializer.clients.redis import AsyncClient, get_many_async, where
 from materializer.config import KafkaConfig
 from materializer.contract.control import control_fields
+from materializer.contract.operations import REQUEST_SCRIPT, Operation
 from materializer.contract.redis_layout import (
     Control,
     MapReport,
@@ -25,6 +27,7 @@ from materializer.contract.redis_layout import (
     control_key,
     generation_key,
     meta_key,
+    operation_key,
     parse_generation,
     physical_name,
     status_key,
@@ -83,6 +86,25 @@ class ControlStore:
         fields = control_fields(desired, restart)
         async with unavailable_on_connection_errors(self._where):
             await self._client.hset(control_key(name), mapping=cast("Any", fields))
+
+    async def start_operation(self, name: str, operation: Operation) -> Operation:
+        """Store a request for an operation unless one is unfinished (one script, so two
+        requests at once cannot both win); the record that stands: ``operation``, or the
+        unfinished one that refused it."""
+        async with unavailable_on_connection_errors(self._where):
+            reply = await self._client.eval(
+                REQUEST_SCRIPT, 1, operation_key(name), *operation.request_args()
+            )
+        standing = Operation.from_reply(reply)
+        if standing is None:  # the script always leaves a record
+            raise RuntimeError(f"no operation record for map {name!r} after a request")
+        return standing
+
+    async def operation(self, name: str) -> Operation | None:
+        """The last operation asked of the map, as its run last reported it."""
+        async with unavailable_on_connection_errors(self._where):
+            raw = await self._client.hgetall(operation_key(name))
+        return Operation.from_hash(raw)
 
 
 class LogEnds:

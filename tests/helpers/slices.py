@@ -235,3 +235,36 @@ def user_events(n: int, keys: int, seed: int) -> list[tuple[bytes | None, bytes 
             doc["name"] = None
         out.append((uid.encode(), orjson.dumps(doc)))
     return out
+
+
+class Produced:
+    """Keyed records produced to a topic, and what a ``latest`` map of them should hold."""
+
+    def __init__(self, bootstrap: str, topic: str, client: redis.Redis, keys: int) -> None:
+        self.bootstrap, self.topic, self.client, self.keys = bootstrap, topic, client, keys
+        self.records: list[tuple[bytes | None, bytes | None]] = []
+        self.positions: list[tuple[int, int]] = []
+
+    def produce(self, n: int) -> None:
+        """``n`` more records over the same keys, ``u<i % keys>``, each with a name and an age."""
+        from materializer.testing import produce
+
+        start = len(self.records)
+        records: list[tuple[bytes | None, bytes | None]] = []
+        for i in range(start, start + n):
+            key = f"u{i % self.keys}"
+            records.append((key.encode(), orjson.dumps({"id": key, "name": f"n{i}", "age": i})))
+        self.positions += produce(self.bootstrap, self.topic, records)
+        self.records += records
+
+    def folded(self, physical: str) -> bool:
+        """Whether that copy of the map has a watermark past every record produced."""
+        mark = Watermark.from_hash(self.client.hgetall(meta_key(physical)))
+        return mark is not None and mark.offsets.get(self.topic) == end_offsets(self.positions)
+
+    def expected(self) -> dict[str, Any]:
+        """The reference fold (``latest``) of every record produced."""
+        from materializer.testing.reference import fold_latest
+
+        pairs = zip(self.positions, self.records, strict=True)
+        return fold_latest([(p, o, k, v) for (p, o), (k, v) in pairs], "id", FIELDS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import orjson
 
 from materializer.clients.redis import key_slot, slot_tag
+from materializer.contract.operations import Operation, report_args
 from materializer.contract.redis_layout import (
     EXPIRE_OP,
     RESERVED_KEYS,
@@ -24,6 +25,7 @@ from materializer.contract.redis_layout import (
     logical_name,
     marker_key,
     meta_key,
+    operation_key,
     owner_key,
     parse_generation,
     physical_name,
@@ -134,6 +136,8 @@ def test_status_and_control_hashes_are_the_contract():
         "__control__",
         "__generation__",
         "__definition__",
+        "__operation__",
+        "__history__",
     } == RESERVED_KEYS
     report = MapReport("failed", "boom", 1700, 12.5, 3.0, 42, 4096, "worker-1")
     assert report.to_hash() == {
@@ -203,3 +207,116 @@ def test_generations_are_the_contract():
     assert entity_key(physical_name("users", 3), "u-1") == "users~3:u-1"
     assert parse_generation(None) == 0
     assert parse_generation(b"4") == 4
+
+
+def test_the_operation_hash_is_the_contract():
+    assert operation_key("users") == "users:__operation__"
+    asked = Operation("op1", "verify", "ops-console", 1700)
+    assert asked.to_hash() == {
+        "id": "op1",
+        "kind": "verify",
+        "requested_by": "ops-console",
+        "requested_at_ms": "1700",
+        "state": "requested",
+        "phase": "",
+        "done": "0",
+        "total": "0",
+        "started_at_ms": "0",
+        "finished_at_ms": "0",
+        "worker": "",
+        "error": "",
+        "result": "",
+    }
+    # The request writes its own fields only; the run's report adds the rest.
+    assert asked.request_args() == [
+        "id", "op1", "kind", "verify", "requested_by", "ops-console",
+        "requested_at_ms", "1700", "state", "requested",
+    ]  # fmt: skip
+    missing = {"count": 2, "first": ["u1", "u2"]}
+    done = Operation(
+        "op1", "verify", "ops-console", 1700, state="done", phase="done", done=60, total=60,
+        started_at_ms=1800, finished_at_ms=1900, worker="host-12",
+        result={"identical": False, "expected": 60, "actual": 58, "missing": missing},
+    )  # fmt: skip
+    fields = done.to_hash()
+    assert orjson.loads(fields["result"]) == {
+        "identical": False,
+        "expected": 60,
+        "actual": 58,
+        "missing": {"count": 2, "first": ["u1", "u2"]},
+    }
+    raw = {k.encode(): v.encode() for k, v in fields.items()}
+    assert Operation.from_hash(raw) == done
+    assert Operation.from_hash({}) is None
+    assert Operation.from_reply([b"id", b"op1", b"kind", b"rebuild"]) == Operation(
+        "op1", "rebuild", "", 0
+    )
+    assert report_args("op1", state="failed", done=3, result={"generation": 2}) == [
+        "op1", "state", "failed", "done", "3", "result", '{"generation":2}',
+    ]  # fmt: skip
+
+
+def test_history_samples_are_the_contract():
+    from materializer.contract.history import FIELDS, HistorySample
+    from materializer.contract.redis_layout import history_key
+
+    assert history_key("users") == "users:__history__"
+    # Every entry has these fields in this order (Redis stores the names once per node).
+    assert FIELDS == (
+        "state",
+        "input_rate",
+        "fold_rate",
+        "batches",
+        "batch_ms",
+        "add_batch_ms",
+        "get_batch_ms",
+        "latest_offset_ms",
+        "query_planning_ms",
+        "wal_commit_ms",
+        "commit_offsets_ms",
+        "freshness_p50_ms",
+        "freshness_p99_ms",
+        "freshness_max_ms",
+        "lag_records",
+        "lag_ms",
+        "dead_letters",
+        "state_keys",
+        "state_bytes",
+        "delta_lag_ms",
+        "delta_lag_records",
+        "catch_up_rate",
+        "eta_seconds",
+    )
+    sample = HistorySample(
+        1700, "running", input_rate=5012.34, fold_rate=12.34, batches=9, batch_ms=410,
+        add_batch_ms=320, freshness_p50_ms=380, freshness_p99_ms=990, freshness_max_ms=1204,
+        lag_records=0, lag_ms=0, dead_letters=2, state_keys=100, state_bytes=24576,
+        catch_up_rate=0.0, eta_seconds=0.0,
+    )  # fmt: skip
+    fields = sample.to_fields()
+    assert list(fields) == list(FIELDS)
+    assert fields == {
+        "state": "running",
+        "input_rate": "5012",
+        "fold_rate": "12.3",
+        "batches": "9",
+        "batch_ms": "410",
+        "add_batch_ms": "320",
+        "get_batch_ms": "",
+        "latest_offset_ms": "",
+        "query_planning_ms": "",
+        "wal_commit_ms": "",
+        "commit_offsets_ms": "",
+        "freshness_p50_ms": "380",
+        "freshness_p99_ms": "990",
+        "freshness_max_ms": "1204",
+        "lag_records": "0",
+        "lag_ms": "0",
+        "dead_letters": "2",
+        "state_keys": "100",
+        "state_bytes": "24576",
+        "delta_lag_ms": "",
+        "delta_lag_records": "",
+        "catch_up_rate": "0",
+        "eta_seconds": "0",
+    }
