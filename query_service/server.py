@@ -205,9 +205,12 @@ async def create_servers(
         from query_service.http.server import create_app, openapi, start_http
 
         front = HttpFront(maps, enrich, admin, redis_health, authorizer, maps_of, openapi())
-        servers.http, servers.http_port = await start_http(
-            create_app(front), http[0], http[1], config.query.tls
-        )
+        app = create_app(front)
+        if config.query.console.enabled:
+            from query_service.console.mount import mount_console
+
+            mount_console(app, config, live, maps, admin, authorizer, maps_of, store.client)
+        servers.http, servers.http_port = await start_http(app, http[0], http[1], config.query.tls)
     return servers
 
 

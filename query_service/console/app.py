@@ -1,0 +1,228 @@
+"""The console's aiohttp application, mounted under ``query.console.base_path``.
+
+One middleware stands between every request and the pages: it finds the login
+session (or sends the browser to log in), checks the CSRF token and origin of
+everything that changes something, turns a refused call into an error page with
+its status, and sets the headers that keep the pages to themselves (a content
+security policy allowing only the service's own scripts and styles, no framing).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from urllib.parse import quote, urlsplit
+
+from aiohttp import web
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from materializer.catalog.live import LiveMaps
+from materializer.clients.redis import AsyncClient
+from materializer.config import ConsoleConfig
+from query_service.console.calls import ConsoleCalls
+from query_service.console.pages import Pages
+from query_service.console.sessions import COOKIE, Session, Sessions
+from query_service.errors import Unauthenticated
+from query_service.http.calls import HTTP_STATUS, HttpAbort
+from query_service.interceptors import INTERNAL_DETAILS
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).parent / "static"
+CSRF_FIELD = "csrf"
+CSRF_HEADER = "X-CSRF-Token"
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "same-origin",
+    "Cache-Control": "no-store",
+}
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def templates() -> Environment:
+    """The pages' templates; every value is HTML-escaped unless a template says otherwise."""
+    return Environment(
+        loader=PackageLoader("query_service.console", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+class Console:
+    """The pages' application and the session handling around them."""
+
+    def __init__(
+        self,
+        config: ConsoleConfig,
+        calls: ConsoleCalls,
+        sessions: Sessions,
+        live: LiveMaps,
+        client: AsyncClient,
+        secure_cookie: bool,
+    ) -> None:
+        self.base = config.base_path
+        self._sessions = sessions
+        self._secure = secure_cookie
+        self._env = templates()
+        self.pages = Pages(calls, live, client, self._env, self.base)
+
+    def application(self) -> web.Application:
+        """The sub-application to mount at ``base``."""
+        app = web.Application(middlewares=[self._middleware])
+        p = self.pages
+        app.router.add_get("/", p.overview)
+        app.router.add_get("/fragments/overview", p.overview_rows)
+        app.router.add_get("/login", self.login_form)
+        app.router.add_post("/login", self.login)
+        app.router.add_post("/logout", self.logout)
+        app.router.add_get("/new-map", p.map_form)
+        app.router.add_post("/new-map", p.map_form_post)
+        app.router.add_get("/maps/{map}", p.map_page)
+        app.router.add_get("/maps/{map}/summary", p.map_summary)
+        app.router.add_get("/maps/{map}/history.json", p.history_json)
+        app.router.add_get("/maps/{map}/entities", p.entities)
+        app.router.add_get("/maps/{map}/changes", p.changes)
+        app.router.add_get("/maps/{map}/changes/stream", p.changes_stream)
+        app.router.add_get("/maps/{map}/edit", p.map_form)
+        app.router.add_post("/maps/{map}/edit", p.map_form_post)
+        app.router.add_post("/maps/{map}/actions/{action}", p.action)
+        app.router.add_static("/static/", STATIC, append_version=False)
+        return app
+
+    # -- login -------------------------------------------------------------------------
+
+    def _page(self, template: str, status: int = 200, **values: object) -> web.Response:
+        text = self._env.get_template(template).render(base=self.base, session=None, **values)
+        return web.Response(text=text, status=status, content_type="text/html")
+
+    async def login_form(self, request: web.Request) -> web.Response:
+        """The form a token is typed into (an open console needs none: straight in)."""
+        if self._sessions.open:
+            raise web.HTTPSeeOther(f"{self.base}/")
+        return self._page("login.html", next=_local(request.query.get("next"), self.base))
+
+    async def login(self, request: web.Request) -> web.Response:
+        """Check the token, start a session, and go where the browser was going."""
+        form = await request.post()
+        target = _local(str(form.get("next", "")), self.base)
+        try:
+            cookie, _ = await self._sessions.login(str(form.get("token", "")))
+        except Unauthenticated:
+            return self._page("login.html", status=401, next=target, error="unknown token")
+        response = web.HTTPSeeOther(target)
+        self._set_cookie(response, cookie)
+        raise response
+
+    async def logout(self, request: web.Request) -> web.Response:
+        """End the session everywhere and forget the cookie."""
+        await self._sessions.end(request.cookies.get(COOKIE))
+        response = web.HTTPSeeOther(f"{self.base}/login")
+        response.del_cookie(COOKIE, path=self.base)
+        raise response
+
+    def _set_cookie(self, response: web.StreamResponse, cookie: str) -> None:
+        response.set_cookie(
+            COOKIE,
+            cookie,
+            path=self.base,
+            httponly=True,
+            samesite="Strict",
+            secure=self._secure,
+            max_age=int(self._sessions.lifetime.total_seconds()),
+        )
+
+    # -- every request -----------------------------------------------------------------
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        try:
+            response = await self._guarded(request, handler)
+        except web.HTTPException as exc:
+            if exc.status >= 400 and exc.status != 401:
+                response = self._error(request, exc.status, exc.reason)
+            else:
+                response = exc
+                _secure_headers(response)
+                raise
+        except HttpAbort as exc:
+            response = self._error(
+                request, HTTP_STATUS.get(exc.code, 500), exc.message, exc.code.name
+            )
+        except Exception:
+            log.exception("console %s %s: unhandled error", request.method, request.path)
+            response = self._error(request, 500, INTERNAL_DETAILS)
+        _secure_headers(response)
+        return response
+
+    async def _guarded(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        relative = request.path[len(self.base) :] or "/"
+        if relative.startswith("/static/"):
+            return await handler(request)
+        if request.method == "POST" and not _same_origin(request):
+            raise web.HTTPForbidden(reason="cross-origin request refused")
+        if relative == "/login":
+            return await handler(request)
+        cookie = request.cookies.get(COOKIE)
+        session = await self._sessions.find(cookie)
+        fresh: str | None = None
+        if session is None:
+            if not self._sessions.open:
+                return self._to_login(request)
+            fresh, session = await self._sessions.anonymous()
+        if request.method == "POST":
+            sent = request.headers.get(CSRF_HEADER)
+            if sent is None:
+                form = await request.post()
+                value = form.get(CSRF_FIELD)
+                sent = value if isinstance(value, str) else None
+            if fresh is not None or not session.csrf_matches(sent):
+                raise web.HTTPForbidden(reason="the form's CSRF token does not match the session")
+        request["session"] = session
+        response = await handler(request)
+        if fresh is not None:
+            self._set_cookie(response, fresh)
+        return response
+
+    def _to_login(self, request: web.Request) -> web.StreamResponse:
+        """To the login form; a fragment or a POST gets a 401 instead (htmx reloads)."""
+        if request.method != "GET" or request.headers.get("HX-Request"):
+            response = web.Response(status=401, text="log in again")
+            response.headers["HX-Redirect"] = f"{self.base}/login"
+            return response
+        raise web.HTTPSeeOther(f"{self.base}/login?next={quote(request.path_qs)}")
+
+    def _error(
+        self, request: web.Request, status: int, message: str, code: str = ""
+    ) -> web.Response:
+        session: Session | None = request.get("session")
+        text = self._env.get_template("error.html").render(
+            base=self.base, session=session, status=status, message=message, code=code
+        )
+        return web.Response(text=text, status=status, content_type="text/html")
+
+
+def _secure_headers(response: web.StreamResponse) -> None:
+    for name, value in SECURITY_HEADERS.items():
+        response.headers.setdefault(name, value)
+
+
+def _same_origin(request: web.Request) -> bool:
+    """A browser's POST names where its page came from; another site's is refused."""
+    origin = request.headers.get("Origin")
+    if origin is None or origin == "null":
+        return origin is None
+    return urlsplit(origin).netloc == request.host
+
+
+def _local(target: str | None, base: str) -> str:
+    """Where to go after login: a path of the console only, never another site."""
+    if target and target.startswith(base + "/") and not target.startswith("//"):
+        return target
+    return f"{base}/"
