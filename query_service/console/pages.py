@@ -177,60 +177,48 @@ class Pages:
     async def map_page(self, request: web.Request) -> web.Response:
         """A map: summary, charts, dead letters, config, schema, Delta versions, actions."""
         name = request.match_info["map"]
+        summary = await self._map_summary(request, name)
         call = self._call(request)
-        status = (await call("GetStatus", admin_pb.GetStatusRequest(map=name))).maps[0]
         definition = await call("GetMapConfig", admin_pb.GetMapConfigRequest(map=name))
         config_yaml = yaml.safe_dump(orjson.loads(definition.config_json or "{}"), sort_keys=False)
-        versions, schema = await asyncio.to_thread(self._table_facts, name, status)
+        versions, schema = await asyncio.to_thread(self._table_facts, name)
         dead = await asyncio.to_thread(last_dead_letters, self._live.config, name)
-        operation = await self._history.operation(name)
         return self.render(
             request,
             "map.html",
-            name=name,
-            status=status,
-            state=_state(status),
-            summary=self._summary(status),
+            **summary,
             definition=definition,
             config_yaml=config_yaml,
             versions=versions,
             schema=schema,
             dead_letters=dead,
-            operation=operation,
-            typed=TYPED,
-            operations=OPERATIONS,
             done=request.query.get("done", ""),
         )
 
     async def map_summary(self, request: web.Request) -> web.Response:
         """The map's state and figures alone, for htmx to swap in every few seconds."""
-        name = request.match_info["map"]
-        status = (await self._call(request)("GetStatus", admin_pb.GetStatusRequest(map=name))).maps[
-            0
-        ]
-        operation = await self._history.operation(name)
-        return self.render(
-            request,
-            "map_summary.html",
-            name=name,
-            status=status,
-            state=_state(status),
-            summary=self._summary(status),
-            operation=operation,
-        )
+        summary = await self._map_summary(request, request.match_info["map"])
+        return self.render(request, "map_summary.html", **summary)
 
-    def _summary(self, status: Any) -> dict[str, Any]:
+    async def _map_summary(self, request: web.Request, name: str) -> dict[str, Any]:
+        """What the summary part of a map's page shows: status, watermark, operation."""
+        answer = await self._call(request)("GetStatus", admin_pb.GetStatusRequest(map=name))
+        status = answer.maps[0]
         return {
-            "watermark": shapes.watermark(status.watermark)
-            if status.HasField("watermark")
-            else None,
-            "partitions": list(status.partitions),
-            "records_left": sum(max(0, p.lag) for p in status.partitions),
+            "name": name,
+            "status": status,
+            "state": _state(status),
+            "summary": {
+                "watermark": shapes.watermark(status.watermark)
+                if status.HasField("watermark")
+                else None,
+                "partitions": list(status.partitions),
+                "records_left": sum(max(0, p.lag) for p in status.partitions),
+            },
+            "operation": await self._history.operation(name),
         }
 
-    def _table_facts(
-        self, name: str, status: Any
-    ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+    def _table_facts(self, name: str) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
         """The Delta table's last versions and its columns (blocking: delta-rs)."""
         try:
             table = self._tables.open(name)

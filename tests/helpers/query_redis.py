@@ -25,7 +25,7 @@ from materializer.redis.functions import FoldTarget, load_library
 from materializer.redis.watermark import WatermarkSink
 from materializer.redis.writer import Writer
 from query_service.near_cache import NearCaches
-from query_service.server import create_server, create_servers
+from query_service.server import Servers, create_server, create_servers
 from query_service.stores.redis import RedisMapStore
 
 T = TypeVar("T")
@@ -158,8 +158,8 @@ class Front:
 
 
 @asynccontextmanager
-async def front(config: AppConfig) -> AsyncIterator[Front]:
-    """A started query service with its HTTP front on, an HTTP session and a gRPC channel."""
+async def started(config: AppConfig) -> AsyncIterator[Servers]:
+    """A started query service with its HTTP front on, stopped on the way out."""
     store = RedisMapStore.from_config(config.redis)
     near_caches = NearCaches(store, config.query.near_cache)
     servers = await create_servers(
@@ -167,15 +167,22 @@ async def front(config: AppConfig) -> AsyncIterator[Front]:
     )
     await servers.start()
     try:
-        async with (
-            aiohttp.ClientSession() as http,
-            grpc.aio.insecure_channel(f"127.0.0.1:{servers.port}") as channel,
-        ):
-            yield Front(http, f"http://127.0.0.1:{servers.http_port}", channel)
+        yield servers
     finally:
         await servers.stop(None)
         await near_caches.close()
         await store.close()
+
+
+@asynccontextmanager
+async def front(config: AppConfig) -> AsyncIterator[Front]:
+    """A started query service with its HTTP front on, an HTTP session and a gRPC channel."""
+    async with (
+        started(config) as servers,
+        aiohttp.ClientSession() as http,
+        grpc.aio.insecure_channel(f"127.0.0.1:{servers.port}") as channel,
+    ):
+        yield Front(http, f"http://127.0.0.1:{servers.http_port}", channel)
 
 
 def serve_http(config: AppConfig, body: Callable[[Front], Awaitable[T]]) -> T:

@@ -26,10 +26,7 @@ from materializer.contract.redis_layout import (
     status_key,
 )
 from query_service.console.sessions import COOKIE
-from query_service.near_cache import NearCaches
-from query_service.server import create_servers
-from query_service.stores.redis import RedisMapStore
-from tests.helpers.query_redis import fresh_map, map_doc, write_batch
+from tests.helpers.query_redis import fresh_map, map_doc, started, write_batch
 
 ADMIN = "console-admin-token-0123456789"
 READER = "console-reader-token-0123456789"
@@ -105,20 +102,9 @@ def csrf_of(page: str) -> str:
 
 @asynccontextmanager
 async def console(config: AppConfig) -> AsyncIterator[Browser]:
-    store = RedisMapStore.from_config(config.redis)
-    near_caches = NearCaches(store, config.query.near_cache)
-    servers = await create_servers(
-        config, store=store, near_caches=near_caches, http=("127.0.0.1", 0)
-    )
-    await servers.start()
-    try:
-        jar = aiohttp.CookieJar(unsafe=True)  # keeps cookies of an IP address, as browsers do
-        async with aiohttp.ClientSession(cookie_jar=jar) as http:
-            yield Browser(http, f"http://127.0.0.1:{servers.http_port}")
-    finally:
-        await servers.stop(None)
-        await near_caches.close()
-        await store.close()
+    jar = aiohttp.CookieJar(unsafe=True)  # keeps cookies of an IP address, as browsers do
+    async with started(config) as servers, aiohttp.ClientSession(cookie_jar=jar) as http:
+        yield Browser(http, f"http://127.0.0.1:{servers.http_port}")
 
 
 def report(client: redis.Redis, name: str, state: str = "running") -> None:
