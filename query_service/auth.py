@@ -63,11 +63,18 @@ CALLER: ContextVar[str] = ContextVar("caller", default="anonymous")
 OPEN_PREFIXES = ("/grpc.health.v1.", "/grpc.reflection.")
 
 
+class GrantedContext:
+    """A call's context made inside this process for a caller authenticated already (the
+    console's login session): it carries the grant instead of a token. Only code of this
+    service creates one; a call from the network has gRPC's or the HTTP front's context."""
+
+    grant: Grant | None = None
+
+
 def preset_grant(context: Any) -> Grant | None:
-    """The grant a call made inside this process carries already (the console's, from its
-    login session); a call from the network never has one and shows its token."""
-    grant = getattr(context, "grant", None)
-    return grant if isinstance(grant, Grant) else None
+    """The grant a ``GrantedContext`` carries; None for every other call, which shows its
+    token."""
+    return context.grant if isinstance(context, GrantedContext) else None
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,14 @@ class ConsoleConfig(_Model):
     prefix (no trailing slash)."""
     session: PositiveDuration = timedelta(hours=12)
     """How long a login lasts; a session is kept in Redis, so every replica knows it."""
+    secure_cookie: bool | None = None
+    """Whether the session cookie is sent over HTTPS only; by default, when ``query.tls`` is
+    on. Set it to true behind an ingress or proxy that terminates TLS."""
+    allowed_origins: list[Annotated[str, Field(pattern=r"^https?://[^/\s]+$")]] = Field(
+        default_factory=list
+    )
+    """Origins (``https://console.example.com``) whose forms may change something besides the
+    address the request names: the public address, behind a proxy that rewrites ``Host``."""
 
 
 class QueryConfig(_Model):

@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from urllib.parse import quote, urlsplit
 
+import redis
 from aiohttp import web
 from jinja2 import Environment, PackageLoader, select_autoescape
 
@@ -22,7 +23,7 @@ from materializer.clients.redis import AsyncClient
 from materializer.config import ConsoleConfig
 from query_service.console.calls import ConsoleCalls
 from query_service.console.pages import Pages
-from query_service.console.sessions import COOKIE, Session, Sessions
+from query_service.console.sessions import COOKIE, SESSION, Session, Sessions
 from query_service.errors import Unauthenticated
 from query_service.http.calls import HTTP_STATUS, HttpAbort
 from query_service.interceptors import INTERNAL_DETAILS
@@ -70,6 +71,7 @@ class Console:
         self.base = config.base_path
         self._sessions = sessions
         self._secure = secure_cookie
+        self._origins = frozenset(o.rstrip("/") for o in config.allowed_origins)
         self._env = templates()
         self.pages = Pages(calls, live, client, self._env, self.base)
 
@@ -113,9 +115,12 @@ class Console:
         form = await request.post()
         target = _local(str(form.get("next", "")), self.base)
         try:
-            cookie, _ = await self._sessions.login(str(form.get("token", "")))
+            cookie, session = await self._sessions.login(str(form.get("token", "")))
         except Unauthenticated:
+            log.warning("console: a login with an unknown token from %s", request.remote)
             return self._page("login.html", status=401, next=target, error="unknown token")
+        await self._sessions.end(request.cookies.get(COOKIE))  # the browser's earlier one
+        log.info("console: %s logged in from %s", session.name, request.remote)
         response = web.HTTPSeeOther(target)
         self._set_cookie(response, cookie)
         raise response
@@ -155,6 +160,9 @@ class Console:
             response = self._error(
                 request, HTTP_STATUS.get(exc.code, 500), exc.message, exc.code.name
             )
+        except redis.RedisError as exc:
+            log.warning("console %s %s: Redis unavailable: %s", request.method, request.path, exc)
+            response = self._error(request, 503, "Redis is unavailable; try again shortly")
         except Exception:
             log.exception("console %s %s: unhandled error", request.method, request.path)
             response = self._error(request, 500, INTERNAL_DETAILS)
@@ -163,9 +171,9 @@ class Console:
 
     async def _guarded(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         relative = request.path[len(self.base) :] or "/"
-        if relative.startswith("/static/"):
+        if isinstance(request.match_info.route.resource, web.StaticResource):
             return await handler(request)
-        if request.method == "POST" and not _same_origin(request):
+        if request.method == "POST" and not _same_origin(request, self._origins):
             raise web.HTTPForbidden(reason="cross-origin request refused")
         if relative == "/login":
             return await handler(request)
@@ -175,7 +183,10 @@ class Console:
         if session is None:
             if not self._sessions.open:
                 return self._to_login(request)
-            fresh, session = await self._sessions.anonymous()
+            if _is_page(request):
+                fresh, session = await self._sessions.anonymous()
+            else:
+                session = self._sessions.passing()
         if request.method == "POST":
             sent = request.headers.get(CSRF_HEADER)
             if sent is None:
@@ -184,7 +195,7 @@ class Console:
                 sent = value if isinstance(value, str) else None
             if fresh is not None or not session.csrf_matches(sent):
                 raise web.HTTPForbidden(reason="the form's CSRF token does not match the session")
-        request["session"] = session
+        request[SESSION] = session
         response = await handler(request)
         if fresh is not None:
             self._set_cookie(response, fresh)
@@ -201,7 +212,7 @@ class Console:
     def _error(
         self, request: web.Request, status: int, message: str, code: str = ""
     ) -> web.Response:
-        session: Session | None = request.get("session")
+        session: Session | None = request.get(SESSION)
         text = self._env.get_template("error.html").render(
             base=self.base, session=session, status=status, message=message, code=code
         )
@@ -213,16 +224,31 @@ def _secure_headers(response: web.StreamResponse) -> None:
         response.headers.setdefault(name, value)
 
 
-def _same_origin(request: web.Request) -> bool:
+def _same_origin(request: web.Request, allowed: frozenset[str]) -> bool:
     """A browser's POST names where its page came from; another site's is refused."""
     origin = request.headers.get("Origin")
     if origin is None or origin == "null":
         return origin is None
-    return urlsplit(origin).netloc == request.host
+    return urlsplit(origin).netloc == request.host or origin.rstrip("/") in allowed
+
+
+def _is_page(request: web.Request) -> bool:
+    """A browser asking for a whole page (not a fragment, data or a stream)."""
+    return (
+        request.method == "GET"
+        and not request.headers.get("HX-Request")
+        and "text/html" in request.headers.get("Accept", "")
+    )
 
 
 def _local(target: str | None, base: str) -> str:
     """Where to go after login: a path of the console only, never another site."""
-    if target and target.startswith(base + "/") and not target.startswith("//"):
+    if (
+        target
+        and target.startswith(base + "/")
+        and not target.startswith("//")
+        and target.isprintable()
+        and target.isascii()
+    ):
         return target
     return f"{base}/"

@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 
 from materializer.v1 import admin_service_pb2 as admin_pb
-from query_service.auth import Authorizer, Grant
+from query_service.auth import Authorizer, Grant, GrantedContext
 from query_service.http.calls import HttpContext
 from query_service.http.endpoints import ADMIN_RPC, MAPS_RPC
 from query_service.interceptors import MethodCall, RequestMaps
@@ -25,7 +25,7 @@ TIMEOUT_S = 10.0
 """A page waits this long for any one call: a page that hangs helps no operator."""
 
 
-class ConsoleContext(HttpContext):
+class ConsoleContext(HttpContext, GrantedContext):
     """An HTTP request's context carrying its session's grant (None: auth is off)."""
 
     def __init__(

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from materializer.clients.redis import AsyncClient
-from materializer.contract.history import HistorySample, parse_history, read_history_async
+from materializer.contract.history import HistorySample, parse_history
 from materializer.contract.operations import Operation
 from materializer.contract.redis_layout import (
     MapReport,
@@ -25,8 +25,8 @@ from materializer.contract.redis_layout import (
 
 TREND_SAMPLES = 60
 """Samples behind an overview's trend line: the last five minutes at the default interval."""
-CHART_SAMPLES = 2_000
-"""At most this many samples per chart read: an hour at one per 2 s."""
+CHART_SAMPLES = 3_600
+"""At most this many samples per chart read: an hour at the shortest interval (1 s)."""
 
 SERIES: dict[str, Callable[[HistorySample], float]] = {
     "input_rate": lambda s: s.input_rate,
@@ -58,8 +58,8 @@ def chart_series(samples: Sequence[HistorySample]) -> dict[str, Any]:
         name: [_known(pick(s)) for s in samples] for name, pick in SERIES.items()
     }
     per_minute: list[float | None] = []
-    for before, sample in zip([None, *samples[:-1]], samples, strict=True):
-        span = sample.at_ms - before.at_ms if before is not None else 0
+    for i, sample in enumerate(samples):
+        span = sample.at_ms - samples[i - 1].at_ms if i else 0
         per_minute.append(sample.dead_letters * 60_000 / span if span > 0 else None)
     series["dead_letters_per_minute"] = per_minute
     return {"t": [s.at_ms for s in samples], "series": series}
@@ -110,9 +110,15 @@ class HistoryReader:
         return trends
 
     async def series(self, name: str, since_ms: int) -> dict[str, Any]:
-        """The map's chart data since ``since_ms``."""
-        samples = await read_history_async(self._client, name, since_ms, CHART_SAMPLES)
-        return chart_series(samples)
+        """The map's chart data since ``since_ms``: its newest ``CHART_SAMPLES`` samples
+        when there are more (a short interval), so the charts always reach now."""
+        entries: list[Any] = (
+            await self._client.xrevrange(
+                history_key(name), max="+", min=since_ms, count=CHART_SAMPLES
+            )
+            or []
+        )
+        return chart_series(parse_history(reversed(entries)))
 
     async def reports(self, names: Sequence[str]) -> dict[str, MapReport | None]:
         """The run's last report of each (an enrichment's state, worker and rates)."""

@@ -34,7 +34,9 @@ def mount_console(
         Sessions(client, authorizer, settings.session),
         live,
         client,
-        secure_cookie=config.query.tls is not None,
+        secure_cookie=settings.secure_cookie
+        if settings.secure_cookie is not None
+        else config.query.tls is not None,
     )
     base = settings.base_path
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import shlex
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -29,9 +30,9 @@ from materializer.v1 import admin_service_pb2 as admin_pb
 from materializer.v1 import map_service_pb2 as map_pb
 from query_service.console import figures
 from query_service.console.calls import ConsoleCalls
-from query_service.console.dead_letters import last_dead_letters
+from query_service.console.dead_letters import DeadLetter, last_dead_letters
 from query_service.console.history import HistoryReader, hour_ago_ms
-from query_service.console.sessions import Session
+from query_service.console.sessions import SESSION, Session
 from query_service.http import shapes
 from query_service.http.calls import HttpAbort
 from query_service.http.routes import sse_changes
@@ -50,9 +51,19 @@ OPERATIONS = ("verify", "rehydrate", "rebuild")
 TYPED = frozenset({"rehydrate", "rebuild", "delete"})
 """Actions that replace or remove data: the map's name must be typed to confirm them."""
 QUERY_PAGE = 50
-"""Rows per page of the entity browser's query."""
+"""Rows per page of the entity browser's query, unless ``page_size`` says."""
+QUERY_PAGE_MAX = 500
+"""The largest ``page_size`` the entity browser asks for."""
 FORM_PROBLEMS = ("INVALID_ARGUMENT", "ALREADY_EXISTS", "FAILED_PRECONDITION")
 """Refusals of a map's definition that the form shows next to its fields."""
+MAX_SECTION_BYTES = 64 * 1024
+"""The longest map section the form takes; real ones are a few hundred bytes."""
+DONE = frozenset({*ACTIONS, *OPERATIONS, "saved"})
+"""What a page may say was just done (``?done=``): nothing else is echoed."""
+DEAD_LETTERS_WAIT_S = 3.0
+"""The longest a map's page waits for its dead letters before it shows without them."""
+DEAD_LETTERS_KEPT_S = 5.0
+"""How long a map's dead letters, once read, serve its page again."""
 VERSIONS_SHOWN = 15
 """Delta versions listed on a map's page."""
 
@@ -71,6 +82,36 @@ def _pretty(raw: bytes) -> str:
 
 def _watermark(message: Any) -> dict[str, Any] | None:
     return shapes.watermark(message.watermark) if message.HasField("watermark") else None
+
+
+class _NoAliases(yaml.SafeLoader):
+    """YAML without anchors and aliases: a map's section needs none, and aliases nested in
+    aliases expand a few lines into more than the service can hold."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()  # type: ignore[no-untyped-call]
+            raise yaml.composer.ComposerError(
+                None, None, "aliases (*name) are not accepted here", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+
+def _section(text: str) -> tuple[str, str]:
+    """The form's YAML as the JSON the call takes, or the problem with it (blocking: on a
+    thread, as a large text takes a while)."""
+    if len(text.encode()) > MAX_SECTION_BYTES:
+        return "", f"config: longer than {MAX_SECTION_BYTES // 1024} KiB"
+    try:
+        section = yaml.load(text, Loader=_NoAliases) if text.strip() else None  # noqa: S506
+    except yaml.YAMLError as exc:
+        return "", f"config: not valid YAML: {exc}"
+    if not isinstance(section, dict):
+        return "", "config: must be a mapping (the map's section, in YAML)"
+    try:
+        return orjson.dumps(section).decode(), ""
+    except TypeError as exc:  # a date or a number beyond 64 bits
+        return "", f"config: {exc}"
 
 
 def _seconds(ms: int) -> float | None:
@@ -100,6 +141,8 @@ class Pages:
         self._history = HistoryReader(client)
         self._templates = templates
         self._base = base
+        self._kafka = ThreadPoolExecutor(2, thread_name_prefix="console-kafka")
+        self._dead: dict[str, tuple[float, list[DeadLetter] | str]] = {}
 
     # -- rendering ---------------------------------------------------------------------
 
@@ -107,14 +150,27 @@ class Pages:
         self, request: web.Request, template: str, http_status: int = 200, **values: Any
     ) -> web.Response:
         """A template with what every page needs: the base path, the session, the request."""
-        session: Session = request["session"]
+        session: Session = request[SESSION]
         text = self._templates.get_template(template).render(
             base=self._base, session=session, figures=figures, path=request.path, **values
         )
         return web.Response(text=text, status=http_status, content_type="text/html")
 
+    def _known(self, request: web.Request) -> str:
+        """The request's map, when it exists and the token may use it (404 and 403 as the
+        servicers answer them): pages that call nothing before the form is used check
+        here."""
+        name = request.match_info["map"]
+        session: Session = request[SESSION]
+        if name not in self._live.config.maps:
+            raise HttpAbort(grpc.StatusCode.NOT_FOUND, f"unknown map {name!r}")
+        if session.grant is not None and not session.grant.allows_map(name):
+            problem = f"token {session.grant.name!r} may not use map {name!r}"
+            raise HttpAbort(grpc.StatusCode.PERMISSION_DENIED, problem)
+        return name
+
     def _call(self, request: web.Request) -> Any:
-        session: Session = request["session"]
+        session: Session = request[SESSION]
 
         async def call(name: str, message: Any) -> Any:
             return await self._calls.unary(name, message, request, session.grant)
@@ -132,7 +188,7 @@ class Pages:
         return self.render(request, "overview_rows.html", **await self._overview(request))
 
     async def _overview(self, request: web.Request) -> dict[str, Any]:
-        session: Session = request["session"]
+        session: Session = request[SESSION]
         statuses = await self._calls.status(request, session.grant)
         names = [s.map for s in statuses]
         enrichments = sorted(
@@ -182,7 +238,9 @@ class Pages:
         definition = await call("GetMapConfig", admin_pb.GetMapConfigRequest(map=name))
         config_yaml = yaml.safe_dump(orjson.loads(definition.config_json or "{}"), sort_keys=False)
         versions, schema = await asyncio.to_thread(self._table_facts, name)
-        dead = await asyncio.to_thread(last_dead_letters, self._live.config, name)
+        session: Session = request[SESSION]
+        # Dead letters hold records' keys and errors: user data, for tokens that may read it.
+        dead = await self._dead_letters(name) if session.may("get") else None
         return self.render(
             request,
             "map.html",
@@ -192,8 +250,26 @@ class Pages:
             versions=versions,
             schema=schema,
             dead_letters=dead,
-            done=request.query.get("done", ""),
+            done=request.query.get("done", "") if request.query.get("done") in DONE else "",
         )
+
+    async def _dead_letters(self, name: str) -> list[DeadLetter] | str:
+        """The map's last dead letters, read at most every ``DEAD_LETTERS_KEPT_S`` per map
+        on threads of their own (a slow broker holds neither the page nor the other reads);
+        what went wrong, in words, when Kafka did not answer in time."""
+        loop = asyncio.get_running_loop()
+        kept = self._dead.get(name)
+        if kept is not None and kept[0] > loop.time():
+            return kept[1]
+        read = loop.run_in_executor(self._kafka, last_dead_letters, self._live.config, name)
+        try:
+            letters: list[DeadLetter] | str = await asyncio.wait_for(read, DEAD_LETTERS_WAIT_S)
+        except TimeoutError:
+            letters = "Kafka did not answer in time"
+        except Exception as exc:  # Kafka down or the topic unreadable: the page still shows
+            letters = f"Kafka could not be read: {exc}"
+        self._dead[name] = (loop.time() + DEAD_LETTERS_KEPT_S, letters)
+        return letters
 
     async def map_summary(self, request: web.Request) -> web.Response:
         """The map's state and figures alone, for htmx to swap in every few seconds."""
@@ -267,7 +343,7 @@ class Pages:
             await call(
                 "DeleteMap", admin_pb.DeleteMapRequest(map=name, purge=bool(form.get("purge")))
             )
-            raise web.HTTPSeeOther(f"{self._base}/?done={quote('deleted ' + name)}")
+            raise web.HTTPSeeOther(f"{self._base}/")
         else:
             raise web.HTTPNotFound()
         raise web.HTTPSeeOther(f"{self._base}/maps/{quote(name)}?done={quote(action)}")
@@ -290,26 +366,19 @@ class Pages:
         form = await request.post()
         name = str(editing or form.get("name", "")).strip()
         text = str(form.get("config", ""))
+        rebuild = bool(form.get("rebuild"))
         errors: dict[str, list[str]] = {}
-        section: Any = None
         if not name:
             errors["name"] = ["name: a map needs a name"]
-        try:
-            section = yaml.safe_load(text) if text.strip() else None
-            if not isinstance(section, dict):
-                errors["config"] = ["config: must be a mapping (the map's section, in YAML)"]
-        except yaml.YAMLError as exc:
-            errors["config"] = [f"config: not valid YAML: {exc}"]
+        section, problem = await asyncio.to_thread(_section, text)
+        if problem:
+            errors["config"] = [problem]
         if not errors:
-            message = admin_pb.PutMapRequest(map=name, config_json=orjson.dumps(section).decode())
+            message = admin_pb.PutMapRequest(map=name, config_json=section, rebuild=rebuild)
             try:
                 await self._call(request)("PutMapConfig" if editing else "CreateMap", message)
             except HttpAbort as exc:
-                if exc.code.name not in (
-                    "INVALID_ARGUMENT",
-                    "ALREADY_EXISTS",
-                    "FAILED_PRECONDITION",
-                ):
+                if exc.code.name not in FORM_PROBLEMS:
                     raise
                 for problem in _problems(exc.message):
                     field = "name" if problem.startswith(("map ", "name")) else "config"
@@ -318,14 +387,14 @@ class Pages:
                 raise web.HTTPSeeOther(f"{self._base}/maps/{quote(name)}?done=saved")
         return self.render(
             request, "map_form.html", http_status=400, name=name, editing=editing is not None,
-            config_yaml=text, errors=errors,
+            config_yaml=text, errors=errors, rebuild=rebuild,
         )  # fmt: skip
 
     # -- entity browser ----------------------------------------------------------------
 
     async def entities(self, request: web.Request) -> web.Response:
         """Get, BatchGet, a filtered Query with paging, an as-of read; the same by hand."""
-        name = request.match_info["map"]
+        name = self._known(request)
         q = request.query
         op = q.get("op", "")
         call = self._call(request)
@@ -364,12 +433,14 @@ class Pages:
 
     async def _query(self, request: web.Request, name: str) -> dict[str, Any]:
         q = request.query
-        message = map_pb.QueryRequest(
-            map=name, page_size=QUERY_PAGE, limit=QUERY_PAGE, page_token=q.get("page_token", "")
-        )
+        try:
+            size = min(QUERY_PAGE_MAX, max(1, int(q.get("page_size") or QUERY_PAGE)))
+        except ValueError:
+            size = QUERY_PAGE
+        message = map_pb.QueryRequest(map=name, page_size=size, page_token=q.get("page_token", ""))
         if q.get("where"):
             message.where = q["where"]
-        session: Session = request["session"]
+        session: Session = request[SESSION]
         pages = self._calls.stream("Query", message, request, session.grant)
         try:
             page = await anext(pages, None)
@@ -409,8 +480,9 @@ class Pages:
         q = request.query
         origin = f"{request.scheme}://{request.host}"
         grpc_host = f"{request.host.rsplit(':', 1)[0]}:{self._live.config.query.port}"
-        auth = ' -H "Authorization: Bearer $TOKEN"' if request["session"].grant else ""
-        gauth = ' -H "authorization: Bearer $TOKEN"' if request["session"].grant else ""
+        auth = ' -H "Authorization: Bearer $TOKEN"' if request[SESSION].grant else ""
+        gauth = ' -H "authorization: Bearer $TOKEN"' if request[SESSION].grant else ""
+        plain = "" if self._live.config.query.tls else " -plaintext"
         op = q.get("op")
         path = f"/v1/maps/{quote(name, safe='')}"
         body: dict[str, Any]
@@ -444,7 +516,7 @@ class Pages:
             )
             curl = f"curl{auth} {shlex.quote(url)}"
         grpcurl = (
-            f"grpcurl -plaintext{gauth} -d {shlex.quote(orjson.dumps(body).decode())} "
+            f"grpcurl{plain}{gauth} -d {shlex.quote(orjson.dumps(body).decode())} "
             f"{grpc_host} materializer.v1.MapService/{method}"
         )
         return {"curl": curl, "grpcurl": grpcurl}
@@ -453,13 +525,12 @@ class Pages:
 
     async def changes(self, request: web.Request) -> web.Response:
         """The page that shows the map's changes as they happen."""
-        name = request.match_info["map"]
-        await self._call(request)("GetStatus", admin_pb.GetStatusRequest(map=name))
+        name = self._known(request)
         return self.render(request, "changes.html", name=name, key=request.query.get("key", ""))
 
     async def changes_stream(self, request: web.Request) -> web.StreamResponse:
         """``Watch`` as Server-Sent Events, as the session's token, filtered by key."""
-        session: Session = request["session"]
+        session: Session = request[SESSION]
         keys = [k.strip() for k in request.query.get("key", "").split(",") if k.strip()]
         call = map_pb.WatchRequest(map=request.match_info["map"], include_entities=True, keys=keys)
         return await sse_changes(

@@ -20,6 +20,8 @@ import secrets
 from dataclasses import dataclass
 from datetime import timedelta
 
+from aiohttp import web
+
 from materializer.clients.redis import AsyncClient
 from materializer.contract.redis_layout import console_session_key
 from query_service.auth import Authorizer, Grant
@@ -42,7 +44,13 @@ class Session:
 
     def csrf_matches(self, sent: str | None) -> bool:
         """The form or header token of a state-changing request is this session's."""
-        return sent is not None and hmac.compare_digest(sent.encode(), self.csrf.encode())
+        if not self.csrf or sent is None:
+            return False  # a session that was never stored accepts no form
+        return hmac.compare_digest(sent.encode(), self.csrf.encode())
+
+
+SESSION = web.RequestKey("session", Session)
+"""Where the middleware puts the request's session for the pages."""
 
 
 def _text(value: bytes | str) -> str:
@@ -76,8 +84,14 @@ class Sessions:
         return await self._create(digest, grant.name, grant)
 
     async def anonymous(self) -> tuple[str, Session]:
-        """A session of an open console."""
+        """A session of an open console, kept for the pages that post forms."""
         return await self._create("", ANONYMOUS, None)
+
+    @staticmethod
+    def passing() -> Session:
+        """An open console's caller without a session asking for data, not a page (a script,
+        a probe): nothing is stored for it, and it can post nothing."""
+        return Session(name=ANONYMOUS, grant=None, csrf="")
 
     async def _create(self, digest: str, name: str, grant: Grant | None) -> tuple[str, Session]:
         cookie = secrets.token_urlsafe(32)

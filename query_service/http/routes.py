@@ -301,6 +301,8 @@ class HttpFront:
         if (spec is None) == (profile is None):
             # Checked before the body is read: an empty body is no reason to skip it.
             raise invalid(f"spec {'and' if spec is not None else 'or'} profile: give one")
+        if profile is not None and not profile:
+            raise invalid("profile: empty; name an enrichment profile of the configuration")
         if spec is not None:
             try:
                 json_format.Parse(spec, first.spec)

@@ -261,6 +261,17 @@ def _walk(
     assert topics[0] in edit
     assert "Delta table version" in query and 'data-key="k1"' in query
 
+    # The query pages through the table, a page of 10 rows at a time.
+    def keys_shown() -> list[str]:
+        rows = driver.find_elements(By.CSS_SELECTOR, "#entities tr[data-key]")
+        return [str(r.get_attribute("data-key")) for r in rows]
+
+    loaded(f"{base}/maps/{first}/entities?op=query&where=age%20%3E%3D%200&page_size=10")
+    page_one = keys_shown()
+    driver.find_element(By.ID, "next-page").click()
+    page_two = keys_shown()
+    assert len(page_one) == len(page_two) == 10 and not set(page_one) & set(page_two)
+
     # A record that cannot be decoded: the map's page lists it with where it came from.
     produce(kafka, topics[0], [(b"broken", b"{not json")])
 

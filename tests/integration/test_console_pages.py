@@ -327,3 +327,42 @@ def test_the_map_form_shows_problems_next_to_the_fields(
         assert "to confirm" in text
 
     asyncio.run(_serve(config, body))
+
+
+def test_an_open_console_keeps_sessions_for_pages_only_and_still_checks_forms(
+    redis_url: str, kafka_bootstrap: str, redis_client: redis.Redis, first: str
+) -> None:
+    config = parse_config(
+        {
+            "kafka": {"bootstrap_servers": kafka_bootstrap},
+            "redis": {"url": redis_url},
+            "maps": {first: map_doc(first)},
+        }
+    )
+    report(redis_client, first)
+    html = {"Accept": "text/html"}
+
+    async def body(b: Browser) -> None:
+        async with b.http.get(f"{b.base}/maps/{first}/history.json") as r:
+            assert r.status == 200 and "Set-Cookie" not in r.headers  # nothing stored
+        await b.post(f"/maps/{first}/actions/pause", {"csrf": ""}, status=403)
+        page = await b.page(f"/maps/{first}", headers=html)
+        csrf = csrf_of(page)
+        assert 'id="action-pause"' in page and "Log out" not in page
+        await b.post(f"/maps/{first}/actions/pause", {"csrf": "forged"}, status=403)
+        await b.post(f"/maps/{first}/actions/pause", {"csrf": csrf})
+        assert redis_client.hget(control_key(first), "desired") == b"paused"
+        # Pages of maps that do not exist, and forms that cannot be stored.
+        await b.page("/maps/nope/entities", status=404, headers=html)
+        await b.page("/maps/nope/changes", status=404, headers=html)
+        bomb = "a: &a [x, x]\nb: &b [*a, *a]\nc: [*b, *b]\n"
+        _, text = await b.post("/new-map", {"csrf": csrf, "name": "m", "config": bomb}, 400)
+        assert "aliases" in text
+        big = "a: " + "x" * (65 * 1024)
+        _, text = await b.post("/new-map", {"csrf": csrf, "name": "m", "config": big}, 400)
+        assert "longer than 64 KiB" in text
+        # An echo of what was done names an action, never free text.
+        page = await b.page(f"/maps/{first}?done=call+555-0100", headers=html)
+        assert "555-0100" not in page
+
+    asyncio.run(_serve(config, body))
