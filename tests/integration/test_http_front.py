@@ -109,6 +109,8 @@ def test_errors_are_json_with_the_matching_status(redis_url: str, map_name: str)
         assert "min_offsets" in bad["message"]
         bad = await error("GET", f"/v1/maps/{map_name}/entities/a?timeout_ms=soon", 400)
         assert "timeout_ms" in bad["message"]
+        empty = await error("POST", "/v1/enrich?profile=", 400, data=b"")
+        assert "profile" in empty["message"]
         huge = await error("POST", batch, 413, data=b"x" * (17 * 1024 * 1024))
         assert huge["code"] == "RESOURCE_EXHAUSTED"
 
