@@ -24,10 +24,9 @@ PAGE = """<!doctype html>
   <link rel="icon" href="data:,">
   <link rel="stylesheet" href="/static/vendor/uPlot.min.css">
   <script src="/static/vendor/htmx.min.js"></script>
-  <script src="/static/vendor/htmx-ext-sse.js"></script>
   <script src="/static/vendor/uPlot.iife.min.js"></script>
 </head>
-<body hx-ext="sse">
+<body>
   <p id="fragment" hx-get="/fragment" hx-trigger="load">waiting</p>
   <div id="chart"></div>
   <script>
