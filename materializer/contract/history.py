@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from materializer.contract.redis_layout import history_key
+from materializer.contract.redis_layout import history_key, text_fields
 
 if TYPE_CHECKING:
     from materializer.clients.redis import AsyncClient, Client
@@ -109,13 +109,14 @@ class HistorySample:
     @classmethod
     def from_entry(cls, entry_id: bytes | str, fields: Mapping[Any, Any]) -> HistorySample:
         """Parse one ``XRANGE`` entry, its fields as bytes or text."""
-        text = {_str(k): _str(v) for k, v in fields.items()}
+        text = text_fields(fields)
         values: dict[str, Any] = {}
         for name, kind in _KINDS.items():
             raw = text.get(name)
             if raw:
                 values[name] = kind(raw) if kind is str else kind(float(raw))
-        return cls(at_ms=int(_str(entry_id).split("-", 1)[0]), **values)
+        at = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+        return cls(at_ms=int(at.split("-", 1)[0]), **values)
 
 
 _KINDS: dict[str, type] = {
@@ -137,10 +138,6 @@ def _text(value: Any) -> str:
         rounded = round(value) if abs(value) >= 100 else round(value, 1)
         return str(int(rounded)) if rounded == int(rounded) else repr(rounded)
     return str(value)
-
-
-def _str(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def parse_history(entries: Iterable[Sequence[Any]]) -> list[HistorySample]:

@@ -24,6 +24,8 @@ from typing import Any
 
 import orjson
 
+from materializer.contract.redis_layout import text_fields
+
 KINDS = ("verify", "rehydrate", "rebuild")
 """What may be asked: compare Redis with Delta and the changelog, load Redis from them, or
 fold the map again into a new generation and move readers to it."""
@@ -131,7 +133,7 @@ class Operation:
     @classmethod
     def from_hash(cls, raw: Mapping[Any, Any]) -> Operation | None:
         """Parse ``HGETALL <map>:__operation__``; ``None`` when no operation was asked."""
-        fields = {_text(k): _text(v) for k, v in raw.items()}
+        fields = text_fields(raw)
         if "id" not in fields:
             return None
         return cls(
@@ -167,7 +169,3 @@ def report_args(operation_id: str, **fields: Any) -> list[str]:
             text = str(value)
         args += [name, text]
     return args
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -269,7 +269,7 @@ class Watermark:
     @classmethod
     def from_hash(cls, raw: Mapping[Any, Any]) -> Watermark | None:
         """Parse ``HGETALL <map>:__meta__``; ``None`` when the map has no batch yet."""
-        fields = _text_fields(raw)
+        fields = text_fields(raw)
         if "batch_id" not in fields:
             return None
         offsets = orjson.loads(fields.get("offsets", "{}"))
@@ -281,7 +281,9 @@ class Watermark:
         )
 
 
-def _text_fields(raw: Mapping[Any, Any]) -> dict[str, str]:
+def text_fields(raw: Mapping[Any, Any]) -> dict[str, str]:
+    """A hash or stream entry as Redis replied it (bytes, or text with decoding on), as
+    text: every reader of this layout's hashes parses from this."""
     return {
         (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
         for k, v in raw.items()
@@ -406,7 +408,7 @@ class MapReport:
     @classmethod
     def from_hash(cls, raw: Mapping[Any, Any]) -> MapReport | None:
         """Parse ``HGETALL <map>:__status__``; ``None`` when nothing was reported yet."""
-        fields = _text_fields(raw)
+        fields = text_fields(raw)
         if "state" not in fields:
             return None
         return cls(
@@ -447,7 +449,7 @@ class Control:
     @classmethod
     def from_hash(cls, raw: Mapping[Any, Any]) -> Control:
         """Parse ``HGETALL <map>:__control__``; no hash means run."""
-        fields = _text_fields(raw)
+        fields = text_fields(raw)
         desired = fields.get("desired", "running")
         return cls(
             desired=desired if desired in ("running", "paused") else "running",

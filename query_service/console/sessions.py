@@ -23,7 +23,7 @@ from datetime import timedelta
 from aiohttp import web
 
 from materializer.clients.redis import AsyncClient
-from materializer.contract.redis_layout import console_session_key
+from materializer.contract.redis_layout import console_session_key, text_fields
 from query_service.auth import Authorizer, Grant
 
 COOKIE = "materializer_session"
@@ -51,10 +51,6 @@ class Session:
 
 SESSION = web.RequestKey("session", Session)
 """Where the middleware puts the request's session for the pages."""
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def _key(cookie: str) -> str:
@@ -110,7 +106,7 @@ class Sessions:
         raw = await self._client.hgetall(_key(cookie))
         if not raw:
             return None
-        fields = {_text(k): _text(v) for k, v in raw.items()}
+        fields = text_fields(raw)
         digest = fields.get("grant", "")
         if self._authorizer is None:
             grant = None
