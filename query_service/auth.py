@@ -11,7 +11,7 @@ Secret either way) and reads, in YAML or JSON::
 
 Verbs group the RPCs by what they let a caller do, so a grant survives new
 methods of the same kind: ``get`` (Get, BatchGet), ``query`` (Query,
-GetAsOf), ``watch``, ``enrich``, ``status`` (ListMaps, GetStatus, GetMapConfig,
+GetAsOf, SQL), ``watch``, ``enrich``, ``status`` (ListMaps, GetStatus, GetMapConfig,
 ValidateConfig, GetOperation), ``control`` (Pause, Resume, Restart, StartOperation: a
 verify, rehydrate or rebuild) and ``manage`` (CreateMap,
 PutMapConfig, DeleteMap: what maps exist, and their definitions). Health checks and
@@ -35,6 +35,7 @@ from materializer.catalog.live import LiveMaps, as_live
 from materializer.config import AppConfig, AuthConfig
 from materializer.errors import ConfigError
 from query_service.errors import PermissionDenied, Unauthenticated
+from query_service.sql.statement import check as check_statement
 
 ALL = "*"
 VERBS = frozenset({"get", "query", "watch", "enrich", "status", "control", "manage"})
@@ -43,6 +44,7 @@ METHOD_VERBS = {
     "/materializer.v1.MapService/BatchGet": "get",
     "/materializer.v1.MapService/Query": "query",
     "/materializer.v1.MapService/GetAsOf": "query",
+    "/materializer.v1.SqlService/Execute": "query",
     "/materializer.v1.MapService/Watch": "watch",
     "/materializer.v1.EnrichService/Enrich": "enrich",
     "/materializer.v1.AdminService/ListMaps": "status",
@@ -225,6 +227,8 @@ def request_maps(config: AppConfig | LiveMaps) -> Callable[[str, Any], list[str]
     }
 
     def maps(method: str, request: Any) -> list[str]:
+        if method.endswith("/SqlService/Execute"):
+            return list(check_statement(request.sql).maps)
         if method.endswith("/Enrich"):
             if request.HasField("spec"):
                 return [lookup.map for lookup in request.spec.lookups]

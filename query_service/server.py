@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 from aiohttp import web
@@ -22,10 +23,16 @@ from grpc_reflection.v1alpha import reflection
 from materializer.catalog.live import LiveMaps
 from materializer.config import AppConfig, TlsConfig
 from materializer.errors import ConfigError, SetupError
-from materializer.v1 import admin_service_pb2, enrich_service_pb2, map_service_pb2
+from materializer.v1 import (
+    admin_service_pb2,
+    enrich_service_pb2,
+    map_service_pb2,
+    sql_service_pb2,
+)
 from materializer.v1 import admin_service_pb2_grpc as admin_pb_grpc
 from materializer.v1 import enrich_service_pb2_grpc as enrich_pb_grpc
 from materializer.v1 import map_service_pb2_grpc as map_pb_grpc
+from materializer.v1 import sql_service_pb2_grpc as sql_pb_grpc
 from query_service.auth import Authorizer, request_maps
 from query_service.catalog import FIRST_READ_SECONDS, CatalogWatcher
 from query_service.freshness import FreshnessGate
@@ -36,9 +43,13 @@ from query_service.near_cache import NearCaches
 from query_service.services.admin_service import AdminServicer
 from query_service.services.enrich_service import EnrichServicer
 from query_service.services.map_service import MapServicer
+from query_service.services.sql_service import SqlServicer
 from query_service.services.table_reads import TableReads
+from query_service.sql.executor import SqlExecutor
 from query_service.stores.admin import ControlStore, LogEnds
+from query_service.stores.delta import DeltaTables
 from query_service.stores.redis import RedisMapStore
+from query_service.tables.snapshots import TableSnapshots
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +58,7 @@ SERVICES = (
     MAP_SERVICE,
     enrich_service_pb2.DESCRIPTOR.services_by_name["EnrichService"].full_name,
     admin_service_pb2.DESCRIPTOR.services_by_name["AdminService"].full_name,
+    sql_service_pb2.DESCRIPTOR.services_by_name["SqlService"].full_name,
 )
 GRACE_SECONDS = 5.0
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -104,6 +116,8 @@ class Servers:
     """The maps it serves, the file's and the catalog's."""
     catalog: CatalogWatcher | None = None
     """Follows the catalog until the servers stop."""
+    sql: SqlExecutor | None = None
+    """Runs SQL statements in processes of its own, ended when the servers stop."""
 
     async def start(self) -> None:
         """Start the gRPC server (the HTTP front listens from its creation)."""
@@ -118,6 +132,8 @@ class Servers:
             await self.http.cleanup()
         if self.catalog is not None:
             await self.catalog.close()
+        if self.sql is not None:
+            await self.sql.close()
 
 
 async def create_server(
@@ -174,11 +190,16 @@ async def create_servers(
     maps = MapServicer(live, store, gate, TableReads(live, store.generation), near_caches)
     enrich = EnrichServicer(live, store, gate)
     admin = AdminServicer(live, ControlStore(store.client), LogEnds(config.kafka), catalog)
-    for add, servicer in (
+    executor = SqlExecutor(live, TableSnapshots(DeltaTables(live)), store.generation)
+    sql = SqlServicer(executor)
+    adders: list[tuple[Callable[[Any, Any], None], object]] = [
         (map_pb_grpc.add_MapServiceServicer_to_server, maps),
         (enrich_pb_grpc.add_EnrichServiceServicer_to_server, enrich),
         (admin_pb_grpc.add_AdminServiceServicer_to_server, admin),
-    ):
+    ]
+    if config.query.sql.enabled:
+        adders.append((sql_pb_grpc.add_SqlServiceServicer_to_server, sql))
+    for add, servicer in adders:
         add_wrapped(server, add, servicer, authorizer, maps_of)
 
     health_servicer = health.aio.HealthServicer()
@@ -199,12 +220,12 @@ async def create_servers(
         port = server.add_insecure_port(address)
     if port == 0:
         raise SetupError(f"cannot listen on {address}: the address is taken or not local")
-    servers = Servers(server, port, live=live, catalog=catalog)
+    servers = Servers(server, port, live=live, catalog=catalog, sql=executor)
     if http is not None:
         from query_service.http.routes import HttpFront
         from query_service.http.server import create_app, openapi, start_http
 
-        front = HttpFront(maps, enrich, admin, redis_health, authorizer, maps_of, openapi())
+        front = HttpFront(maps, enrich, admin, sql, redis_health, authorizer, maps_of, openapi())
         app = create_app(front)
         if config.query.console.enabled:
             from query_service.console.mount import mount_console

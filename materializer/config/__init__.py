@@ -62,6 +62,7 @@ from materializer.config.query_service import (
     MetricsConfig,
     NearCacheConfig,
     QueryConfig,
+    SqlConfig,
     TlsConfig,
 )
 from materializer.config.transforms import (
@@ -120,6 +121,7 @@ __all__ = [
     "MetricsConfig",
     "HistoryConfig",
     "ConsoleConfig",
+    "SqlConfig",
     "NearCacheConfig",
     "NonNegativeDuration",
     "OBJECT_STORE_SCHEMES",

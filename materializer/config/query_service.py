@@ -84,6 +84,31 @@ class ConsoleConfig(_Model):
     address the request names: the public address, behind a proxy that rewrites ``Host``."""
 
 
+class SqlConfig(_Model):
+    """SQL over the maps' Delta tables: read-only statements, each bounded.
+
+    Statements run in processes of their own (``workers`` of them, started at the
+    first statement), so one past its deadline is stopped by ending its process and
+    the service keeps serving.
+    """
+
+    enabled: bool = True
+    workers: Annotated[int, Field(ge=1, le=64)] = 2
+    """Statements running at once in one query-service process; each has its own process."""
+    max_queued: Annotated[int, Field(ge=0)] = 16
+    """Statements that may wait for a worker; beyond it RESOURCE_EXHAUSTED."""
+    max_rows: Annotated[int, Field(ge=1)] = 100_000
+    """Rows one answer may hold; a statement returning more ends with RESOURCE_EXHAUSTED
+    (a request's ``limit`` cuts the answer short instead)."""
+    timeout: PositiveDuration = timedelta(seconds=30)
+    """The longest a statement runs, whatever the caller's deadline; then DEADLINE_EXCEEDED."""
+    memory_bytes: Annotated[int, Field(ge=1 << 20)] = 512 << 20
+    """The engine's memory pool per statement (joins, aggregates, sorts); a statement
+    that needs more is RESOURCE_EXHAUSTED. Nothing spills to disk."""
+    flight_port: Annotated[int, Field(ge=0, le=65535)] = 0
+    """Arrow Flight SQL on this port, with the tokens and TLS of the gRPC port; 0: off."""
+
+
 class QueryConfig(_Model):
     """The query service: gRPC, and its HTTP/JSON front."""
 
@@ -102,6 +127,8 @@ class QueryConfig(_Model):
     """Prometheus metrics over HTTP; null turns them off."""
     console: ConsoleConfig = Field(default_factory=ConsoleConfig)
     """The web console, served on ``http_port`` when that is on."""
+    sql: SqlConfig = Field(default_factory=SqlConfig)
+    """SQL over the maps' tables (gRPC, HTTP, Arrow Flight SQL)."""
 
 
 MAX_HISTORY_SAMPLES = 1_000_000

@@ -22,6 +22,7 @@ from query_service.tables.query_plan import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 JSON = "application/json"
 NDJSON = "application/x-ndjson"
 SSE = "text/event-stream"
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
 
 @dataclass(frozen=True)
@@ -147,6 +148,7 @@ BATCH = Param(
 # must name the same method, as bearer-token grants and metrics go by that name.
 MAPS_RPC = "/materializer.v1.MapService/"
 ADMIN_RPC = "/materializer.v1.AdminService/"
+SQL_RPC = "/materializer.v1.SqlService/"
 
 ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", "/v1/maps", "list_maps", "The maps: the file's and those managed here",
@@ -213,6 +215,16 @@ ENDPOINTS: tuple[Endpoint, ...] = (
          TIMEOUT,
          BATCH),
         NDJSON, NDJSON,
+    ),
+    Endpoint(
+        "POST", "/v1/sql", "sql",
+        "A SELECT or WITH statement over the maps: JSON rows, or NDJSON (streamed) or Arrow IPC "
+        "(application/vnd.apache.arrow.stream) by the Accept header; the tables read, with "
+        "their versions and watermarks, also in the Materializer-Tables header",
+        SQL_RPC + "Execute",
+        (Param("Accept", "header", "the answer's format; application/json by default",
+               {"type": "string", "enum": [JSON, NDJSON, ARROW_STREAM]}),),
+        shapes.SqlBody, shapes.SqlAnswer,
     ),
     Endpoint("GET", "/v1/maps/{map}/status", "status", "The map's state, lag and rates",
              ADMIN_RPC + "GetStatus", (MAP,), answer=admin_pb.MapStatus),

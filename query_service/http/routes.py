@@ -24,6 +24,7 @@ from materializer.v1 import admin_service_pb2 as admin_pb
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import enrich_service_pb2 as enrich_pb
 from materializer.v1 import map_service_pb2 as map_pb
+from materializer.v1 import sql_service_pb2 as sql_pb
 from query_service.auth import Authorizer
 from query_service.health import RedisHealth
 from query_service.http import shapes
@@ -37,6 +38,7 @@ from query_service.http.endpoints import (
     MAPS_RPC,
     NDJSON,
     PAGE_SIZE,
+    SQL_RPC,
     SSE,
     Endpoint,
 )
@@ -50,10 +52,12 @@ from query_service.http.params import (
     offsets_param,
     timeout_param,
 )
+from query_service.http.sql_answers import answer_format, sql_param, write_answer
 from query_service.interceptors import MethodCall, RequestMaps
 from query_service.services.admin_service import AdminServicer
 from query_service.services.enrich_service import EnrichServicer
 from query_service.services.map_service import MapServicer
+from query_service.services.sql_service import SqlServicer
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +156,7 @@ class HttpFront:
         maps: MapServicer,
         enrich: EnrichServicer,
         admin: AdminServicer,
+        sql: SqlServicer,
         health: RedisHealth,
         authorizer: Authorizer | None,
         request_maps: RequestMaps,
@@ -184,6 +189,7 @@ class HttpFront:
         self._delete_map = call(ADMIN_RPC + "DeleteMap", admin.DeleteMap)
         self._start_operation = call(ADMIN_RPC + "StartOperation", admin.StartOperation)
         self._get_operation = call(ADMIN_RPC + "GetOperation", admin.GetOperation)
+        self._sql = call(SQL_RPC + "Execute", sql.start)
 
     def handler(self, endpoint: Endpoint) -> Handler:
         """The handler of ``endpoint``."""
@@ -358,6 +364,20 @@ class HttpFront:
             await response.prepare(request)  # an empty body: nothing to enrich
         await response.write_eof()
         return response
+
+    async def sql(self, request: web.Request) -> web.StreamResponse:
+        """``Execute``, answered as the Accept header asks (``sql_answers``)."""
+        asked = await json_body(request, shapes.SqlBody)
+        call = sql_pb.ExecuteRequest(
+            sql=asked.sql,
+            params=[sql_param(value, i) for i, value in enumerate(asked.params)],
+            freshness=common.Freshness(min_offsets=body_offsets(asked.min_offsets)),
+            limit=asked.limit,
+        )
+        timeout = None if asked.timeout_ms is None else asked.timeout_ms / 1000
+        kind = answer_format(request.headers.get("Accept"))
+        answer = await self._sql(call, HttpContext(request, timeout))
+        return await write_answer(request, answer, kind)
 
     async def status(self, request: web.Request) -> web.Response:
         """``GetStatus`` of one map."""

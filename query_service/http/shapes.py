@@ -317,3 +317,50 @@ def _field_schema(field: FieldDescriptor, schemas: dict[str, Any]) -> dict[str, 
     if field.enum_type is not None:
         return {"type": "string", "enum": [v.name for v in field.enum_type.values]}
     return dict(_SCALARS[field.type])
+
+
+SqlValue = None | bool | int | float | str
+"""A bound parameter in JSON; timestamps and decimals as text, cast in the statement
+(``$1::timestamp``)."""
+
+
+class SqlBody(_Shape):
+    """One SELECT or WITH statement over the maps, each map a table by its name."""
+
+    sql: str = Field(min_length=1, description="the statement; parameters are $1, $2, ...")
+    params: list[SqlValue] = Field(default_factory=list, description="the values of $1, $2, ...")
+    min_offsets: Offsets = Field(
+        default_factory=dict,
+        description="read-your-writes: the tables reading these topics reflect these offsets",
+    )
+    limit: int = Field(
+        0, ge=0, le=INT64_MAX, description="rows at most; 0: up to the server's query.sql.max_rows"
+    )
+    timeout_ms: int | None = Field(
+        None, gt=0, le=INT32_MAX, description="the statement's deadline, min_offsets' wait included"
+    )
+
+
+class SqlColumn(_Shape):
+    """A column of an answer: its name and its Arrow type."""
+
+    name: str
+    type: str
+
+
+class TableRead(_Shape):
+    """A table an answer read: the version, and the source offsets that version reflects."""
+
+    map: str
+    version: int
+    watermark: Watermark | None = None
+
+
+class SqlAnswer(_Shape):
+    """A statement's answer: its columns, its rows as objects (a name repeated in the
+    answer gets ``_2``, ``_3``…), and the tables read. Decimals are strings, timestamps
+    RFC 3339, binary base64."""
+
+    columns: list[SqlColumn]
+    rows: list[dict[str, Any]]
+    tables: list[TableRead]

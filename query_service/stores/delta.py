@@ -15,6 +15,7 @@ the engine refuses or fails on (a type mismatch, a division by zero) is
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from typing import Any, NamedTuple
 
 import grpc
@@ -65,6 +66,10 @@ class DeltaTables:
     def path(self, map_name: str, generation: int = 0) -> str:
         """Where the map's table of that generation lives (the pipeline's ``table_path``)."""
         return table_path(self._config, physical_name(map_name, generation))
+
+    def topics(self, map_name: str) -> Collection[str]:
+        """The map's source topics, as its definition in force says now."""
+        return self._live.topics()[map_name]
 
     def meta_columns(self, map_name: str) -> tuple[str, ...]:
         """The map's table columns that are not entity fields (``_key``, ``_updated_at``)."""

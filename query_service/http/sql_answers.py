@@ -1,0 +1,184 @@
+"""``POST /v1/sql``'s answers in the formats the Accept header picks.
+
+- ``application/json`` (the default): ``shapes.SqlAnswer``, the whole answer at once,
+  so an error at any point is the answer's status.
+- ``application/x-ndjson``: one row object per line, written as the batches come;
+  an error after the first row is a last line ``{"error": {...}}``.
+- ``application/vnd.apache.arrow.stream``: the engine's Arrow IPC stream as it is;
+  an error after the first bytes cuts the connection, so a reader never takes a
+  shortened stream for a whole one.
+
+The tables read, with versions and watermarks, are known before the first row: the
+streamed formats carry them in the ``Materializer-Tables`` header.
+"""
+
+from __future__ import annotations
+
+import base64
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import grpc
+import orjson
+import pyarrow as pa
+from aiohttp import web
+
+from materializer.v1 import sql_service_pb2 as sql_pb
+from query_service.errors import QueryServiceError
+from query_service.http import shapes
+from query_service.http.calls import HttpAbort, error_body, error_response
+from query_service.http.endpoints import ARROW_STREAM, JSON, NDJSON
+from query_service.sql.executor import Answer, TableRead
+
+TABLES_HEADER = "Materializer-Tables"
+_EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+"""The end-of-stream marker of Arrow's IPC stream format."""
+
+
+def answer_format(accept: str | None) -> str:
+    """The media type to answer in: the first of ours the Accept header names."""
+    for part in (accept or JSON).split(","):
+        media = part.split(";", 1)[0].strip().lower()
+        if media in (JSON, NDJSON, ARROW_STREAM):
+            return media
+        if media in ("*/*", "application/*", ""):
+            return JSON
+    raise HttpAbort(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"Accept: {accept!r}; answers are {JSON}, {NDJSON} or {ARROW_STREAM}",
+    )
+
+
+def sql_param(value: shapes.SqlValue, index: int) -> sql_pb.SqlParam:
+    """A JSON parameter in its wire form."""
+    if value is None:
+        return sql_pb.SqlParam(null=True)
+    if isinstance(value, bool):
+        return sql_pb.SqlParam(bool_value=value)
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**63:
+            raise HttpAbort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"params[{index}]: {value} does not fit 64 bits"
+            )
+        return sql_pb.SqlParam(int_value=value)
+    if isinstance(value, float):
+        return sql_pb.SqlParam(double_value=value)
+    return sql_pb.SqlParam(string_value=value)
+
+
+async def write_answer(request: web.Request, answer: Answer, media: str) -> web.StreamResponse:
+    """The answer in ``media``; the statement is stopped if the client goes away."""
+    try:
+        if media == JSON:
+            return await _json(answer)
+        response = web.StreamResponse(
+            headers={"Content-Type": media, TABLES_HEADER: orjson.dumps(tables(answer)).decode()}
+        )
+        if media == NDJSON:
+            await _ndjson(request, response, answer)
+        else:
+            await _arrow(request, response, answer)
+        return response
+    finally:
+        await answer.close()
+
+
+def tables(answer: Answer) -> list[dict[str, Any]]:
+    """The tables read, as ``shapes.TableRead``."""
+    return [_table(t) for t in answer.tables]
+
+
+def _table(table: TableRead) -> dict[str, Any]:
+    mark = table.watermark
+    watermark = None
+    if mark is not None:
+        watermark = {
+            "batch_id": mark.batch_id,
+            "offsets": {
+                topic: {str(p): o for p, o in sorted(parts.items())}
+                for topic, parts in sorted(mark.offsets.items())
+            },
+            "updated_at": _iso_ms(mark.updated_at_ms) if mark.updated_at_ms else None,
+        }
+    return {"map": table.map_name, "version": table.version, "watermark": watermark}
+
+
+async def _json(answer: Answer) -> web.Response:
+    try:
+        rows = [row async for batch, _ in answer.batches() for row in _rows(batch)]
+    except QueryServiceError as exc:
+        return error_response(exc.code, str(exc))
+    body = {"columns": columns(answer.schema), "rows": rows, "tables": tables(answer)}
+    return web.Response(body=_dumps(body), content_type=JSON)
+
+
+async def _ndjson(request: web.Request, response: web.StreamResponse, answer: Answer) -> None:
+    await response.prepare(request)
+    try:
+        async for batch, _ in answer.batches():
+            lines = [_dumps(row) for row in _rows(batch)]
+            await response.write(b"\n".join(lines) + b"\n")
+    except QueryServiceError as exc:
+        await response.write(error_body(exc.code.name, str(exc)) + b"\n")
+    await response.write_eof()
+
+
+async def _arrow(request: web.Request, response: web.StreamResponse, answer: Answer) -> None:
+    await response.prepare(request)
+    await response.write(answer.schema_message)
+    try:
+        async for _, message in answer.batches():
+            await response.write(message)
+    except QueryServiceError:
+        # A stream cut short must not read as a whole one: no end marker, no final chunk.
+        if request.transport is not None:
+            request.transport.close()
+        return
+    await response.write(_EOS)
+    await response.write_eof()
+
+
+def columns(schema: pa.Schema) -> list[dict[str, str]]:
+    """Each column's answer name (``_names``) and Arrow type."""
+    return [
+        {"name": name, "type": str(field.type)}
+        for name, field in zip(_names(schema), schema, strict=True)
+    ]
+
+
+def _names(schema: pa.Schema) -> list[str]:
+    """The column names, a repeated one numbered (``_key``, ``_key_2``): a JSON object
+    holds a name once, and a join of two maps repeats ``_key``."""
+    seen: dict[str, int] = {}
+    names = []
+    for name in schema.names:
+        count = seen.get(name, 0) + 1
+        seen[name] = count
+        names.append(name if count == 1 else f"{name}_{count}")
+    return names
+
+
+def _rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
+    names = _names(batch.schema)
+    values = [column.to_pylist() for column in batch.columns]
+    return [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
+
+
+def _dumps(body: Any) -> bytes:
+    return orjson.dumps(body, default=_value, option=orjson.OPT_PASSTHROUGH_DATACLASS)
+
+
+def _value(value: Any) -> Any:
+    """What orjson cannot write: decimals exactly, as text; bytes as base64."""
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    raise TypeError(f"{type(value).__name__} is not a JSON value")
+
+
+def _iso_ms(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")

@@ -1,0 +1,175 @@
+"""A statement process: runs SQL statements, one at a time, for the query service.
+
+Started by ``query_service.sql.workers`` as ``python -m query_service.sql.worker``;
+it reads requests on stdin and writes answers on stdout, in frames (``frames``).
+The engine is DataFusion, over the maps' Delta tables through delta-rs, in a
+session per statement that knows only that statement's tables, with a memory pool
+of the request's size and no disk to spill to, and that refuses DDL, DML and
+``SET`` itself.
+
+A process of its own, because a running statement cannot be stopped from outside
+the engine: the service ends the process instead (its deadline passed, or its
+caller left), and a panic or a runaway allocation ends it, not the service.
+It ignores the signals a terminal sends its whole process group (the service
+decides when it stops) and ends with the service: at the end of its stdin, or,
+on Linux, at once when the service dies (``PR_SET_PDEATHSIG``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import pickle
+import signal
+import sys
+from typing import Any, BinaryIO
+
+import pyarrow as pa
+
+from query_service.sql import frames
+
+_SIGKILL = 9
+_PR_SET_PDEATHSIG = 1
+_RESOURCES = "Resources exhausted"
+
+
+def main() -> None:
+    """Serve requests until stdin ends."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    _die_with_parent()
+    requests, answers = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing but frames on the answer pipe
+    engine = Engine()
+    frames.write(answers, frames.READY, b"")
+    while True:
+        request = frames.read(requests)
+        if request is None:
+            return
+        engine.run(pickle.loads(request[1]), answers)  # noqa: S301 - our own parent's bytes
+
+
+class Engine:
+    """Opened tables, kept between statements: a new version is read incrementally."""
+
+    def __init__(self) -> None:
+        self._tables: dict[str, Any] = {}
+
+    def run(self, request: dict[str, Any], out: BinaryIO) -> None:
+        """Answer one request: a schema frame, batch frames, then done or an error."""
+        try:
+            context, frame = self._dataframe(request)
+        except Exception as exc:  # noqa: BLE001 - every engine error is the caller's answer
+            frames.write_error(out, *_classify(exc))
+            return
+        try:
+            schema = _portable(frame.schema())
+            frames.write(out, frames.SCHEMA, schema.serialize().to_pybytes())
+            for batch in frame.execute_stream():
+                record = _cast(batch.to_pyarrow(), schema)
+                if record.num_rows:
+                    frames.write(out, frames.BATCH, record.serialize().to_pybytes())
+        except Exception as exc:  # noqa: BLE001
+            frames.write_error(out, *_classify(exc))
+            return
+        frames.write(out, frames.DONE, b"")
+        del context  # the plan's tasks reach their session through it until the end
+
+    def _dataframe(self, request: dict[str, Any]) -> tuple[Any, Any]:
+        """The statement's session and its plan; the session must outlive the plan's run."""
+        from datafusion import RuntimeEnvBuilder, SessionConfig, SessionContext, SQLOptions
+
+        config = (
+            SessionConfig()
+            .with_target_partitions(request["partitions"])
+            .with_information_schema(False)
+        )
+        runtime = (
+            RuntimeEnvBuilder()
+            .with_greedy_memory_pool(request["memory_bytes"])
+            .with_disk_manager_disabled()
+        )
+        context = SessionContext(config, runtime)
+        for name, uri, options, version in request["tables"]:
+            context.register_table(name, self._table(uri, options, version))
+        allowed = (
+            SQLOptions().with_allow_ddl(False).with_allow_dml(False).with_allow_statements(False)
+        )
+        params = {str(i + 1): value for i, value in enumerate(request["params"])}
+        frame = context.sql_with_options(request["sql"], allowed, param_values=params or None)
+        return context, frame.limit(request["rows"])
+
+    def _table(self, uri: str, options: dict[str, str] | None, version: int) -> Any:
+        from deltalake import DeltaTable
+
+        table = self._tables.get(uri)
+        if table is None:
+            table = self._tables[uri] = DeltaTable(uri, version=version, storage_options=options)
+        elif table.version() != version:
+            table.load_as_version(version)
+        return table
+
+
+def _portable(schema: pa.Schema) -> pa.Schema:
+    """The answer's schema as every Arrow reader knows it: view and dictionary types as
+    the plain ones (DataFusion reads Delta strings as views; many clients lack them)."""
+    return pa.schema([field.with_type(_plain(field.type)) for field in schema])
+
+
+def _plain(kind: pa.DataType) -> pa.DataType:
+    if pa.types.is_dictionary(kind):
+        return _plain(kind.value_type)
+    if pa.types.is_string_view(kind):
+        return pa.string()
+    if pa.types.is_binary_view(kind):
+        return pa.binary()
+    if pa.types.is_list_view(kind) or pa.types.is_large_list_view(kind):
+        return pa.list_(_plain(kind.value_type))
+    if pa.types.is_list(kind):
+        return pa.list_(kind.value_field.with_type(_plain(kind.value_type)))
+    if pa.types.is_struct(kind):
+        return pa.struct([f.with_type(_plain(f.type)) for f in kind])
+    if pa.types.is_map(kind):
+        return pa.map_(_plain(kind.key_type), _plain(kind.item_type))
+    return kind
+
+
+def _cast(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
+    if batch.schema.equals(schema):
+        return batch
+    return pa.RecordBatch.from_arrays(
+        [column.cast(field.type) for column, field in zip(batch.columns, schema, strict=True)],
+        schema=schema,
+    )
+
+
+def _classify(exc: Exception) -> tuple[str, str]:
+    """An engine error as (kind, message): the service turns the kind into a status."""
+    text = _one_line(str(exc))
+    if _RESOURCES in text:
+        return frames.MEMORY, text
+    if isinstance(exc, pa.ArrowException | OSError) and "object store" in text.lower():
+        return frames.STORAGE, text
+    return frames.INVALID, text
+
+
+def _one_line(text: str) -> str:
+    """An engine message on one line, without the backtrace ``RUST_BACKTRACE`` adds."""
+    kept = []
+    for line in text.splitlines():
+        if line.strip().startswith(("0:", "Stack backtrace:")):
+            break
+        kept.append(line.strip())
+    return " ".join(part for part in kept if part)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to end this process when the service that started it dies (kill -9)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, _SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: the end of stdin still ends it, after its statement
+
+
+if __name__ == "__main__":
+    main()
