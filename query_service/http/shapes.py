@@ -94,6 +94,9 @@ class EntityAsOf(_Shape):
     entity: dict[str, Any] | None = None
     table_version: int
     committed_at: str | None = Field(None, description="RFC 3339; when that version committed")
+    watermark: Watermark | None = Field(
+        None, description="the source offsets that version reflects; null: not recorded"
+    )
 
 
 class EntityLookup(RootModel[Entity | EntityAsOf]):
@@ -139,6 +142,9 @@ class QueryPage(_Shape):
     rows: list[Row]
     next_page_token: str | None = None
     table_version: int
+    watermark: Watermark | None = Field(
+        None, description="the source offsets the version read reflects; null: not recorded"
+    )
 
 
 class ChangeEvent(_Shape):
@@ -352,8 +358,11 @@ class TableRead(_Shape):
     """A table an answer read: the version, and the source offsets that version reflects."""
 
     map: str
-    version: int
+    version: int = Field(description="the Delta table version read; -1 when from Redis")
     watermark: Watermark | None = None
+    redis: bool = Field(
+        False, description="a plain key lookup, answered from the Redis copy as Get is"
+    )
 
 
 class SqlAnswer(_Shape):

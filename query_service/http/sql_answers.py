@@ -101,7 +101,12 @@ def _table(table: TableRead) -> dict[str, Any]:
             },
             "updated_at": _iso_ms(mark.updated_at_ms) if mark.updated_at_ms else None,
         }
-    return {"map": table.map_name, "version": table.version, "watermark": watermark}
+    return {
+        "map": table.map_name,
+        "version": table.version,
+        "watermark": watermark,
+        "redis": table.redis,
+    }
 
 
 async def _json(answer: Answer) -> web.Response:

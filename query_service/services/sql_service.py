@@ -18,7 +18,7 @@ import grpc
 from materializer.v1 import sql_service_pb2 as pb
 from materializer.v1 import sql_service_pb2_grpc as pb_grpc
 from query_service.errors import InvalidArgument
-from query_service.services.map_service import watermark_to_proto
+from query_service.freshness import watermark_to_proto
 from query_service.sql.executor import Answer, Param, SqlExecutor, TableRead
 
 
@@ -61,7 +61,7 @@ def tables_to_proto(tables: list[TableRead]) -> pb.TablesRead:
     """The tables an answer read, in their wire form."""
     message = pb.TablesRead()
     for table in tables:
-        read = message.tables.add(map=table.map_name, version=table.version)
+        read = message.tables.add(map=table.map_name, version=table.version, redis=table.redis)
         if table.watermark is not None:
             read.watermark.CopyFrom(watermark_to_proto(table.watermark))
     return message

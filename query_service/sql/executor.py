@@ -24,12 +24,15 @@ import pyarrow as pa
 from materializer.catalog.live import LiveMaps
 from materializer.clients.object_store import delta_rs_location
 from materializer.contract.redis_layout import Watermark, physical_name
-from materializer.contract.table_layout import table_path
+from materializer.contract.table_layout import table_meta, table_path
 from materializer.v1 import common_pb2 as common
 from query_service.errors import InvalidArgument, MapNotFound, ResourceExhausted
+from query_service.freshness import FreshnessGate
 from query_service.sql import frames
-from query_service.sql.statement import Statement, check
+from query_service.sql.key_lookup import answer_schema, lookup_key, row
+from query_service.sql.statement import KeyLookup, Statement, check
 from query_service.sql.workers import Workers
+from query_service.stores.base import MapStore
 from query_service.tables.snapshots import TableSnapshot, TableSnapshots
 
 MARGIN_SECONDS = 0.05
@@ -44,7 +47,10 @@ class TableRead:
 
     map_name: str
     version: int
+    """The Delta table version read; -1 when the answer came from Redis."""
     watermark: Watermark | None
+    redis: bool = False
+    """Answered from the map's Redis copy: a plain key lookup (``key_lookup``)."""
 
 
 class Answer:
@@ -103,11 +109,19 @@ class SqlExecutor:
         live: LiveMaps,
         snapshots: TableSnapshots,
         generation: Callable[[str], Awaitable[int]],
+        *,
+        store: MapStore | None = None,
+        gate: FreshnessGate | None = None,
     ) -> None:
+        """``store`` and ``gate``: plain key lookups are answered from Redis with them;
+        without, every statement goes to the engine."""
         self._live = live
         self._snapshots = snapshots
         self._generation = generation
+        self._store = store
+        self._gate = gate
         self._workers = Workers(live.config.query.sql)
+        self._schemas: dict[tuple[str, tuple[str, ...] | None, int, int], pa.Schema | None] = {}
 
     @property
     def running(self) -> int:
@@ -142,6 +156,12 @@ class SqlExecutor:
                 f"limit: {limit}, must be 0 (up to query.sql.max_rows, {config.max_rows}) "
                 f"to {config.max_rows}"
             )
+        if statement.key_lookup is not None:
+            answer = await self._from_redis(
+                statement.key_lookup, params, min_offsets, time_remaining
+            )
+            if answer is not None:
+                return answer
         loop = asyncio.get_running_loop()
         server_max = config.timeout.total_seconds()
         if time_remaining is not None and time_remaining - MARGIN_SECONDS < server_max:
@@ -198,6 +218,39 @@ class SqlExecutor:
             snapshots.append(await self._snapshots.latest(name, generation, mine, budget))
         return snapshots
 
+    async def _from_redis(
+        self,
+        lookup: KeyLookup,
+        params: Sequence[Param],
+        min_offsets: Sequence[common.PartitionOffset],
+        time_remaining: float | None,
+    ) -> Answer | None:
+        """A plain key lookup's answer from Redis (``key_lookup``); ``None``: the engine's."""
+        key = lookup_key(lookup, params)
+        if self._store is None or self._gate is None or key is None:
+            return None
+        name = lookup.map_name
+        generation = await self._generation(name)
+        snapshot = await self._snapshots.latest(name, generation)
+        cached = (name, lookup.columns, generation, snapshot.version)
+        if cached not in self._schemas:
+            if len(self._schemas) > 256:
+                self._schemas.clear()
+            table_schema = pa.schema(snapshot.table.schema().to_arrow())
+            meta = table_meta(self._live.config.map(name))
+            self._schemas[cached] = answer_schema(lookup, table_schema, meta)
+        schema = self._schemas[cached]
+        if schema is None:
+            return None
+        await self._gate.wait(name, min_offsets, time_remaining)
+        found = await self._store.get_with_watermark(name, key)
+        batch = row(schema, key, found.entity)
+        if batch is None:
+            return None
+        read = [TableRead(name, -1, found.watermark, redis=True)]
+        max_rows = self._live.config.query.sql.max_rows
+        return Answer(schema, schema.serialize().to_pybytes(), _one(batch), read, max_rows, 0)
+
     def _table(self, snapshot: TableSnapshot) -> tuple[str, str, dict[str, str] | None, int]:
         config = self._live.config
         path = table_path(config, physical_name(snapshot.map_name, snapshot.generation))
@@ -207,6 +260,11 @@ class SqlExecutor:
     async def close(self) -> None:
         """End the statement processes."""
         await self._workers.close()
+
+
+async def _one(batch: pa.RecordBatch) -> AsyncGenerator[tuple[bytes, bytes]]:
+    if batch.num_rows:
+        yield frames.BATCH, batch.serialize().to_pybytes()
 
 
 def _check_params(statement: Statement, params: Sequence[Param]) -> None:

@@ -26,6 +26,7 @@ from typing import Any, BinaryIO
 import pyarrow as pa
 
 from query_service.sql import frames
+from query_service.sql.arrow_types import cast, portable
 
 _SIGKILL = 9
 _PR_SET_PDEATHSIG = 1
@@ -62,10 +63,10 @@ class Engine:
             frames.write_error(out, *_classify(exc))
             return
         try:
-            schema = _portable(frame.schema())
+            schema = portable(frame.schema())
             frames.write(out, frames.SCHEMA, schema.serialize().to_pybytes())
             for batch in frame.execute_stream():
-                record = _cast(batch.to_pyarrow(), schema)
+                record = cast(batch.to_pyarrow(), schema)
                 if record.num_rows:
                     frames.write(out, frames.BATCH, record.serialize().to_pybytes())
         except Exception as exc:  # noqa: BLE001
@@ -107,39 +108,6 @@ class Engine:
         elif table.version() != version:
             table.load_as_version(version)
         return table
-
-
-def _portable(schema: pa.Schema) -> pa.Schema:
-    """The answer's schema as every Arrow reader knows it: view and dictionary types as
-    the plain ones (DataFusion reads Delta strings as views; many clients lack them)."""
-    return pa.schema([field.with_type(_plain(field.type)) for field in schema])
-
-
-def _plain(kind: pa.DataType) -> pa.DataType:
-    if pa.types.is_dictionary(kind):
-        return _plain(kind.value_type)
-    if pa.types.is_string_view(kind):
-        return pa.string()
-    if pa.types.is_binary_view(kind):
-        return pa.binary()
-    if pa.types.is_list_view(kind) or pa.types.is_large_list_view(kind):
-        return pa.list_(_plain(kind.value_type))
-    if pa.types.is_list(kind):
-        return pa.list_(kind.value_field.with_type(_plain(kind.value_type)))
-    if pa.types.is_struct(kind):
-        return pa.struct([f.with_type(_plain(f.type)) for f in kind])
-    if pa.types.is_map(kind):
-        return pa.map_(_plain(kind.key_type), _plain(kind.item_type))
-    return kind
-
-
-def _cast(batch: pa.RecordBatch, schema: pa.Schema) -> pa.RecordBatch:
-    if batch.schema.equals(schema):
-        return batch
-    return pa.RecordBatch.from_arrays(
-        [column.cast(field.type) for column, field in zip(batch.columns, schema, strict=True)],
-        schema=schema,
-    )
 
 
 def _classify(exc: Exception) -> tuple[str, str]:
