@@ -102,7 +102,7 @@ class SqlConfig(_Model):
     (a request's ``limit`` cuts the answer short instead)."""
     timeout: PositiveDuration = timedelta(seconds=30)
     """The longest a statement runs, whatever the caller's deadline; then DEADLINE_EXCEEDED."""
-    memory_bytes: Annotated[int, Field(ge=1 << 20)] = 512 << 20
+    memory_bytes: Annotated[int, Field(ge=1 << 20)] = 256 << 20
     """The engine's memory pool per statement (joins, aggregates, sorts); a statement
     that needs more is RESOURCE_EXHAUSTED. Nothing spills to disk."""
     flight_port: Annotated[int, Field(ge=0, le=65535)] = 0

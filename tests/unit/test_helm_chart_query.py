@@ -49,22 +49,39 @@ def test_with_tls_the_probes_check_the_port_instead(production: Rendered):
 
 
 def test_the_query_port_follows_values(render: Render):
-    rendered = render({"queryService": {"port": 6000, "metricsPort": 6001, "httpPort": 6002}})
+    rendered = render(
+        {
+            "queryService": {
+                "port": 6000,
+                "metricsPort": 6001,
+                "httpPort": 6002,
+                "flightSqlPort": 6003,
+            }
+        }
+    )
     query = container(rendered.one("Deployment", "-query"))
     assert query["readinessProbe"]["grpc"] == {"port": 6000}
     assert {p["name"]: p["port"] for p in rendered.one("Service", "-query")["spec"]["ports"]} == {
         "grpc": 6000,
         "metrics": 6001,
         "http": 6002,
+        "flight-sql": 6003,
     }
     assert {"name": "http", "containerPort": 6002, "protocol": "TCP"} in query["ports"]
+    assert {"name": "flight-sql", "containerPort": 6003, "protocol": "TCP"} in query["ports"]
+    assert rendered.config()["query"]["sql"]["flight_port"] == 6003
     assert rendered.config()["query"]["port"] == 6000
     assert rendered.config()["query"]["metrics_port"] == 6001
     assert rendered.config()["query"]["http_port"] == 6002
     # Off: neither port nor service port, and the process is told so.
-    off = render({"queryService": {"httpPort": 0}})
-    assert "http" not in {p["name"] for p in off.one("Service", "-query")["spec"]["ports"]}
+    off = render({"queryService": {"httpPort": 0, "flightSqlPort": 0}})
+    names = {p["name"] for p in off.one("Service", "-query")["spec"]["ports"]}
+    assert "http" not in names and "flight-sql" not in names
     assert off.config()["query"]["http_port"] == 0
+    assert off.config()["query"]["sql"]["flight_port"] == 0
+    # The chart's port joins the SQL settings a user gives, never replaces them.
+    tuned = render({"query": {"sql": {"max_rows": 5000}}})
+    assert tuned.config()["query"]["sql"] == {"max_rows": 5000, "flight_port": 32010}
 
 
 def test_replicas_hpa_and_pdb_follow_values(default: Rendered, production: Rendered):
@@ -105,10 +122,10 @@ def test_replicas_without_autoscaling_or_budget(render: Render):
     assert rendered.maybe("PodDisruptionBudget", "-query") is None
 
 
-def test_query_service_is_cluster_ip_with_grpc_and_metrics(either: Rendered):
+def test_query_service_is_cluster_ip_with_its_ports(either: Rendered):
     service = either.one("Service", "-query")
     assert service["spec"]["type"] == "ClusterIP"
-    assert {p["name"] for p in service["spec"]["ports"]} == {"grpc", "metrics", "http"}
+    assert {p["name"] for p in service["spec"]["ports"]} == {"grpc", "metrics", "http", "flight-sql"}
 
 
 def test_auth_and_tls_come_from_existing_secrets(production: Rendered):

@@ -213,6 +213,9 @@ its executor pods named by Spark after its own application so that no two clash.
 {{- $_ := set $query "port" $qs.port -}}
 {{- $_ := set $query "metrics_port" $qs.metricsPort -}}
 {{- $_ := set $query "http_port" $qs.httpPort -}}
+{{- $sql := deepCopy ($query.sql | default dict) -}}
+{{- $_ := set $sql "flight_port" $qs.flightSqlPort -}}
+{{- $_ := set $query "sql" $sql -}}
 {{- if $qs.auth.enabled }}
 {{- $_ := set $query "auth" (dict "tokens_file" (printf "%s/%s" (include "materializer.authDir" .) $qs.auth.tokensKey)) -}}
 {{- end }}
