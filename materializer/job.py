@@ -8,7 +8,8 @@ Each map runs two queries, each with its own checkpoint under
   dead_letter``; ``skip`` drops them, ``fail`` fails the query at the first);
   fold the rest into Redis and write the changelog topic (``redis.sink``);
   append every folded event to ``<root>/<map>__events`` (``history: true``);
-  commit the watermark, then the batch's end offsets to the consumer group
+  commit the watermark (with the batch's table mark: where the changelog ended
+  after it, ``redis.changelog_ends``), then the batch's end offsets to the consumer group
   ``materializer.<map>`` for Kafka's tools to see (the checkpoint, not the
   group, is where the fold resumes). Every step is idempotent per batch.
 - ``delta``: the changelog into the Delta table, one MERGE per trigger of
@@ -50,6 +51,7 @@ from materializer.fold.entity_types import (
 )
 from materializer.group.fencing import Ownership
 from materializer.redis.apply import Applied
+from materializer.redis.changelog_ends import ChangelogEnds
 from materializer.redis.deliveries import producer_settings
 from materializer.redis.expiry import expiry_ms
 from materializer.redis.functions import FoldTarget, load_library
@@ -215,18 +217,24 @@ def start_map(
     # possible; every step is idempotent per batch, so a crash between two is repaired by
     # the batch's replay. The watermark after the fold, the consumer group last: it
     # reports what the stores already hold.
-    sinks: list[Sink] = [
-        RedisFoldSink(
-            redis_fold,
-            checkpoint.end_offsets,
-            checkpoint.batch_time_ms,
-            None if metrics is None else functools.partial(_report_applied, metrics, map_name),
-        )
-    ]
+    fold_sink = RedisFoldSink(
+        redis_fold,
+        checkpoint.end_offsets,
+        checkpoint.batch_time_ms,
+        None if metrics is None else functools.partial(_report_applied, metrics, map_name),
+        ChangelogEnds(config.kafka, changelog),
+    )
+    sinks: list[Sink] = [fold_sink]
     if side_outputs and map_config.history:
         sinks.append(HistorySink(history_path(config, map_name)))
     sinks.append(
-        WatermarkSink(config.redis, physical, checkpoint.end_offsets, map_config.changes.max_len)
+        WatermarkSink(
+            config.redis,
+            physical,
+            checkpoint.end_offsets,
+            map_config.changes.max_len,
+            fold_sink.changelog_ends,
+        )
     )
     if offsets_group is not None:
         group = offsets_group.replace("{map}", map_name)

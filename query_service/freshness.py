@@ -101,3 +101,22 @@ class FreshnessGate:
                 await asyncio.sleep(POLL_SECONDS)
         finally:
             del self._pollers[map_name]
+
+
+def watermark_to_proto(watermark: Watermark) -> common.Watermark:
+    """The wire form of a watermark: offsets ordered by topic, then partition.
+
+    ``updated_at_ms`` of 0 means the writer recorded no time; ``updated_at``
+    then stays unset rather than claiming 1970.
+    """
+    message = common.Watermark(
+        batch_id=watermark.batch_id,
+        offsets=[
+            common.PartitionOffset(topic=topic, partition=partition, offset=offset)
+            for topic, partitions in sorted(watermark.offsets.items())
+            for partition, offset in sorted(partitions.items())
+        ],
+    )
+    if watermark.updated_at_ms:
+        message.updated_at.FromMilliseconds(watermark.updated_at_ms)
+    return message

@@ -187,10 +187,14 @@ async def create_servers(
     maps_of = request_maps(live)
     server = grpc.aio.server(options=SERVER_OPTIONS)
     gate = FreshnessGate(store, live.topics())
-    maps = MapServicer(live, store, gate, TableReads(live, store.generation), near_caches)
+    # One set of latest table snapshots for Query, GetAsOf and SQL: calls close together
+    # share one opening of a table.
+    snapshots = TableSnapshots(DeltaTables(live))
+    tables = TableReads(live, store.generation, snapshots)
+    maps = MapServicer(live, store, gate, tables, near_caches)
     enrich = EnrichServicer(live, store, gate)
     admin = AdminServicer(live, ControlStore(store.client), LogEnds(config.kafka), catalog)
-    executor = SqlExecutor(live, TableSnapshots(DeltaTables(live)), store.generation)
+    executor = SqlExecutor(live, snapshots, store.generation, store=store, gate=gate)
     sql = SqlServicer(executor)
     adders: list[tuple[Callable[[Any, Any], None], object]] = [
         (map_pb_grpc.add_MapServiceServicer_to_server, maps),

@@ -23,6 +23,7 @@ from materializer.contract.redis_layout import (
     parse_generation,
     physical_name,
     state_keys_pattern,
+    table_marks_pattern,
 )
 from materializer.contract.table_layout import history_path, table_path
 
@@ -63,13 +64,19 @@ class GenerationFiles:
 
 def drop_redis_copy(client: Client, map_name: str, generation: int) -> int:
     """Delete a generation's keys (entities, watermark, changes, the fold's states, its
-    markers); the map's own keys stay."""
+    table marks and markers); the map's own keys stay."""
     physical = physical_name(map_name, generation)
     keep = {f"{map_name}:{s}".encode() for s in MAP_KEYS}
     dropped = 0
     batch: list[bytes] = []
     markers = f"{marker_key(physical)}*".encode()
-    for pattern in (f"{physical}:*".encode(), state_keys_pattern(physical), markers):
+    patterns = (
+        f"{physical}:*".encode(),
+        state_keys_pattern(physical),
+        table_marks_pattern(physical),
+        markers,
+    )
+    for pattern in patterns:
         for key in client.scan_iter(match=pattern, count=5000):
             if key in keep:
                 continue

@@ -29,6 +29,9 @@ Written down in docs/redis-layout.md and pinned by tests/unit/test_redis_layout.
 - ``<group>\\0g:`` hash, a worker group's work slots: map name to slot number
   (``slots_key``);
 - ``\\0c:<digest>`` hash, a login session of the web console (``console_session_key``);
+- ``<map>\\0t:{<map>:__meta__}`` stream (capped), the *table marks*: one per committed
+  watermark, with where the changelog ended after its batch, from which the Delta query
+  learns the source offsets its commits reflect (``table_marks_key``, ``TableMark``);
 - ``<map>\\0e:`` sorted set and ``<map>\\0x:`` set (tagged per master like the
   marker), a map with ``ttl.redis`` only: keys by when they expire, and keys
   expired whose changelog tombstone is not yet sent (``expiry_index_key``).
@@ -229,11 +232,17 @@ def state_key(map_name: str, key: str) -> bytes:
     whole; one with a tag (``{...}`` in the key) keeps that tag. State keys
     never match ``<map>:*``, so scans of a map's entities never see them.
     """
+    return _beside(map_name, STATE_MARK, key)
+
+
+def _beside(map_name: str, mark: bytes, key: str) -> bytes:
+    """``<map><mark>`` and a hash tag of ``<map>:<key>``'s slot: that key's own tag when it
+    has one (then ``key`` follows as it is), else the whole key in braces."""
     entity = entity_key(map_name, key).encode()
     start = entity.find(b"{")
     end = entity.find(b"}", start + 1) if start >= 0 else -1
     rest = key.encode() if start >= 0 and end > start + 1 else b"{" + entity + b"}"
-    return map_name.encode() + STATE_MARK + rest
+    return map_name.encode() + mark + rest
 
 
 def state_keys_pattern(map_name: str) -> bytes:
@@ -244,6 +253,24 @@ def state_keys_pattern(map_name: str) -> bytes:
 def meta_key(map_name: str) -> str:
     """The Redis hash that holds a map's watermark."""
     return f"{map_name}:{META_SUFFIX}"
+
+
+TABLE_MARKS_MARK = b"\x00t:"
+TABLE_MARKS_MAX_LEN = 1000
+"""Marks kept (``XADD MAXLEN ~``): one a fold batch, so enough for a Delta table that trails
+the fold by that many batches; one that trails further records an older mark meanwhile."""
+
+
+def table_marks_key(map_name: str) -> bytes:
+    """The capped stream of *table marks*: ``<map>\\0t:{<map>:__meta__}``, in the slot of the
+    watermark, so one transaction on a Redis Cluster too appends a batch's mark with its
+    watermark (``TableMark``). Never matches ``<map>:*``."""
+    return _beside(map_name, TABLE_MARKS_MARK, META_SUFFIX)
+
+
+def table_marks_pattern(map_name: str) -> bytes:
+    """A ``SCAN`` pattern for a map's table marks (map names hold no glob characters)."""
+    return map_name.encode() + TABLE_MARKS_MARK + b"*"
 
 
 @dataclass(frozen=True)
@@ -279,6 +306,43 @@ class Watermark:
             updated_at_ms=int(fields.get("updated_at_ms", "0")),
             app_id=fields.get("app_id", ""),
         )
+
+
+@dataclass(frozen=True)
+class TableMark:
+    """A committed watermark and where the changelog ended after its batch.
+
+    The map's Delta table follows the changelog, not the sources: once the
+    table has merged the changelog up to ``changelog`` (each partition's next
+    offset at least as far), it holds every record the watermark covers
+    (``materializer.contract.table_marks``). Each partition's offset is at or
+    past the end of every changelog record of this batch and the ones before;
+    it may be further (never nearer): a mark's table waits the longer, never
+    claims too much.
+    """
+
+    watermark: Watermark
+    changelog: dict[int, int]
+    """Per changelog partition, a next offset past the batch's last record (all partitions)."""
+
+    def to_entry(self) -> dict[str, str]:
+        """The fields of one ``table_marks_key`` entry: the watermark's, and ``changelog``."""
+        ends = {str(p): o for p, o in sorted(self.changelog.items())}
+        return {**self.watermark.to_hash(), "changelog": orjson.dumps(ends).decode()}
+
+    @classmethod
+    def from_entry(cls, raw: Mapping[Any, Any]) -> TableMark | None:
+        """Parse one entry (bytes or text); ``None`` for one without a watermark."""
+        watermark = Watermark.from_hash(raw)
+        if watermark is None:
+            return None
+        ends = orjson.loads(text_fields(raw).get("changelog", "{}"))
+        return cls(watermark, {int(p): int(o) for p, o in ends.items()})
+
+    def reached_by(self, changelog: Mapping[int, int]) -> bool:
+        """Whether a reader of the changelog that reached ``changelog`` (next offsets per
+        partition) has read every record of this mark's batch and the ones before."""
+        return all(changelog.get(p, 0) >= end for p, end in self.changelog.items())
 
 
 def text_fields(raw: Mapping[Any, Any]) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """The Delta query of a map: the changelog topic MERGEd into the map's table batch by
-batch, the last record per key winning, with the table's TTL cleanup between batches."""
+batch, the last record per key winning, with the table's TTL cleanup between batches.
+Each MERGE records the source offsets its version reflects (``delta.marks``)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from materializer.config.names import (
 )
 from materializer.contract.redis_layout import physical_name
 from materializer.contract.table_layout import table_meta, table_path
+from materializer.delta.marks import SourceOffsets
 from materializer.delta.retention import Retention
 from materializer.delta.sink import DeltaSink
 from materializer.fold.entity_types import (
@@ -101,12 +103,16 @@ def start_delta_query(
     delta_checkpoint = checkpoint_path(config, physical, "delta")
     table = table_path(config, physical)
     sinks: list[Sink] = [] if owner_check is None else [OwnerGuard(owner_check)]
+    checkpoint = Checkpoint(spark, delta_checkpoint)
+    location = delta_rs_location(config, table)
+    offsets = SourceOffsets(config.redis, physical, changelog, checkpoint.end_offsets, location)
     sinks += [
         DeltaSink(
             table,
             updated_at=ttl is not None,
             engine=config.delta.merge_engine,
-            location=delta_rs_location(config, table),
+            location=location,
+            user_metadata=offsets.user_metadata,
         )
     ]
     if ttl is not None and ttl.delta is not None:
@@ -119,7 +125,6 @@ def start_delta_query(
                 vacuum_retention=ttl.vacuum_retention,
             )
         )
-    checkpoint = Checkpoint(spark, delta_checkpoint)
     checkpoint.drop_unfinished_writes()
     projector = Projector(
         physical,

@@ -35,6 +35,7 @@ collated string, field metadata, a name Delta refuses) leaves the DDL with Spark
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Literal
 
 from materializer import record_columns as c
@@ -49,6 +50,7 @@ if TYPE_CHECKING:
 
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
 
 
 class TableColumnError(MaterializerError):
@@ -61,7 +63,9 @@ class DeltaSink(Sink):
     ``updated_at``: the rows carry ``_updated_at``, and each batch's rows a
     ``__timestamp`` column to set it from (``ttl.delta``). ``location``: the table's URI
     and storage options for delta-rs (``clients.object_store.delta_rs_location``);
-    ``path`` itself when it is a local folder.
+    ``path`` itself when it is a local folder. ``user_metadata``: the ``userMetadata``
+    of a batch's MERGE commit, asked just before it (``delta.marks.SourceOffsets``); both
+    engines record it as the commit's ``commitInfo.userMetadata``.
     """
 
     name = "delta"
@@ -73,11 +77,13 @@ class DeltaSink(Sink):
         updated_at: bool = False,
         engine: Literal["delta_rs", "spark"] = "delta_rs",
         location: tuple[str, dict[str, str] | None] | None = None,
+        user_metadata: Callable[[int], str | None] | None = None,
     ) -> None:
         self.path = path
         self.updated_at = updated_at
         self.engine = engine
         self.location = location or (path, None)
+        self._user_metadata = user_metadata
         self._columns: set[str] | None = None
         self._rows_out: int | None = None
 
@@ -195,8 +201,11 @@ class DeltaSink(Sink):
             **{quote(n): f"s.{quote(n)}" for n in written},
             **{quote(n): "NULL" for n in cleared},
         }
+        metadata = self._metadata(batch)
         spark.conf.set(TXN_APP_ID, batch.app_id)
         spark.conf.set(TXN_VERSION, str(batch.batch_id))
+        if metadata is not None:
+            spark.conf.set(USER_METADATA, metadata)
         try:
             (
                 DeltaTable.forPath(spark, self.path)
@@ -210,6 +219,7 @@ class DeltaSink(Sink):
         finally:
             spark.conf.unset(TXN_APP_ID)
             spark.conf.unset(TXN_VERSION)
+            spark.conf.unset(USER_METADATA)
 
     def _merge_delta_rs(
         self, source: DataFrame, batch: Batch, written: list[str], cleared: list[str]
@@ -230,6 +240,7 @@ class DeltaSink(Sink):
             **{_sql_name(n): "NULL" for n in cleared},
         }
         deleted = f"s.{_sql_name(c.DELETED)}"
+        metadata = self._metadata(batch)
         (
             table.merge(
                 rows,
@@ -237,7 +248,10 @@ class DeltaSink(Sink):
                 source_alias="s",
                 target_alias="t",
                 commit_properties=CommitProperties(
-                    app_transactions=[Transaction(batch.app_id, batch.batch_id)]
+                    # delta-rs writes this key of its custom metadata as commitInfo's own
+                    # userMetadata, where Spark's DESCRIBE HISTORY reads it.
+                    custom_metadata=None if metadata is None else {"userMetadata": metadata},
+                    app_transactions=[Transaction(batch.app_id, batch.batch_id)],
                 ),
             )
             .when_matched_delete(predicate=deleted)
@@ -245,6 +259,9 @@ class DeltaSink(Sink):
             .when_not_matched_insert(updates=assignments, predicate=f"NOT {deleted}")
             .execute()
         )
+
+    def _metadata(self, batch: Batch) -> str | None:
+        return None if self._user_metadata is None else self._user_metadata(batch.batch_id)
 
 
 def _last_per_key(rows: pa.Table) -> pa.Table:

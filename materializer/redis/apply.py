@@ -8,7 +8,7 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -40,8 +40,9 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Applied:
     """What one batch did: keys it touched (their states went to the changelog), dead letters,
-    the newest Kafka timestamp it folded (microseconds; None: it folded nothing), and how
-    old its folded records were when their Redis writes landed (``runtime.freshness``).
+    the newest Kafka timestamp it folded (microseconds; None: it folded nothing), how
+    old its folded records were when their Redis writes landed (``runtime.freshness``), and
+    where its changelog records went (``redis.changelog_ends``).
 
     The fold counts these on the Arrow rows it already holds: Spark's ``observe`` would
     count them too, but its per-record accumulator sits outside the generated code and
@@ -51,6 +52,9 @@ class Applied:
     dead_letters: int = 0
     newest_timestamp_us: int | None = None
     freshness: Freshness | None = None
+    changelog_ends: dict[int, int] | None = field(default_factory=dict)
+    """Per changelog partition it wrote, the next offset after its last record there, from
+    the delivery reports; ``None``: unknown (a delivery came back without its offset)."""
 
     def __add__(self, other: Applied) -> Applied:
         stamps = [t for t in (self.newest_timestamp_us, other.newest_timestamp_us) if t is not None]
@@ -59,6 +63,7 @@ class Applied:
             self.dead_letters + other.dead_letters,
             max(stamps, default=None),
             add_freshness(self.freshness, other.freshness),
+            further(self.changelog_ends, other.changelog_ends),
         )
 
     def to_row(self) -> dict[str, list[Any]]:
@@ -66,6 +71,7 @@ class Applied:
         counts, sum_us, max_us = (
             (None, None, None) if self.freshness is None else self.freshness.to_row()
         )
+        ends = self.changelog_ends
         return {
             "keys": [self.keys],
             "dead_letters": [self.dead_letters],
@@ -73,6 +79,8 @@ class Applied:
             "freshness_counts": [counts],
             "freshness_sum_us": [sum_us],
             "freshness_max_us": [max_us],
+            "changelog_partitions": [None if ends is None else list(ends)],
+            "changelog_ends": [None if ends is None else list(ends.values())],
         }
 
     @classmethod
@@ -85,7 +93,24 @@ class Applied:
             Freshness.from_row(
                 row["freshness_counts"], row["freshness_sum_us"], row["freshness_max_us"]
             ),
+            None
+            if row["changelog_partitions"] is None
+            else dict(zip(row["changelog_partitions"], row["changelog_ends"], strict=True)),
         )
+
+
+def further(a: Mapping[int, int] | None, b: Mapping[int, int] | None) -> dict[int, int] | None:
+    """Per partition, the further of two sets of next offsets; ``None`` if either is unknown."""
+    return None if a is None or b is None else furthest(a, b)
+
+
+def furthest(a: Mapping[int, int], b: Mapping[int, int]) -> dict[int, int]:
+    """Per partition, the further of two sets of next offsets."""
+    out = dict(a)
+    for partition, end in b.items():
+        if end > out.get(partition, 0):
+            out[partition] = end
+    return out
 
 
 def apply_batches(
@@ -136,6 +161,9 @@ def apply_batches(
         dead_letters=letters,
         newest_timestamp_us=None if newest is None else int(newest),
         freshness=Freshness.of(stamps.to_numpy(), landed_us),
+        changelog_ends=(
+            dict(deliveries.ends.get(target.changelog_topic, {})) if deliveries.ends_known else None
+        ),
     )
 
 
@@ -233,15 +261,18 @@ COUNTS = (
     "freshness_counts",
     "freshness_sum_us",
     "freshness_max_us",
+    "changelog_partitions",
+    "changelog_ends",
 )
 """The row of counts each executor task of a large batch returns (``Applied.to_row``):
-integers, ``freshness_counts`` a list of them."""
+integers; ``freshness_counts``, ``changelog_partitions`` and ``changelog_ends`` lists of them."""
+
+
+_LISTS = ("freshness_counts", "changelog_partitions", "changelog_ends")
 
 
 def counts_schema() -> pa.Schema:
     """``COUNTS`` as Arrow types, which Spark's ``mapInArrow`` is declared with too."""
     import pyarrow as pa
 
-    return pa.schema(
-        [(n, pa.list_(pa.int64()) if n == "freshness_counts" else pa.int64()) for n in COUNTS]
-    )
+    return pa.schema([(n, pa.list_(pa.int64()) if n in _LISTS else pa.int64()) for n in COUNTS])

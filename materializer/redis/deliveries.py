@@ -106,11 +106,25 @@ class Deliveries:
         self.producer = producer
         self.errors: list[str] = []
         self.target = target if target is not None and target.transactional_id else None
+        self.ends: dict[str, dict[int, int]] = {}
+        """Per topic and partition, the next offset after the last record delivered there:
+        where a reader that read up to it has read every record sent through this object."""
+        self.ends_known = True
+        """False once a delivery came back without its offset (the broker did not say)."""
         self._open = False
 
-    def _done(self, err: Any, _msg: Any) -> None:
+    def _done(self, err: Any, msg: Any) -> None:
         if err is not None:
             self.errors.append(str(err))
+            return
+        ends = self.ends.get(msg.topic())
+        if ends is None:
+            ends = self.ends[msg.topic()] = {}
+        end = msg.offset() + 1
+        if end <= 0:
+            self.ends_known = False
+        elif end > ends.get(msg.partition(), 0):
+            ends[msg.partition()] = end
 
     def send(self, topic: str, key: bytes | None, value: bytes | None, headers: Any) -> None:
         """Produce one record, waiting for room when the producer's queue is full."""

@@ -60,6 +60,7 @@ from materializer.config import FoldConfig
 from materializer.fold.base import FoldMode
 from materializer.fold.modes import fold_mode
 from materializer.redis.apply import Applied, apply_batches, apply_partition, counts_schema
+from materializer.redis.changelog_ends import ChangelogEnds
 from materializer.redis.deliveries import new_producer
 from materializer.redis.expiry import ExpirySweeper, sweep_expired
 from materializer.redis.functions import FoldTarget
@@ -262,14 +263,19 @@ class RedisFoldSink(Sink):
         end_offsets: Callable[[int], dict[str, dict[int, int]]],
         batch_time: Callable[[int], int],
         on_applied: Callable[[Applied], None] | None = None,
+        changelog_ends: ChangelogEnds | None = None,
     ) -> None:
         """``batch_time``: a batch's timestamp as Spark keeps it (``Checkpoint.batch_time_ms``).
-        ``on_applied`` hears what each batch did once Redis holds it (the metrics)."""
+        ``on_applied`` hears what each batch did once Redis holds it (the metrics).
+        ``changelog_ends`` follows where the changelog ends after each batch, for its
+        table mark (``changelog_ends``)."""
         self.fold = fold
         self._end_offsets = end_offsets
         self._batch_time = batch_time
         self._on_applied = on_applied
         self._last: Applied | None = None
+        self._ends = changelog_ends
+        self._last_ends: tuple[int, dict[int, int] | None] | None = None
         self._sweeper = (
             None if fold.target.ttl_ms is None else ExpirySweeper(fold.target.map_name, fold.sweep)
         )
@@ -280,18 +286,30 @@ class RedisFoldSink(Sink):
             raise ValueError("the fold in Redis needs the batch's records")
         rows = records_in(self._end_offsets, batch.batch_id)
         time_ms = self._batch_time(batch.batch_id) if self.fold.mode.batch_in_order else None
+        self._last_ends = None
         self._last = self.fold.apply(batch.records, batch.batch_id, batch.app_id, rows, time_ms)
+        if self._ends is not None:
+            self._last_ends = (batch.batch_id, self._ends.after(self._last))
         if self._on_applied is not None:
             self._on_applied(self._last)
+
+    def changelog_ends(self, batch_id: int) -> dict[int, int] | None:
+        """Per changelog partition, a next offset past every record of ``batch_id`` and the
+        batches before it, once this sink wrote that batch; ``None`` when unknown."""
+        if self._last_ends is None or self._last_ends[0] != batch_id:
+            return None
+        return self._last_ends[1]
 
     def rows_out(self) -> int | None:
         """Keys the last batch touched."""
         return None if self._last is None else self._last.keys
 
     def close(self) -> None:
-        """Stop the expiry sweeps and release the fold's producer."""
+        """Stop the expiry sweeps and release the fold's producer and admin client."""
         if self._sweeper is not None:
             self._sweeper.stop()
+        if self._ends is not None:
+            self._ends.close()
         self.fold.close()
 
 

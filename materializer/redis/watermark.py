@@ -6,7 +6,8 @@ last, after every entity of the batch, so a reader that reads the watermark
 first and an entity second sees an entity at least as new as the watermark.
 
 Why a replay is safe: the watermark carries the batch's id and its query's app
-id, and a commit whose key already holds that batch is skipped (``commit``).
+id, and a commit whose key already holds that batch is skipped (``commit``),
+with the batch's table mark: a replay appends none.
 """
 
 from __future__ import annotations
@@ -17,7 +18,13 @@ from typing import TYPE_CHECKING, Any
 from materializer.batch import Batch, Sink
 from materializer.clients.redis import TRANSIENT_ERRORS, client_for
 from materializer.config import RedisConfig
-from materializer.contract.redis_layout import Watermark, meta_key
+from materializer.contract.redis_layout import (
+    TABLE_MARKS_MAX_LEN,
+    TableMark,
+    Watermark,
+    meta_key,
+    table_marks_key,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -40,11 +47,15 @@ class WatermarkSink(Sink):
         map_name: str,
         end_offsets: Callable[[int], dict[str, dict[int, int]]],
         changes_max_len: int = 100_000,
+        changelog_ends: Callable[[int], dict[int, int] | None] | None = None,
     ) -> None:
+        """``changelog_ends``: where the changelog ends after a batch
+        (``RedisFoldSink.changelog_ends``); the batch's table mark goes with its watermark."""
         self.config = config
         self.map_name = map_name
         self.changes_max_len = changes_max_len
         self._end_offsets = end_offsets
+        self._changelog_ends = changelog_ends
 
     def write(self, batch: Batch) -> None:
         """Commit the batch's watermark, waiting out a Redis that does not answer.
@@ -63,19 +74,25 @@ class WatermarkSink(Sink):
             updated_at_ms=int(time.time() * 1000),
             app_id=batch.app_id,
         )
+        ends = None if self._changelog_ends is None else self._changelog_ends(batch.batch_id)
         deadline = time.monotonic() + WATERMARK_WAIT_S
         while True:
             try:
-                self.commit(watermark)
+                self.commit(watermark, ends)
                 return
             except TRANSIENT_ERRORS:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.5)
 
-    def commit(self, watermark: Watermark) -> None:
+    def commit(self, watermark: Watermark, changelog_ends: dict[int, int] | None = None) -> None:
         """The watermark, once per (app id, batch id): one transaction on ``__meta__``,
-        skipped when it already holds this batch or a later one of the same query."""
+        skipped when it already holds this batch or a later one of the same query.
+
+        With ``changelog_ends`` the same transaction appends the batch's table mark
+        (``TableMark``; its stream shares the watermark's slot), so a mark exists exactly
+        for each watermark committed, and is fenced as the watermark is.
+        """
         meta = meta_key(self.map_name)
         with client_for(self.config).pipeline(transaction=True) as pipe:
             pipe.watch(meta)
@@ -84,6 +101,14 @@ class WatermarkSink(Sink):
             pipe.multi()
             fields: dict[Any, Any] = dict(watermark.to_hash())
             pipe.hset(meta, mapping=fields)
+            if changelog_ends is not None:
+                entry: dict[Any, Any] = TableMark(watermark, changelog_ends).to_entry()
+                pipe.xadd(
+                    table_marks_key(self.map_name),
+                    entry,
+                    maxlen=TABLE_MARKS_MAX_LEN,
+                    approximate=True,
+                )
             pipe.execute()
 
 

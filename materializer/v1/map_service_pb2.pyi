@@ -129,7 +129,7 @@ class Predicate(_message.Message):
     def __init__(self, comparison: _Optional[_Union[Comparison, _Mapping]] = ..., **kwargs) -> None: ...
 
 class QueryRequest(_message.Message):
-    __slots__ = ("map", "predicate", "where", "fields", "limit", "page_size", "page_token")
+    __slots__ = ("map", "predicate", "where", "fields", "limit", "page_size", "page_token", "freshness")
     MAP_FIELD_NUMBER: _ClassVar[int]
     PREDICATE_FIELD_NUMBER: _ClassVar[int]
     WHERE_FIELD_NUMBER: _ClassVar[int]
@@ -137,6 +137,7 @@ class QueryRequest(_message.Message):
     LIMIT_FIELD_NUMBER: _ClassVar[int]
     PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
+    FRESHNESS_FIELD_NUMBER: _ClassVar[int]
     map: str
     predicate: Predicate
     where: str
@@ -144,7 +145,8 @@ class QueryRequest(_message.Message):
     limit: int
     page_size: int
     page_token: str
-    def __init__(self, map: _Optional[str] = ..., predicate: _Optional[_Union[Predicate, _Mapping]] = ..., where: _Optional[str] = ..., fields: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ...) -> None: ...
+    freshness: _common_pb2.Freshness
+    def __init__(self, map: _Optional[str] = ..., predicate: _Optional[_Union[Predicate, _Mapping]] = ..., where: _Optional[str] = ..., fields: _Optional[_Iterable[str]] = ..., limit: _Optional[int] = ..., page_size: _Optional[int] = ..., page_token: _Optional[str] = ..., freshness: _Optional[_Union[_common_pb2.Freshness, _Mapping]] = ...) -> None: ...
 
 class Row(_message.Message):
     __slots__ = ("key", "entity")
@@ -155,38 +157,44 @@ class Row(_message.Message):
     def __init__(self, key: _Optional[str] = ..., entity: _Optional[bytes] = ...) -> None: ...
 
 class QueryResponse(_message.Message):
-    __slots__ = ("rows", "page_token", "table_version")
+    __slots__ = ("rows", "page_token", "table_version", "watermark")
     ROWS_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_FIELD_NUMBER: _ClassVar[int]
     rows: _containers.RepeatedCompositeFieldContainer[Row]
     page_token: str
     table_version: int
-    def __init__(self, rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., page_token: _Optional[str] = ..., table_version: _Optional[int] = ...) -> None: ...
+    watermark: _common_pb2.Watermark
+    def __init__(self, rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., page_token: _Optional[str] = ..., table_version: _Optional[int] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ...) -> None: ...
 
 class GetAsOfRequest(_message.Message):
-    __slots__ = ("map", "key", "version", "timestamp")
+    __slots__ = ("map", "key", "version", "timestamp", "freshness")
     MAP_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_FIELD_NUMBER: _ClassVar[int]
+    FRESHNESS_FIELD_NUMBER: _ClassVar[int]
     map: str
     key: str
     version: int
     timestamp: _timestamp_pb2.Timestamp
-    def __init__(self, map: _Optional[str] = ..., key: _Optional[str] = ..., version: _Optional[int] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    freshness: _common_pb2.Freshness
+    def __init__(self, map: _Optional[str] = ..., key: _Optional[str] = ..., version: _Optional[int] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., freshness: _Optional[_Union[_common_pb2.Freshness, _Mapping]] = ...) -> None: ...
 
 class GetAsOfResponse(_message.Message):
-    __slots__ = ("found", "entity", "table_version", "committed_at")
+    __slots__ = ("found", "entity", "table_version", "committed_at", "watermark")
     FOUND_FIELD_NUMBER: _ClassVar[int]
     ENTITY_FIELD_NUMBER: _ClassVar[int]
     TABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_AT_FIELD_NUMBER: _ClassVar[int]
+    WATERMARK_FIELD_NUMBER: _ClassVar[int]
     found: bool
     entity: bytes
     table_version: int
     committed_at: _timestamp_pb2.Timestamp
-    def __init__(self, found: _Optional[bool] = ..., entity: _Optional[bytes] = ..., table_version: _Optional[int] = ..., committed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    watermark: _common_pb2.Watermark
+    def __init__(self, found: _Optional[bool] = ..., entity: _Optional[bytes] = ..., table_version: _Optional[int] = ..., committed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
     __slots__ = ("map", "after_change_id", "include_entities", "keys")

@@ -78,6 +78,13 @@ MIN_OFFSETS = Param(
     "read-your-writes: topic:partition:offset,... the answer must reflect",
     {"type": "string", "pattern": f"^({OFFSETS_ITEM})?(,({OFFSETS_ITEM})?)*$"},
 )
+TABLE_MIN_OFFSETS = Param(
+    "min_offsets",
+    "query",
+    "read-your-writes on the Delta table: topic:partition:offset,... its version read must "
+    "reflect (ignored with page_token)",
+    MIN_OFFSETS.schema,
+)
 AS_OF_VERSION = Param(
     "as_of_version",
     "query",
@@ -192,7 +199,9 @@ ENDPOINTS: tuple[Endpoint, ...] = (
          LIMIT,
          PAGE_SIZE,
          Param("page_token", "query", "next_page_token of the page before",
-               {"type": "string", "pattern": "^[A-Za-z0-9_-]*$"})),
+               {"type": "string", "pattern": "^[A-Za-z0-9_-]*$"}),
+         TABLE_MIN_OFFSETS,
+         TIMEOUT),
         answer=shapes.QueryPage,
     ),
     Endpoint(

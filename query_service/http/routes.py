@@ -207,8 +207,9 @@ class HttpFront:
         version = int_param(request, AS_OF_VERSION)
         stamp = request.query.get("as_of_timestamp")
         context = HttpContext(request, timeout_param(request))
+        wanted = common.Freshness(min_offsets=offsets_param(request.query.get("min_offsets")))
         if version is not None or stamp is not None:
-            as_of = map_pb.GetAsOfRequest(map=name, key=key)
+            as_of = map_pb.GetAsOfRequest(map=name, key=key, freshness=wanted)
             if version is not None and stamp is not None:
                 raise invalid("as_of_version and as_of_timestamp: give one")
             if version is not None:
@@ -225,8 +226,8 @@ class HttpFront:
             }
             if then.HasField("committed_at"):
                 body["committed_at"] = then.committed_at.ToJsonString()
+            body["watermark"] = self._watermark(then) if then.HasField("watermark") else None
             return _json(body)
-        wanted = common.Freshness(min_offsets=offsets_param(request.query.get("min_offsets")))
         answer = await self._get(map_pb.GetRequest(map=name, key=key, freshness=wanted), context)
         body = _entry(key, answer.found, answer.entity)
         body["watermark"] = self._watermark(answer) if answer.HasField("watermark") else None
@@ -269,6 +270,7 @@ class HttpFront:
             limit=int_param(request, LIMIT) or 0,
             page_size=int_param(request, PAGE_SIZE) or 0,
             page_token=request.query.get("page_token", ""),
+            freshness=common.Freshness(min_offsets=offsets_param(request.query.get("min_offsets"))),
         )
         if "where" in request.query:
             call.where = request.query["where"]
@@ -282,6 +284,9 @@ class HttpFront:
             "rows": [{"key": r.key, "entity": shapes.entity_json(r.entity)} for r in rows],
             "next_page_token": (page.page_token or None) if page is not None else None,
             "table_version": page.table_version if page is not None else -1,
+            "watermark": (
+                self._watermark(page) if page is not None and page.HasField("watermark") else None
+            ),
         }
         return _json(body)
 

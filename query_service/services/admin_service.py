@@ -53,7 +53,7 @@ from query_service.errors import (
     NotFound,
     StoreUnavailable,
 )
-from query_service.services.map_service import watermark_to_proto
+from query_service.freshness import watermark_to_proto
 from query_service.stores.admin import ControlStore, LogEnds, MapSnapshot
 
 T = TypeVar("T")

@@ -21,8 +21,7 @@ from query_service.enrich.events import parse_events
 from query_service.enrich.inbox import Inbox
 from query_service.enrich.plan import plan_from_profile, plan_from_spec
 from query_service.errors import InvalidArgument, QueryServiceError, ResourceExhausted
-from query_service.freshness import FreshnessGate
-from query_service.services.map_service import watermark_to_proto
+from query_service.freshness import FreshnessGate, watermark_to_proto
 from query_service.stores.base import MapStore
 
 MAX_EVENTS_IN_FLIGHT = 4096

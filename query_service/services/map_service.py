@@ -17,7 +17,7 @@ from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
 from query_service.change_stream import ChangeCursor
 from query_service.errors import InvalidArgument, MapNotFound, ResourceExhausted
-from query_service.freshness import FreshnessGate
+from query_service.freshness import FreshnessGate, watermark_to_proto
 from query_service.near_cache import NearCaches
 from query_service.services.table_reads import TableReads
 from query_service.stores.base import Change, MapStore
@@ -196,22 +196,3 @@ def _check_key(key: str, field: str = "key") -> None:
         raise InvalidArgument(f"{field}: {size} bytes, at most {MAX_KEY_BYTES} allowed")
     if key in RESERVED_KEYS:
         raise InvalidArgument(f"{field}: {key!r} is reserved by the map's layout")
-
-
-def watermark_to_proto(watermark: Watermark) -> common.Watermark:
-    """The wire form of a watermark: offsets ordered by topic, then partition.
-
-    ``updated_at_ms`` of 0 means the writer recorded no time; ``updated_at``
-    then stays unset rather than claiming 1970.
-    """
-    message = common.Watermark(
-        batch_id=watermark.batch_id,
-        offsets=[
-            common.PartitionOffset(topic=topic, partition=partition, offset=offset)
-            for topic, partitions in sorted(watermark.offsets.items())
-            for partition, offset in sorted(partitions.items())
-        ],
-    )
-    if watermark.updated_at_ms:
-        message.updated_at.FromMilliseconds(watermark.updated_at_ms)
-    return message

@@ -21,10 +21,12 @@ from materializer.contract.table_layout import TABLE_KEY
 from materializer.v1 import map_service_pb2 as pb
 from query_service.errors import InvalidArgument
 from query_service.filters import render_filter
+from query_service.freshness import watermark_to_proto
 from query_service.stores.delta import DeltaTables
 from query_service.tables import query_plan
 from query_service.tables.page_token import PageToken
 from query_service.tables.query_plan import QueryPlan
+from query_service.tables.snapshots import TableSnapshots
 from query_service.tables.time_travel import entity_as_of
 
 Rows = list[tuple[str, bytes]]
@@ -41,8 +43,14 @@ class TableReads:
         self,
         config: AppConfig | LiveMaps,
         generation: Callable[[str], Awaitable[int]] | None = None,
+        snapshots: TableSnapshots | None = None,
     ) -> None:
-        self._tables = DeltaTables(config)
+        """``snapshots``: the process's latest snapshots, shared with its other table
+        readers (SQL); without it the reads keep their own."""
+        self._snapshots = (
+            snapshots if snapshots is not None else TableSnapshots(DeltaTables(config))
+        )
+        self._tables = self._snapshots.tables
         self._generation = generation
 
     async def query(
@@ -51,15 +59,29 @@ class TableReads:
         """Pages of matching rows, ordered by key, all from one table version.
 
         Always at least one response (possibly without rows), so the caller
-        learns the version read; the last one has an empty ``page_token``.
+        learns the version read and the source offsets it reflects; the last
+        one has an empty ``page_token``. A first page waits for
+        ``freshness.min_offsets`` (``TableSnapshots.latest``); a continuation
+        reads its token's version and waits for nothing.
         """
         page_size = query_plan.page_size(request)
         limit = query_plan.limit(request)
         token = PageToken.decode(request.page_token) if request.page_token else None
         generation = await self._generation(request.map) if self._generation else 0
-        plan, table = await asyncio.to_thread(
-            self._plan, request, page_size, limit, token, generation
+        if token is None:
+            wanted = request.freshness.min_offsets
+            remaining = context.time_remaining() if wanted else None
+            snapshot = await self._snapshots.latest(request.map, generation, wanted, remaining)
+            table, watermark = snapshot.table, snapshot.watermark
+        else:
+            table = await asyncio.to_thread(
+                self._tables.open, request.map, token.version, generation
+            )
+            watermark = await self._snapshots.watermark_of(request.map, generation, table)
+        plan = await asyncio.to_thread(
+            self._plan, request, table, page_size, limit, token, generation
         )
+        mark = None if watermark is None else watermark_to_proto(watermark)
         after = token.last_key if token else None
         sent = token.sent if token else 0
         while True:
@@ -79,6 +101,7 @@ class TableReads:
                     rows=[pb.Row(key=key, entity=entity) for key, entity in page],
                     page_token=next_token.encode() if next_token else "",
                     table_version=plan.version,
+                    watermark=mark,
                 )
             if not more:
                 return
@@ -87,7 +110,9 @@ class TableReads:
     async def get_as_of(
         self, request: pb.GetAsOfRequest, context: grpc.aio.ServicerContext
     ) -> pb.GetAsOfResponse:
-        """One entity at a table version or at a point in time (see ``tables.time_travel``)."""
+        """One entity at a table version or at a point in time (see ``tables.time_travel``),
+        with the source offsets that version reflects; first, with
+        ``freshness.min_offsets``, the wait for the table's newest version to reflect them."""
         kind = request.WhichOneof("as_of")
         if kind is None:
             raise InvalidArgument("as_of: set version or timestamp")
@@ -97,6 +122,10 @@ class TableReads:
         if kind == "timestamp":
             at_ns = request.timestamp.seconds * 1_000_000_000 + request.timestamp.nanos
         generation = await self._generation(request.map) if self._generation else 0
+        if request.freshness.min_offsets:
+            await self._snapshots.latest(
+                request.map, generation, request.freshness.min_offsets, context.time_remaining()
+            )
         as_of = await asyncio.to_thread(
             entity_as_of,
             self._tables,
@@ -112,21 +141,24 @@ class TableReads:
             table_version=as_of.commit.version,
         )
         response.committed_at.FromMilliseconds(as_of.commit.timestamp_ms)
+        watermark = await self._snapshots.watermark_of(request.map, generation, as_of.snapshot)
+        if watermark is not None:
+            response.watermark.CopyFrom(watermark_to_proto(watermark))
         return response
 
     def _plan(
         self,
         request: pb.QueryRequest,
+        table: DeltaTable,
         page_size: int,
         limit: int,
         token: PageToken | None,
         generation: int,
-    ) -> tuple[QueryPlan, DeltaTable]:
-        """Open the snapshot to read and check the request against its columns (blocking).
+    ) -> QueryPlan:
+        """Check the request against the columns of the snapshot to read (blocking).
 
         A token from before a rebuild names another table: it fails the check.
         """
-        table = self._tables.open(request.map, token.version if token else None, generation)
         columns = self._tables.columns(request.map, table)
         plan = QueryPlan(
             map_name=request.map,
@@ -139,7 +171,7 @@ class TableReads:
         )
         if token is not None:
             token.check(plan.fingerprint)
-        return plan, table
+        return plan
 
     def _fetch(self, plan: QueryPlan, table: DeltaTable, after: str | None, rows: int) -> Rows:
         """Up to ``rows + 1`` rows after ``after``: one more than asked tells whether any remain."""

@@ -1,1 +1,2 @@
-"""Reads of the maps' Delta tables: rows as entity JSON, page tokens, time travel."""
+"""Reads of the maps' Delta tables: the latest snapshots and the offsets they reflect, rows as
+entity JSON, page tokens, time travel."""

@@ -12,7 +12,9 @@ the Redis copy).
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,6 +29,8 @@ from query_service.stores.delta import DeltaTables
 
 REFRESH_SECONDS = 0.1
 """A snapshot younger than this is reused rather than the table opened again."""
+REMEMBERED_VERSIONS = 1024
+"""Versions whose recorded watermark is kept, across all tables."""
 
 
 @dataclass(frozen=True)
@@ -54,9 +58,12 @@ class TableSnapshots:
     """Latest snapshots of the maps' tables, shared by one process's calls."""
 
     def __init__(self, tables: DeltaTables) -> None:
-        self._tables = tables
+        self.tables = tables
         self._latest: dict[tuple[str, int], _Latest] = {}
         self._opening: dict[tuple[str, int], asyncio.Task[TableSnapshot]] = {}
+        self._marks: OrderedDict[tuple[str, int], Watermark | None] = OrderedDict()
+        """Recorded watermarks by (table id, version): a version's commits never change."""
+        self._marks_lock = threading.Lock()
 
     async def latest(
         self,
@@ -77,7 +84,7 @@ class TableSnapshots:
         behind the Redis copy.
         """
         if wanted:
-            check_positions(map_name, self._tables.topics(map_name), wanted)
+            check_positions(map_name, self.tables.topics(map_name), wanted)
         snapshot = await self._fresh(map_name, generation)
         if covers(snapshot.watermark, wanted):
             return snapshot
@@ -90,6 +97,30 @@ class TableSnapshots:
         except TimeoutError:
             raise DeadlineExceeded(_not_reached(snapshot, wanted)) from None
         return snapshot
+
+    async def watermark_of(
+        self, map_name: str, generation: int, table: DeltaTable
+    ) -> Watermark | None:
+        """The source offsets the snapshot ``table`` (any version) reflects; remembered per
+        version, so paging through an older version reads its commits once."""
+        latest = self._latest.get((map_name, generation))
+        if latest is not None and latest.snapshot.table is table:
+            return latest.snapshot.watermark
+        return await asyncio.to_thread(self._recorded, table)
+
+    def _recorded(self, table: DeltaTable) -> Watermark | None:
+        """``table_watermark``, remembered (blocking)."""
+        key = (str(table.metadata().id), table.version())
+        with self._marks_lock:  # worker threads share it
+            if key in self._marks:
+                self._marks.move_to_end(key)
+                return self._marks[key]
+        watermark = table_watermark(table)
+        with self._marks_lock:
+            self._marks[key] = watermark
+            while len(self._marks) > REMEMBERED_VERSIONS:
+                self._marks.popitem(last=False)
+        return watermark
 
     async def _fresh(self, map_name: str, generation: int) -> TableSnapshot:
         """The cached snapshot if it was opened less than ``REFRESH_SECONDS`` ago, else
@@ -109,18 +140,23 @@ class TableSnapshots:
     async def _open(self, map_name: str, generation: int) -> TableSnapshot:
         key = (map_name, generation)
         started = time.monotonic()
+        table, watermark = await asyncio.to_thread(self._open_latest, map_name, generation)
+        snapshot = TableSnapshot(map_name, generation, table, table.version(), watermark)
         previous = self._latest.get(key)
-        table = await asyncio.to_thread(self._tables.open, map_name, None, generation)
-        version = table.version()
-        if previous is not None and previous.snapshot.version == version:
-            snapshot = previous.snapshot  # the same version: its mark is known
-        else:
-            watermark = await asyncio.to_thread(table_watermark, table)
-            snapshot = TableSnapshot(map_name, generation, table, version, watermark)
-        current = self._latest.get(key)
-        if current is None or current.snapshot.version <= version:
-            self._latest[key] = _Latest(snapshot, started)
+        if previous is not None and _same_version(previous.snapshot.table, table):
+            snapshot = previous.snapshot  # keep the object callers may already be reading
+        # One opening per table at a time: this one is the newest look at it.
+        self._latest[key] = _Latest(snapshot, started)
         return snapshot
+
+    def _open_latest(self, map_name: str, generation: int) -> tuple[DeltaTable, Watermark | None]:
+        table = self.tables.open(map_name, None, generation)
+        return table, self._recorded(table)
+
+
+def _same_version(a: DeltaTable, b: DeltaTable) -> bool:
+    """The same version of the same table (a map deleted and created again starts over)."""
+    return bool(a.version() == b.version() and a.metadata().id == b.metadata().id)
 
 
 def _not_reached(snapshot: TableSnapshot, wanted: Sequence[common.PartitionOffset]) -> str:

@@ -37,6 +37,8 @@ class AsOf:
 
     commit: Commit
     entity: bytes | None
+    snapshot: DeltaTable
+    """The table at ``commit``'s version."""
 
 
 def entity_as_of(
@@ -67,7 +69,7 @@ def entity_as_of(
     rows = encode_rows(
         tables.select(map_name, snapshot, query), TABLE_KEY, tables.meta_columns(map_name)
     )
-    return AsOf(commit, rows[0][1] if rows else None)
+    return AsOf(commit, rows[0][1] if rows else None, snapshot)
 
 
 def _commit_of(tables: DeltaTables, map_name: str, latest: DeltaTable, version: int) -> Commit:

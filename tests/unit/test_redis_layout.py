@@ -12,6 +12,7 @@ from materializer.contract.redis_layout import (
     Control,
     MapReport,
     PartitionCatchUp,
+    TableMark,
     Watermark,
     change_entry,
     changes_key,
@@ -33,6 +34,8 @@ from materializer.contract.redis_layout import (
     state_key,
     state_keys_pattern,
     status_key,
+    table_marks_key,
+    table_marks_pattern,
 )
 
 
@@ -117,6 +120,36 @@ def test_change_entries_are_the_contract():
     assert changes_key("users") == "users:__changes__"
     assert change_entry("u1", False, 4) == {"key": "u1", "op": "upsert", "batch_id": "4"}
     assert change_entry("u1", True, 5) == {"key": "u1", "op": "delete", "batch_id": "5"}
+
+
+def test_table_marks_are_the_contract():
+    # In the watermark's slot, so one transaction appends a mark with its watermark.
+    assert table_marks_key("users") == b"users\x00t:{users:__meta__}"
+    assert key_slot(table_marks_key("users")) == key_slot(meta_key("users").encode())
+    assert key_slot(table_marks_key("{eu}users")) == key_slot(meta_key("{eu}users").encode())
+    assert not table_marks_key("users").startswith(b"users:")
+    assert table_marks_pattern("users~2") == b"users~2\x00t:*"
+    mark = TableMark(
+        Watermark(
+            batch_id=12, offsets={"user-events": {1: 40, 0: 7}}, updated_at_ms=1700, app_id="q"
+        ),
+        changelog={2: 90, 0: 31, 1: 0},
+    )
+    assert mark.to_entry() == {
+        "batch_id": "12",
+        "offsets": '{"user-events":{"0":7,"1":40}}',
+        "updated_at_ms": "1700",
+        "app_id": "q",
+        "changelog": '{"0":31,"1":0,"2":90}',
+    }
+    raw = {k.encode(): v.encode() for k, v in mark.to_entry().items()}
+    assert TableMark.from_entry(raw) == mark
+    assert TableMark.from_entry({}) is None
+    # Reached once a reader of the changelog is at or past each partition's end.
+    assert mark.reached_by({0: 31, 1: 0, 2: 90})
+    assert mark.reached_by({0: 40, 2: 91})
+    assert not mark.reached_by({0: 31, 1: 5, 2: 89})
+    assert not mark.reached_by({0: 31})
 
 
 def test_watermark_round_trips_through_redis_bytes():

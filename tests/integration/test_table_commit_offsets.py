@@ -1,0 +1,198 @@
+"""Each MERGE commit of a map's Delta table records the source offsets its version reflects,
+for delta-rs and Spark readers alike, with either merge engine, and never more than the
+version's rows hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from deltalake import DeltaTable
+
+from materializer.contract.redis_layout import TableMark, table_marks_key
+from materializer.contract.table_layout import table_path
+from materializer.contract.table_marks import decode, table_mark, table_watermark
+from materializer.job import start_map
+from materializer.testing import produce
+from materializer.testing.reference import fold_latest
+from tests.helpers.slices import (
+    FIELDS,
+    config,
+    delta_map_rs,
+    end_offsets,
+    slice_config,
+    user_events,
+)
+
+Event = tuple[int, int, bytes | None, bytes | None]
+
+
+@pytest.mark.parametrize("engine", ["delta_rs", "spark"])
+def test_each_merge_records_the_source_offsets_its_version_reflects(
+    engine, spark, kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
+):
+    topic = new_topic(3)
+    doc = slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name="marked")
+    doc["delta"]["merge_engine"] = engine
+    cfg = config(doc)
+    events: list[Event] = []
+    queries = start_map(spark, cfg, "marked")
+    try:
+        for wave in range(3):
+            records = user_events(200, 30, seed=wave)
+            positions = produce(kafka_bootstrap, topic, records)
+            events += [(p, o, k, v) for (p, o), (k, v) in zip(positions, records, strict=True)]
+            queries.process_all_available()
+    finally:
+        queries.stop()
+
+    path = table_path(cfg, "marked")
+    table = DeltaTable(path)
+    ends = end_offsets([(p, o) for p, o, _, _ in events])
+    newest = table_watermark(table)
+    assert newest is not None
+    assert newest.offsets == {topic: ends}
+
+    # The fold appended one mark per committed watermark, the last one naming the same offsets.
+    marks = [TableMark.from_entry(f) for _, f in redis_client.xrange(table_marks_key("marked"))]
+    assert marks and marks[-1] is not None and marks[-1].watermark == newest
+
+    # Spark's DESCRIBE HISTORY shows the very JSON delta-rs returns, in its userMetadata column.
+    history = {c["version"]: c for c in table.history()}
+    described = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").collect()
+    by_version = {row["version"]: row["userMetadata"] for row in described}
+    merges = [v for v, c in history.items() if c["operation"] == "MERGE"]
+    assert merges
+    for version in merges:
+        assert by_version[version] == history[version]["userMetadata"]
+        assert decode(by_version[version]) is not None
+    recorded = decode(by_version[max(merges)])
+    assert recorded is not None and recorded.watermark == newest
+    assert recorded.changelog  # how far the version merged the changelog
+
+    # No version claims a record its rows lack: each key's row is its state after some
+    # prefix of its partition that holds every record below the recorded offsets.
+    claims = 0
+    for version in sorted(merges):
+        mark = table_mark(DeltaTable(path, version=version))
+        assert mark is not None
+        rows = delta_map_rs_at(path, version)
+        _assert_reflects(rows, events, mark.watermark.offsets.get(topic, {}))
+        claims += 1
+    assert claims == len(merges)
+    # And the newest holds exactly the reference fold of everything produced.
+    assert delta_map_rs(path) == fold_latest(events, "id", FIELDS)
+
+
+def delta_map_rs_at(path: str, version: int) -> dict[str, Any]:
+    rows = DeltaTable(path, version=version).to_pyarrow_table().to_pylist()
+    return {r.pop("_key"): {k: v for k, v in r.items() if v is not None} for r in rows}
+
+
+def _assert_reflects(rows: dict[str, Any], events: list[Event], below: dict[int, int]) -> None:
+    """Every key's row (or its absence) is a state the key had once all of its events below
+    ``below`` were folded, and never one from before."""
+    per_key: dict[str, list[Event]] = {}
+    for event in sorted(events, key=lambda e: (e[0], e[1])):
+        key = _key(event)
+        if key is not None:
+            per_key.setdefault(key, []).append(event)
+    for key, mine in per_key.items():
+        claimed = [e for e in mine if e[1] < below.get(e[0], 0)]
+        later = mine[len(claimed) :]
+        allowed = [fold_latest(claimed, "id", FIELDS).get(key)]
+        allowed += [
+            fold_latest(mine[: len(claimed) + i + 1], "id", FIELDS).get(key)
+            for i in range(len(later))
+        ]
+        assert rows.get(key) in allowed, (key, rows.get(key), allowed[0])
+    assert set(rows) <= set(per_key)
+
+
+def _key(event: Event) -> str | None:
+    _, _, kafka_key, value = event
+    if value is None:
+        return None if kafka_key is None else kafka_key.decode()
+    doc = orjson.loads(value)
+    return str(doc["id"]) if doc.get("id") is not None else None
+
+
+def test_a_batch_applied_on_the_executors_marks_where_its_changelog_ended(
+    spark, kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
+):
+    """A batch larger than the driver takes is applied by executor tasks, each with its own
+    producer: their delivery reports come back with the counts, and the mark holds the
+    furthest of them; the first batch's comes from the log ends."""
+    from confluent_kafka.admin import AdminClient
+
+    from materializer.clients.kafka_offsets import partition_offsets
+    from materializer.config.names import changelog_topic
+    from materializer.redis.sink import DRIVER_ROWS
+
+    topic = new_topic(3)
+    cfg = config(slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name="wide"))
+    events: list[Event] = []
+    queries = start_map(spark, cfg, "wide")
+    try:
+        for n in (50, DRIVER_ROWS + 2000):
+            records = [
+                (f"k{i % 4000}".encode(), orjson.dumps({"id": f"k{i % 4000}", "age": i}))
+                for i in range(n)
+            ]
+            positions = produce(kafka_bootstrap, topic, records)
+            events += [(p, o, k, v) for (p, o), (k, v) in zip(positions, records, strict=True)]
+            queries.process_all_available()
+    finally:
+        queries.stop()
+
+    admin = AdminClient({"bootstrap.servers": kafka_bootstrap})
+    changelog = changelog_topic(cfg, "wide")
+    log_ends = partition_offsets(admin, [changelog], "latest")[changelog]
+    marks = [TableMark.from_entry(f) for _, f in redis_client.xrange(table_marks_key("wide"))]
+    assert len(marks) >= 2 and all(m is not None for m in marks)
+    assert marks[-1] is not None and marks[-1].changelog == log_ends
+    ends = end_offsets([(p, o) for p, o, _, _ in events])
+    assert table_watermark(DeltaTable(table_path(cfg, "wide"))) == marks[-1].watermark
+    assert marks[-1].watermark.offsets == {topic: ends}
+
+
+def test_a_delta_batch_takes_the_newest_mark_it_has_reached_and_otherwise_carries_one(
+    redis_url, redis_client, tmp_path: Path, monkeypatch
+):
+    from materializer.config import RedisConfig
+    from materializer.contract.redis_layout import Watermark
+    from materializer.delta import marks as delta_marks
+    from materializer.delta.marks import SourceOffsets
+    from materializer.redis.watermark import WatermarkSink
+
+    name = f"picked{tmp_path.name[-6:]}"
+    config = RedisConfig(url=redis_url)
+    sink = WatermarkSink(config, name, lambda _: {})
+    for batch in range(40):  # more than one read of the stream
+        watermark = Watermark(batch, {"src": {0: 100 + batch}}, 1, "fold")
+        sink.commit(watermark, {0: 10 * batch, 1: 5 * batch})
+    sink.commit(Watermark(39, {"src": {0: 139}}, 1, "fold"), {0: 999, 1: 999})  # a replay
+    assert redis_client.xlen(table_marks_key(name)) == 40
+
+    reached: dict[int, dict[str, dict[int, int]]] = {}
+    offsets = SourceOffsets(
+        config, name, "cl", lambda b: reached[b], (str(tmp_path / "no-table"), None)
+    )
+
+    def recorded(batch: int, ends: dict[int, int]) -> int | None:
+        reached[batch] = {"cl": ends}
+        text = offsets.user_metadata(batch)
+        mark = decode(text)
+        if mark is not None:
+            assert mark.changelog == {"cl": ends}
+        return None if mark is None else mark.watermark.batch_id
+
+    assert recorded(0, {0: 0}) == 0  # partition 1 at 0 too: a missing partition reads as 0
+    assert recorded(1, {0: 95, 1: 47}) == 9  # mark 9 ends at (90, 45), mark 10 at (100, 50)
+    assert recorded(2, {0: 95, 1: 60}) == 9  # partition 0 holds mark 10 back
+    assert recorded(3, {0: 400, 1: 400}) == 39  # past every mark: waits, then takes the newest
+    monkeypatch.setattr(delta_marks, "MARK_WAIT_SECONDS", 0.0)
+    redis_client.delete(table_marks_key(name))
+    assert recorded(4, {0: 500, 1: 500}) == 39  # no mark left: the last one carried
