@@ -227,7 +227,7 @@ def request_maps(config: AppConfig | LiveMaps) -> Callable[[str, Any], list[str]
     }
 
     def maps(method: str, request: Any) -> list[str]:
-        if method.endswith("/SqlService/Execute"):
+        if method.endswith(".SqlService/Execute"):
             return list(check_statement(request.sql).maps)
         if method.endswith("/Enrich"):
             if request.HasField("spec"):

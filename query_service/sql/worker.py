@@ -5,7 +5,8 @@ it reads requests on stdin and writes answers on stdout, in frames (``frames``).
 The engine is DataFusion, over the maps' Delta tables through delta-rs, in a
 session per statement that knows only that statement's tables, with a memory pool
 of the request's size and no disk to spill to, and that refuses DDL, DML and
-``SET`` itself.
+``SET`` itself. Number literals with a point or an exponent are exact decimals, as
+PostgreSQL reads them (``credit - 0.01`` stays a DECIMAL), not floats.
 
 A process of its own, because a running statement cannot be stopped from outside
 the engine: the service ends the process instead (its deadline passed, or its
@@ -83,6 +84,8 @@ class Engine:
             SessionConfig()
             .with_target_partitions(request["partitions"])
             .with_information_schema(False)
+            # 0.01 is an exact number, as in PostgreSQL: money stays decimal in arithmetic.
+            .set("datafusion.sql_parser.parse_float_as_decimal", "true")
         )
         runtime = (
             RuntimeEnvBuilder()
