@@ -10,7 +10,7 @@ import typer
 from pydantic import ValidationError
 
 from materializer.clients.logs import LogFormat, LogLevel, configure_logging
-from materializer.commands import catalog, maps, offsets, rebuild, rehydrate
+from materializer.commands import catalog, maps, offsets, rebuild, rehydrate, sql
 from materializer.commands.cli_support import ConfigOption, err, load
 from materializer.config import WorkerConfig, config_problems
 from materializer.errors import ConfigError, MaterializerError
@@ -195,3 +195,5 @@ app.command()(rehydrate.rehydrate)
 app.command()(rehydrate.verify)
 app.command()(rebuild.rebuild)
 app.add_typer(catalog.app, name="maps")
+# Reading the maps through a running query service.
+app.command()(sql.sql)

@@ -10,6 +10,7 @@ call's deadline. Other statuses raise at once as ``grpc.aio.AioRpcError``.
         user = await client.get("users", "u-1")
         async for enriched in client.enrich(batches, profile="orders-with-users"):
             ...
+        answer = await client.sql("SELECT tier, count(*) FROM users GROUP BY tier")
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, Literal, TypeVar
 
 import grpc
 import orjson
+import pyarrow as pa
 
 from materializer.v1 import admin_service_pb2 as admin_pb
 from materializer.v1 import admin_service_pb2_grpc as admin_grpc
@@ -32,6 +35,8 @@ from materializer.v1 import enrich_service_pb2 as enrich_pb
 from materializer.v1 import enrich_service_pb2_grpc as enrich_grpc
 from materializer.v1 import map_service_pb2 as map_pb
 from materializer.v1 import map_service_pb2_grpc as map_grpc
+from materializer.v1 import sql_service_pb2 as sql_pb
+from materializer.v1 import sql_service_pb2_grpc as sql_grpc
 
 T = TypeVar("T")
 DEFAULT_DEADLINE = 5.0
@@ -45,6 +50,8 @@ CHANNEL_OPTIONS = [
 
 Offsets = dict[tuple[str, int], int]
 """Next offsets by (topic, partition): the form of a watermark and of read-your-writes."""
+SqlValue = None | bool | int | float | str | bytes | Decimal | datetime
+"""A value bound to a statement's ``$n``; a ``datetime`` must say its zone."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +90,62 @@ class Enriched:
     dropped: bool = False
     error: str = ""
     missed: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class TableRead:
+    """A table an SQL answer read: the Delta version and the source offsets it reflects."""
+
+    map: str
+    version: int
+    """The Delta table version; -1 when the answer came from the map's Redis copy."""
+    watermark: Watermark | None
+    """``None`` when the version's commits record no offsets."""
+    redis: bool
+    """A plain key lookup, answered from the Redis copy as ``get`` is."""
+
+
+@dataclass(frozen=True)
+class SqlAnswer:
+    """A statement's whole answer, and every table it read."""
+
+    table: pa.Table
+    tables: list[TableRead]
+
+
+def sql_param(value: SqlValue) -> sql_pb.SqlParam:
+    """A Python value in the wire form of a statement's parameter.
+
+    Raises ``ValueError`` for a ``datetime`` without a zone (whose instant is unknown)
+    and an ``int`` beyond 64 bits, ``TypeError`` for any other type.
+    """
+    if value is None:
+        return sql_pb.SqlParam(null=True)
+    if isinstance(value, bool):
+        return sql_pb.SqlParam(bool_value=value)
+    if isinstance(value, int):
+        if not -(2**63) <= value < 2**63:
+            raise ValueError(f"{value} does not fit 64 bits")
+        return sql_pb.SqlParam(int_value=value)
+    if isinstance(value, float):
+        return sql_pb.SqlParam(double_value=value)
+    if isinstance(value, str):
+        return sql_pb.SqlParam(string_value=value)
+    if isinstance(value, bytes):
+        return sql_pb.SqlParam(bytes_value=value)
+    if isinstance(value, Decimal):
+        return sql_pb.SqlParam(decimal_value=str(value))
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError(f"{value.isoformat()}: a timestamp needs its zone (tzinfo)")
+        param = sql_pb.SqlParam()
+        param.timestamp_value.FromDatetime(value)
+        return param
+    raise TypeError(f"{type(value).__name__} is not a SQL parameter type")
+
+
+def _table_read(message: sql_pb.TableRead) -> TableRead:
+    return TableRead(message.map, message.version, _watermark(message), message.redis)
 
 
 def _freshness(min_offsets: Offsets | None) -> common.Freshness:
@@ -126,6 +189,7 @@ class MaterializerClient:
         self.maps = map_grpc.MapServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self.enrichment = enrich_grpc.EnrichServiceStub(self._channel)  # type: ignore[no-untyped-call]
         self.admin = admin_grpc.AdminServiceStub(self._channel)  # type: ignore[no-untyped-call]
+        self.sql_service = sql_grpc.SqlServiceStub(self._channel)  # type: ignore[no-untyped-call]
 
     async def __aenter__(self) -> MaterializerClient:
         return self
@@ -244,6 +308,47 @@ class MaterializerClient:
         async for response in self.maps.Watch(request, timeout=timeout, metadata=self._metadata):
             for change in response.changes:
                 yield change
+
+    # ------------------------------------------------------------ SQL
+
+    async def sql(
+        self,
+        statement: str,
+        params: Sequence[SqlValue] = (),
+        *,
+        min_offsets: Offsets | None = None,
+        limit: int = 0,
+        timeout: float | None = None,
+    ) -> SqlAnswer:
+        """One SELECT or WITH statement over the maps (each a table by its name), its whole
+        answer in memory, and the tables it read with their versions and watermarks.
+
+        ``params`` are the values of ``$1``, ``$2``…; with ``min_offsets``, the tables
+        reading those topics reflect them first; ``limit`` cuts the answer short (0: the
+        server's ``query.sql.max_rows``, past which it fails). One attempt, never
+        retried: a statement may be long, and its deadline is the caller's to spend.
+        """
+        request = sql_pb.ExecuteRequest(
+            sql=statement,
+            params=[sql_param(value) for value in params],
+            freshness=_freshness(min_offsets),
+            limit=limit,
+        )
+        call = self.sql_service.Execute(
+            request, timeout=timeout or self._deadline, metadata=self._metadata
+        )
+        ipc: list[bytes] = []
+        tables: list[TableRead] | None = None
+        async for response in call:
+            part = response.WhichOneof("part")
+            if part == "tables":
+                tables = [_table_read(t) for t in response.tables.tables]
+            elif part is not None:
+                ipc.append(getattr(response, part))
+        if not ipc or tables is None:
+            # grpc ends a failed stream with its status: an answer this short is a bug.
+            raise RuntimeError("SqlService.Execute ended without its schema or tables read")
+        return SqlAnswer(pa.ipc.open_stream(b"".join(ipc)).read_all(), tables)
 
     # ------------------------------------------------------------ enrichment
 

@@ -234,7 +234,7 @@ async def create_servers(
         if config.query.console.enabled:
             from query_service.console.mount import mount_console
 
-            mount_console(app, config, live, maps, admin, authorizer, maps_of, store.client)
+            mount_console(app, config, live, maps, admin, authorizer, maps_of, store.client, sql)
         servers.http, servers.http_port = await start_http(app, http[0], http[1], config.query.tls)
     return servers
 

@@ -35,8 +35,11 @@ MapArgument = Annotated[str, typer.Argument(help="A map declared in the config."
 
 
 def fail(message: object, code: int = 2) -> typer.Exit:
-    """Print ``message`` in red on stderr; raise the returned ``typer.Exit``."""
-    err.print(f"[red]{message}[/red]", highlight=False, soft_wrap=True)
+    """Print ``message`` in red on stderr; raise the returned ``typer.Exit``.
+
+    Printed as plain text: a message quotes names, statements and errors of others,
+    whose brackets and ``:name:`` are no markup or emoji of rich's."""
+    err.print(str(message), style="red", markup=False, emoji=False, highlight=False, soft_wrap=True)
     return typer.Exit(code)
 
 

@@ -24,6 +24,7 @@ from materializer.config import ConsoleConfig
 from query_service.console.calls import ConsoleCalls
 from query_service.console.pages import Pages
 from query_service.console.sessions import COOKIE, SESSION, Session, Sessions
+from query_service.console.sql_page import SqlPage
 from query_service.errors import Unauthenticated
 from query_service.http.calls import HTTP_STATUS, HttpAbort
 from query_service.interceptors import INTERNAL_DETAILS
@@ -73,7 +74,9 @@ class Console:
         self._secure = secure_cookie
         self._origins = frozenset(o.rstrip("/") for o in config.allowed_origins)
         self._env = templates()
+        self._env.globals["sql_on"] = calls.sql_on  # the SQL link in every page's header
         self.pages = Pages(calls, live, client, self._env, self.base)
+        self.sql = SqlPage(calls, live, self.pages.render)
 
     def application(self) -> web.Application:
         """The sub-application to mount at ``base``."""
@@ -95,6 +98,8 @@ class Console:
         app.router.add_get("/maps/{map}/edit", p.map_form)
         app.router.add_post("/maps/{map}/edit", p.map_form_post)
         app.router.add_post("/maps/{map}/actions/{action}", p.action)
+        app.router.add_get("/sql", self.sql.form)
+        app.router.add_post("/sql", self.sql.run)
         app.router.add_static("/static/", STATIC, append_version=False)
         return app
 

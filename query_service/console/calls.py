@@ -11,15 +11,19 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
+import grpc
 from aiohttp import web
 
 from materializer.v1 import admin_service_pb2 as admin_pb
+from materializer.v1 import sql_service_pb2 as sql_pb
 from query_service.auth import Authorizer, Grant, GrantedContext
-from query_service.http.calls import HttpContext
-from query_service.http.endpoints import ADMIN_RPC, MAPS_RPC
+from query_service.http.calls import HttpAbort, HttpContext
+from query_service.http.endpoints import ADMIN_RPC, MAPS_RPC, SQL_RPC
 from query_service.interceptors import MethodCall, RequestMaps
 from query_service.services.admin_service import AdminServicer
 from query_service.services.map_service import MapServicer
+from query_service.services.sql_service import SqlServicer
+from query_service.sql.executor import Answer
 
 TIMEOUT_S = 10.0
 """A page waits this long for any one call: a page that hangs helps no operator."""
@@ -48,6 +52,7 @@ class ConsoleCalls:
         admin: AdminServicer,
         authorizer: Authorizer | None,
         request_maps: RequestMaps,
+        sql: SqlServicer | None = None,
     ) -> None:
         def call(method: str, behavior: Any) -> Any:
             return MethodCall(method, authorizer, request_maps).wrap(
@@ -79,6 +84,10 @@ class ConsoleCalls:
             )
             for name in names
         }
+        self.sql_on = sql is not None
+        """Whether statements can run here (``query.sql.enabled``)."""
+        if sql is not None:
+            self._methods["Execute"] = call(SQL_RPC + "Execute", sql.start)
 
     async def unary(
         self,
@@ -90,6 +99,19 @@ class ConsoleCalls:
     ) -> Any:
         """Call one unary method (``Get``, ``Pause``, ...) as the session's token."""
         return await self._methods[name](message, ConsoleContext(request, grant, timeout_s))
+
+    async def sql(
+        self, message: sql_pb.ExecuteRequest, request: web.Request, grant: Grant | None
+    ) -> Answer:
+        """A statement checked and started as the session's token: its answer, whose
+        batches the page reads. No deadline of the page's own: ``query.sql.timeout``
+        bounds a statement, as it does one from any other front."""
+        if not self.sql_on:
+            raise HttpAbort(
+                grpc.StatusCode.UNIMPLEMENTED, "SQL is turned off here (query.sql.enabled)"
+            )
+        answer: Answer = await self.unary("Execute", message, request, grant, timeout_s=None)
+        return answer
 
     def stream(
         self,

@@ -14,6 +14,7 @@ from query_service.console.sessions import Sessions
 from query_service.interceptors import RequestMaps
 from query_service.services.admin_service import AdminServicer
 from query_service.services.map_service import MapServicer
+from query_service.services.sql_service import SqlServicer
 
 
 def mount_console(
@@ -25,12 +26,17 @@ def mount_console(
     authorizer: Authorizer | None,
     request_maps: RequestMaps,
     client: AsyncClient,
+    sql: SqlServicer | None = None,
 ) -> Console:
-    """Serve the console at ``query.console.base_path`` of ``app``; its bare path redirects."""
+    """Serve the console at ``query.console.base_path`` of ``app``; its bare path redirects.
+
+    Without ``sql``, or with ``query.sql.enabled`` off, the SQL page says it is off.
+    """
     settings = config.query.console
+    statements = sql if config.query.sql.enabled else None
     console = Console(
         settings,
-        ConsoleCalls(maps, admin, authorizer, request_maps),
+        ConsoleCalls(maps, admin, authorizer, request_maps, statements),
         Sessions(client, authorizer, settings.session),
         live,
         client,

@@ -10,12 +10,17 @@
 
 The tables read, with versions and watermarks, are known before the first row: the
 streamed formats carry them in the ``Materializer-Tables`` header.
+
+The JSON answer's shape (``rows``, ``table_json``, ``dumps``), a value's text in a
+cell (``text_of``) and the typing of a parameter given as text (``text_param``) are the
+console's and the CLI's too.
 """
 
 from __future__ import annotations
 
 import base64
-from datetime import UTC, datetime, timedelta
+import re
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -34,6 +39,7 @@ from query_service.sql.executor import Answer, TableRead
 TABLES_HEADER = "Materializer-Tables"
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 """The end-of-stream marker of Arrow's IPC stream format."""
+_INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
 
 
 def answer_format(accept: str | None) -> str:
@@ -67,6 +73,22 @@ def sql_param(value: shapes.SqlValue, index: int) -> sql_pb.SqlParam:
     return sql_pb.SqlParam(string_value=value)
 
 
+def text_param(text: str) -> shapes.SqlValue:
+    """A parameter typed as text, as the CLI's ``--param`` and the console take one: a JSON
+    number, ``true``, ``false``, ``null`` or a JSON string (``"42"`` stays text); anything
+    else is the text as it is. An integer stays exact, however long (one past 64 bits
+    is refused by ``sql_param``, not rounded to a float)."""
+    if _INTEGER.fullmatch(text.strip()):
+        return int(text)
+    try:
+        value = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return text
+
+
 async def write_answer(request: web.Request, answer: Answer, media: str) -> web.StreamResponse:
     """The answer in ``media``; the statement is stopped if the client goes away."""
     try:
@@ -86,10 +108,11 @@ async def write_answer(request: web.Request, answer: Answer, media: str) -> web.
 
 def tables(answer: Answer) -> list[dict[str, Any]]:
     """The tables read, as ``shapes.TableRead``."""
-    return [_table(t) for t in answer.tables]
+    return [table_json(t) for t in answer.tables]
 
 
-def _table(table: TableRead) -> dict[str, Any]:
+def table_json(table: TableRead) -> dict[str, Any]:
+    """One table read, as ``shapes.TableRead``."""
     mark = table.watermark
     watermark = None
     if mark is not None:
@@ -111,18 +134,18 @@ def _table(table: TableRead) -> dict[str, Any]:
 
 async def _json(answer: Answer) -> web.Response:
     try:
-        rows = [row async for batch, _ in answer.batches() for row in _rows(batch)]
+        all_rows = [row async for batch, _ in answer.batches() for row in rows(batch)]
     except QueryServiceError as exc:
         return error_response(exc.code, str(exc))
-    body = {"columns": columns(answer.schema), "rows": rows, "tables": tables(answer)}
-    return web.Response(body=_dumps(body), content_type=JSON)
+    body = {"columns": columns(answer.schema), "rows": all_rows, "tables": tables(answer)}
+    return web.Response(body=dumps(body), content_type=JSON)
 
 
 async def _ndjson(request: web.Request, response: web.StreamResponse, answer: Answer) -> None:
     await response.prepare(request)
     try:
         async for batch, _ in answer.batches():
-            lines = [_dumps(row) for row in _rows(batch)]
+            lines = [dumps(row) for row in rows(batch)]
             await response.write(b"\n".join(lines) + b"\n")
     except QueryServiceError as exc:
         await response.write(error_body(exc.code.name, str(exc)) + b"\n")
@@ -164,13 +187,30 @@ def _names(schema: pa.Schema) -> list[str]:
     return names
 
 
-def _rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
+def rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
+    """The batch's rows as objects keyed by their answer names (``_names``)."""
     names = _names(batch.schema)
     values = [column.to_pylist() for column in batch.columns]
     return [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
 
 
-def _dumps(body: Any) -> bytes:
+def text_of(value: Any) -> str:
+    """A value as a person reads it in a cell (the console's table, the CLI's table and
+    CSV): text as it is, binary as base64, decimals exactly, times in ISO 8601, nested
+    values as JSON; SQL NULL as ``null``."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    return dumps(value).decode()
+
+
+def dumps(body: Any) -> bytes:
+    """JSON of an answer or a part of it: decimals as text, binary as base64 (``_value``)."""
     return orjson.dumps(body, default=_value, option=orjson.OPT_PASSTHROUGH_DATACLASS)
 
 

@@ -125,7 +125,8 @@ def test_replicas_without_autoscaling_or_budget(render: Render):
 def test_query_service_is_cluster_ip_with_its_ports(either: Rendered):
     service = either.one("Service", "-query")
     assert service["spec"]["type"] == "ClusterIP"
-    assert {p["name"] for p in service["spec"]["ports"]} == {"grpc", "metrics", "http", "flight-sql"}
+    names = {p["name"] for p in service["spec"]["ports"]}
+    assert names == {"grpc", "metrics", "http", "flight-sql"}
 
 
 def test_auth_and_tls_come_from_existing_secrets(production: Rendered):

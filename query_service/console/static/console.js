@@ -119,8 +119,21 @@
     });
   }
 
+  // -- the SQL editor: Ctrl+Enter (⌘+Enter) runs the statement -----------------------
+
+  function runOnCtrlEnter(editor) {
+    editor.addEventListener("keydown", function (event) {
+      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) {
+        event.preventDefault();
+        editor.form.requestSubmit();
+      }
+    });
+  }
+
   document.addEventListener("DOMContentLoaded", function () {
     localTimes(document);
+    var editor = document.getElementById("sql");
+    if (editor) { runOnCtrlEnter(editor); }
     var container = document.getElementById("charts");
     if (container) { startCharts(container); }
     var changes = document.getElementById("changes");
