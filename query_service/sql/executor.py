@@ -38,6 +38,9 @@ from query_service.tables.snapshots import TableSnapshot, TableSnapshots
 MARGIN_SECONDS = 0.05
 """A statement is stopped this much before the caller's deadline, so the caller reads
 our message rather than its own timeout."""
+TARGET_PARTITIONS = 2
+"""The engine's parallelism per statement: two partitions keep a core busy each while
+the service and the other statement share the rest."""
 Param = None | bool | int | float | str | bytes | Decimal | datetime | date
 
 
@@ -180,7 +183,7 @@ class SqlExecutor:
             "tables": [self._table(s) for s in snapshots],
             "rows": limit or config.max_rows + 1,
             "memory_bytes": config.memory_bytes,
-            "partitions": 2,
+            "partitions": TARGET_PARTITIONS,
         }
         incoming = self._workers.run(request, deadline, late)
         try:

@@ -51,15 +51,24 @@ def main() -> None:
 
 
 class Engine:
-    """Opened tables, kept between statements: a new version is read incrementally."""
+    """Opened tables and a session, kept between statements.
+
+    The session is made again only when the request's settings change; before each
+    statement it is left knowing exactly that statement's tables, at the versions the
+    service fixed: a table of the statement before is dropped, a newer version
+    registered in place of the older (read incrementally from the table kept open).
+    """
 
     def __init__(self) -> None:
         self._tables: dict[str, Any] = {}
+        self._context: Any = None
+        self._settings: tuple[int, int] | None = None
+        self._registered: dict[str, tuple[str, int]] = {}
 
     def run(self, request: dict[str, Any], out: BinaryIO) -> None:
         """Answer one request: a schema frame, batch frames, then done or an error."""
         try:
-            context, frame = self._dataframe(request)
+            frame = self._dataframe(request)
         except Exception as exc:  # noqa: BLE001 - every engine error is the caller's answer
             frames.write_error(out, *_classify(exc))
             return
@@ -74,33 +83,48 @@ class Engine:
             frames.write_error(out, *_classify(exc))
             return
         frames.write(out, frames.DONE, b"")
-        del context  # the plan's tasks reach their session through it until the end
 
-    def _dataframe(self, request: dict[str, Any]) -> tuple[Any, Any]:
-        """The statement's session and its plan; the session must outlive the plan's run."""
-        from datafusion import RuntimeEnvBuilder, SessionConfig, SessionContext, SQLOptions
+    def _dataframe(self, request: dict[str, Any]) -> Any:
+        """The statement's plan, in the session kept for it (which must outlive the plan's
+        run: the plan's tasks reach their session through it)."""
+        from datafusion import SQLOptions
 
-        config = (
-            SessionConfig()
-            .with_target_partitions(request["partitions"])
-            .with_information_schema(False)
-            # 0.01 is an exact number, as in PostgreSQL: money stays decimal in arithmetic.
-            .set("datafusion.sql_parser.parse_float_as_decimal", "true")
-        )
-        runtime = (
-            RuntimeEnvBuilder()
-            .with_greedy_memory_pool(request["memory_bytes"])
-            .with_disk_manager_disabled()
-        )
-        context = SessionContext(config, runtime)
+        context = self._session(request["partitions"], request["memory_bytes"])
+        wanted = {name: (uri, version) for name, uri, _, version in request["tables"]}
+        for name in [n for n in self._registered if wanted.get(n) != self._registered[n]]:
+            context.deregister_table(name)
+            del self._registered[name]
         for name, uri, options, version in request["tables"]:
-            context.register_table(name, self._table(uri, options, version))
+            if name not in self._registered:
+                context.register_table(name, self._table(uri, options, version))
+                self._registered[name] = (uri, version)
         allowed = (
             SQLOptions().with_allow_ddl(False).with_allow_dml(False).with_allow_statements(False)
         )
         params = {str(i + 1): value for i, value in enumerate(request["params"])}
         frame = context.sql_with_options(request["sql"], allowed, param_values=params or None)
-        return context, frame.limit(request["rows"])
+        return frame.limit(request["rows"])
+
+    def _session(self, partitions: int, memory_bytes: int) -> Any:
+        from datafusion import RuntimeEnvBuilder, SessionConfig, SessionContext
+
+        if self._context is None or self._settings != (partitions, memory_bytes):
+            config = (
+                SessionConfig()
+                .with_target_partitions(partitions)
+                .with_information_schema(False)
+                # 0.01 is an exact number, as in PostgreSQL: money stays decimal in arithmetic.
+                .set("datafusion.sql_parser.parse_float_as_decimal", "true")
+            )
+            runtime = (
+                RuntimeEnvBuilder()
+                .with_greedy_memory_pool(memory_bytes)
+                .with_disk_manager_disabled()
+            )
+            self._context = SessionContext(config, runtime)
+            self._settings = (partitions, memory_bytes)
+            self._registered = {}
+        return self._context
 
     def _table(self, uri: str, options: dict[str, str] | None, version: int) -> Any:
         from deltalake import DeltaTable

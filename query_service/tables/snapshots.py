@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from deltalake import DeltaTable
+from deltalake.exceptions import DeltaError
 
 from materializer.contract.redis_layout import Watermark
 from materializer.contract.table_marks import table_watermark
@@ -140,6 +141,10 @@ class TableSnapshots:
     async def _open(self, map_name: str, generation: int) -> TableSnapshot:
         key = (map_name, generation)
         started = time.monotonic()
+        previous = self._latest.get(key)
+        if previous is not None and await asyncio.to_thread(_unchanged, previous.snapshot.table):
+            self._latest[key] = _Latest(previous.snapshot, started)
+            return previous.snapshot
         table, watermark = await asyncio.to_thread(self._open_latest, map_name, generation)
         snapshot = TableSnapshot(map_name, generation, table, table.version(), watermark)
         previous = self._latest.get(key)
@@ -152,6 +157,19 @@ class TableSnapshots:
     def _open_latest(self, map_name: str, generation: int) -> tuple[DeltaTable, Watermark | None]:
         table = self.tables.open(map_name, None, generation)
         return table, self._recorded(table)
+
+
+def _unchanged(table: DeltaTable) -> bool:
+    """Whether the table's log has no version after the snapshot's: asking costs a listing
+    of the log, a fraction of opening the table again (its log replayed, its newest
+    commit read for its mark). A client without the call opens the table again."""
+    latest = getattr(table._table, "get_latest_version", None)  # noqa: SLF001 - see above
+    if latest is None:
+        return False
+    try:
+        return bool(latest() == table.version())
+    except (DeltaError, OSError):
+        return False  # opening it again says what is wrong
 
 
 def _same_version(a: DeltaTable, b: DeltaTable) -> bool:
