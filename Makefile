@@ -91,6 +91,7 @@ bench: setup ## run the benchmarks (JSON lines on stdout)
 	$(BIN)/python bench/runtime_maps.py
 	$(BIN)/python bench/worker_group.py
 	$(BIN)/python bench/query.py
+	$(BIN)/python bench/sql.py
 	$(BIN)/python bench/console.py
 	$(BIN)/python bench/rehydrate.py
 	$(BIN)/python bench/enrich.py
