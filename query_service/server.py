@@ -13,7 +13,7 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 from aiohttp import web
@@ -50,6 +50,9 @@ from query_service.stores.admin import ControlStore, LogEnds
 from query_service.stores.delta import DeltaTables
 from query_service.stores.redis import RedisMapStore
 from query_service.tables.snapshots import TableSnapshots
+
+if TYPE_CHECKING:
+    from query_service.sql.flight import FlightSqlPort
 
 log = logging.getLogger(__name__)
 
@@ -118,16 +121,23 @@ class Servers:
     """Follows the catalog until the servers stop."""
     sql: SqlExecutor | None = None
     """Runs SQL statements in processes of its own, ended when the servers stop."""
+    flight: FlightSqlPort | None = None
+    """Arrow Flight SQL (``query.sql.flight_port``); serves from its creation, like the HTTP
+    front."""
 
     async def start(self) -> None:
         """Start the gRPC server (the HTTP front listens from its creation)."""
         await self.grpc.start()
 
-    async def stop(self, grace: float) -> None:
+    async def stop(self, grace: float | None) -> None:
         """Stop taking calls, let running ones finish for ``grace`` seconds, then end."""
         if self.http is not None:
             await self.http.shutdown()
-        await self.grpc.stop(grace)
+        # Flight SQL's statements run on the executor: both ports drain before it closes.
+        await asyncio.gather(
+            self.grpc.stop(grace),
+            self.flight.close(grace or 0.0) if self.flight is not None else asyncio.sleep(0),
+        )
         if self.http is not None:
             await self.http.cleanup()
         if self.catalog is not None:
@@ -156,6 +166,7 @@ async def create_servers(
     near_caches: NearCaches | None = None,
     background: list[Closeable] | None = None,
     http: tuple[str, int] | None = None,
+    flight: str | None = None,
 ) -> Servers:
     """A gRPC server bound to ``address`` but not started, the port it got, and with
     ``http`` (host, port) the HTTP/JSON front over the same servicers, listening.
@@ -164,8 +175,9 @@ async def create_servers(
     maps of ``config``, ``grpc.health.v1`` and server reflection, behind the
     one wrapper (bearer tokens when ``query.auth`` is set, metrics, status
     mapping); the HTTP front calls the same servicer methods through the same
-    wrapper. Health follows Redis: NOT_SERVING while it cannot be reached.
-    Both ports are TLS when ``query.tls`` is set.
+    wrapper. With ``flight`` (``host:port``) and ``query.sql`` on, Arrow Flight SQL over
+    the same SQL executor and tokens, serving. Health follows Redis: NOT_SERVING while
+    it cannot be reached. Every port is TLS when ``query.tls`` is set.
 
     Without ``store``, a ``RedisMapStore`` on ``config.redis`` is created
     and lives as long as the process; pass your own to close it when the
@@ -225,6 +237,12 @@ async def create_servers(
     if port == 0:
         raise SetupError(f"cannot listen on {address}: the address is taken or not local")
     servers = Servers(server, port, live=live, catalog=catalog, sql=executor)
+    if flight is not None and config.query.sql.enabled:
+        from query_service.sql.flight import start_flight
+
+        servers.flight = await start_flight(
+            executor, live, snapshots, store.generation, authorizer, flight
+        )
     if http is not None:
         from query_service.http.routes import HttpFront
         from query_service.http.server import create_app, openapi, start_http
@@ -258,19 +276,24 @@ async def serve(
     background: list[Closeable] = []
     try:
         await near_caches.start()
-        servers = await create_servers(config, address, store, near_caches, background, http)
+        host = address.rpartition(":")[0]
+        port = config.query.sql.flight_port
+        flight = f"{host}:{port}" if port else None
+        servers = await create_servers(
+            config, address, store, near_caches, background, http, flight
+        )
         if servers.catalog is not None:  # a replica starts with every map created so far
             await servers.catalog.first_read(FIRST_READ_SECONDS)
         if config.query.metrics_port is not None:
             serve_metrics(config.query.metrics_port)
         await servers.start()
-        host = address.rpartition(":")[0]
         log.info(
-            "query service listening on %s:%d, HTTP %s "
+            "query service listening on %s:%d, HTTP %s, Flight SQL %s "
             "(maps: %s, tls: %s, auth: %s, metrics: %s, event loop: %s)",
             host,
             servers.port,
             "off" if servers.http_port is None else servers.http_port,
+            "off" if servers.flight is None else servers.flight.port,
             ", ".join(sorted((servers.live or LiveMaps(config)).config.maps)) or "none",
             "on" if config.query.tls else "off",
             "on" if config.query.auth else "off",

@@ -304,8 +304,14 @@ def _all_messages(file: d.FileDescriptorProto) -> Iterator[tuple[str, d.Descript
 
 
 def documented_files(proto_root: Path = PROTO_ROOT) -> list[d.FileDescriptorProto]:
-    """The files under ``proto/`` (not the well-known types they import), sorted by name."""
-    ours = {str(p.relative_to(proto_root)) for p in proto_files(proto_root)}
+    """Our API's files under ``proto/materializer/`` (not the well-known types they import,
+    nor the Flight SQL protocol the SQL port speaks, which Apache Arrow documents), sorted
+    by name."""
+    ours = {
+        str(p.relative_to(proto_root))
+        for p in proto_files(proto_root)
+        if p.relative_to(proto_root).parts[0] == "materializer"
+    }
     return sorted(
         (f for f in descriptor_set(proto_root).file if f.name in ours), key=lambda f: f.name
     )

@@ -18,6 +18,7 @@ console's and the CLI's too.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import re
 from datetime import UTC, date, datetime, time, timedelta
@@ -37,6 +38,8 @@ from query_service.http.endpoints import ARROW_STREAM, JSON, NDJSON
 from query_service.sql.executor import Answer, TableRead
 
 TABLES_HEADER = "Materializer-Tables"
+CLIENT_CHECK_SECONDS = 0.25
+"""How often a statement's answer looks whether its client is still there."""
 _EOS = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 """The end-of-stream marker of Arrow's IPC stream format."""
 _INTEGER = re.compile(r"-?(0|[1-9][0-9]*)")
@@ -91,6 +94,7 @@ def text_param(text: str) -> shapes.SqlValue:
 
 async def write_answer(request: web.Request, answer: Answer, media: str) -> web.StreamResponse:
     """The answer in ``media``; the statement is stopped if the client goes away."""
+    watch = asyncio.ensure_future(_client_gone(request, asyncio.current_task()))
     try:
         if media == JSON:
             return await _json(answer)
@@ -103,7 +107,21 @@ async def write_answer(request: web.Request, answer: Answer, media: str) -> web.
             await _arrow(request, response, answer)
         return response
     finally:
+        watch.cancel()
         await answer.close()
+
+
+async def _client_gone(request: web.Request, reader: asyncio.Task[Any] | None) -> None:
+    """Cancel ``reader`` once the client's connection closes.
+
+    A statement computes for a while before its first batch, when nothing is written
+    that would fail; the reader's cancellation ends the statement's process. The answer
+    is read in the task that started the statement: its deadline belongs to that task.
+    """
+    while request.transport is not None and not request.transport.is_closing():
+        await asyncio.sleep(CLIENT_CHECK_SECONDS)
+    if reader is not None:
+        reader.cancel()
 
 
 def tables(answer: Answer) -> list[dict[str, Any]]:
@@ -190,8 +208,17 @@ def _names(schema: pa.Schema) -> list[str]:
 def rows(batch: pa.RecordBatch) -> list[dict[str, Any]]:
     """The batch's rows as objects keyed by their answer names (``_names``)."""
     names = _names(batch.schema)
-    values = [column.to_pylist() for column in batch.columns]
+    values = [_pylist(column) for column in batch.columns]
     return [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)]
+
+
+def _pylist(column: pa.Array) -> list[Any]:
+    try:
+        values: list[Any] = column.to_pylist()
+    except OverflowError:
+        # A date or time outside Python's years 1 to 9999: Arrow's own text of it.
+        values = column.cast(pa.string()).to_pylist()
+    return values
 
 
 def text_of(value: Any) -> str:
@@ -215,13 +242,19 @@ def dumps(body: Any) -> bytes:
 
 
 def _value(value: Any) -> Any:
-    """What orjson cannot write: decimals exactly, as text; bytes as base64."""
+    """What orjson cannot write: decimals exactly, as text; bytes as base64; a
+    nanosecond timestamp (pandas' ``datetime`` subclass, which ``now()`` gives) in
+    ISO 8601 with its nanoseconds; an interval as its months, days and nanoseconds."""
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, bytes):
         return base64.b64encode(value).decode()
     if isinstance(value, timedelta):
         return value.total_seconds()
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, pa.MonthDayNano):
+        return {"months": value.months, "days": value.days, "nanoseconds": value.nanoseconds}
     raise TypeError(f"{type(value).__name__} is not a JSON value")
 
 

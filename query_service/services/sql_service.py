@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
 import grpc
@@ -20,6 +20,12 @@ from materializer.v1 import sql_service_pb2_grpc as pb_grpc
 from query_service.errors import InvalidArgument
 from query_service.freshness import watermark_to_proto
 from query_service.sql.executor import Answer, Param, SqlExecutor, TableRead
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MIN_SECONDS = -62_135_596_800
+"""0001-01-01T00:00:00Z, the first second of ``google.protobuf.Timestamp``'s range."""
+_MAX_SECONDS = 253_402_300_799
+"""9999-12-31T23:59:59Z, its last."""
 
 
 class SqlServicer(pb_grpc.SqlServiceServicer):
@@ -74,7 +80,12 @@ def param_value(param: pb.SqlParam, index: int) -> Param:
         return None
     if kind == "timestamp_value":
         ts = param.timestamp_value
-        return datetime.fromtimestamp(ts.seconds, UTC).replace(microsecond=ts.nanos // 1000)
+        if not _MIN_SECONDS <= ts.seconds <= _MAX_SECONDS or not 0 <= ts.nanos < 1_000_000_000:
+            raise InvalidArgument(
+                f"params[{index}].timestamp_value: seconds {ts.seconds}, nanos {ts.nanos}: "
+                "a timestamp is from 0001-01-01 to 9999-12-31, nanos from 0 to 999999999"
+            )
+        return _EPOCH + timedelta(seconds=ts.seconds, microseconds=ts.nanos // 1000)
     if kind == "decimal_value":
         try:
             number = Decimal(param.decimal_value)

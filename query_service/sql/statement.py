@@ -34,6 +34,10 @@ DIALECT = "postgres"
 """sqlglot's reading of the text: DataFusion's SQL is PostgreSQL's in what a query uses
 (``$1`` parameters, ``'...'`` strings, ``"..."`` identifiers, lower-cased bare names)."""
 
+PUBLIC = "public"
+"""The one schema, where SQL clients' catalogs (Flight SQL's GetTables) list the maps:
+``public.users`` is ``users``, as the engine reads it."""
+
 _WRITES: tuple[type[exp.Expr], ...] = (
     exp.Insert,
     exp.Update,
@@ -140,10 +144,11 @@ def _table(node: exp.Table, ctes: set[str]) -> str | None:
         raise InvalidArgument(
             f"sql: the table function {name} is refused; FROM and JOIN name maps only"
         )
-    if node.args.get("db") or node.args.get("catalog"):
+    schema = node.args.get("db")
+    if node.args.get("catalog") or (schema is not None and schema.name.lower() != PUBLIC):
         raise InvalidArgument(
             f"sql: the table {node.sql(dialect=DIALECT)} is refused; "
-            "tables are maps, named without a schema"
+            f"tables are maps, named alone or in the schema {PUBLIC}"
         )
     identifier: exp.Identifier = node.this
     # The engine lower-cases a bare name, as PostgreSQL does; a quoted one is kept.

@@ -26,10 +26,15 @@ PATH = re.compile(
 MODULE = re.compile(r"(?<![\w./-])((?:materializer|query_service|tools)(?:\.[A-Za-z_]\w*)+)")
 
 
+GENERATED = ("materializer/v1/", "query_service/sql/flightsql/")
+"""Code protoc writes, whose comments name the .proto files by their import paths."""
+
+
 def sources() -> Iterator[Path]:
     for tree in TREES:
         for path in sorted((ROOT / tree).rglob("*.py")):
-            if "v1" not in path.relative_to(ROOT).parts[:2] and "node_modules" not in path.parts:
+            generated = str(path.relative_to(ROOT)).startswith(GENERATED)
+            if not generated and "node_modules" not in path.parts:
                 yield path
 
 

@@ -1,0 +1,1 @@
+"""Generated from proto/ by ``python -m tools.codegen``: do not edit."""
