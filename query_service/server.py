@@ -88,20 +88,19 @@ class Closeable(Protocol):
         """Stop its tasks."""
 
 
+def read_pem(key: str, path: str) -> bytes:
+    """A PEM file of ``query.tls`` (``key`` names it), or the configuration error naming it."""
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise ConfigError("", [f"query.tls.{key}: cannot read {path}: {exc.strerror}"]) from None
+
+
 def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:
     """TLS from PEM files; a client CA turns on mutual TLS (client certificates required)."""
-
-    def read(key: str, path: str) -> bytes:
-        try:
-            return Path(path).read_bytes()
-        except OSError as exc:
-            raise ConfigError(
-                "", [f"query.tls.{key}: cannot read {path}: {exc.strerror}"]
-            ) from None
-
-    client_ca = read("client_ca_file", tls.client_ca_file) if tls.client_ca_file else None
+    client_ca = read_pem("client_ca_file", tls.client_ca_file) if tls.client_ca_file else None
     return grpc.ssl_server_credentials(
-        [(read("key_file", tls.key_file), read("cert_file", tls.cert_file))],
+        [(read_pem("key_file", tls.key_file), read_pem("cert_file", tls.cert_file))],
         root_certificates=client_ca,
         require_client_auth=client_ca is not None,
     )

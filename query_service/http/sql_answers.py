@@ -31,6 +31,7 @@ import pyarrow as pa
 from aiohttp import web
 
 from materializer.v1 import sql_service_pb2 as sql_pb
+from query_service.client import sql_param as wire_param
 from query_service.errors import QueryServiceError
 from query_service.http import shapes
 from query_service.http.calls import HttpAbort, error_body, error_response
@@ -60,20 +61,12 @@ def answer_format(accept: str | None) -> str:
 
 
 def sql_param(value: shapes.SqlValue, index: int) -> sql_pb.SqlParam:
-    """A JSON parameter in its wire form."""
-    if value is None:
-        return sql_pb.SqlParam(null=True)
-    if isinstance(value, bool):
-        return sql_pb.SqlParam(bool_value=value)
-    if isinstance(value, int):
-        if not -(2**63) <= value < 2**63:
-            raise HttpAbort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"params[{index}]: {value} does not fit 64 bits"
-            )
-        return sql_pb.SqlParam(int_value=value)
-    if isinstance(value, float):
-        return sql_pb.SqlParam(double_value=value)
-    return sql_pb.SqlParam(string_value=value)
+    """A JSON parameter in its wire form, as the client makes it; 400 naming it when it
+    has none (an integer beyond 64 bits)."""
+    try:
+        return wire_param(value)
+    except ValueError as exc:
+        raise HttpAbort(grpc.StatusCode.INVALID_ARGUMENT, f"params[{index}]: {exc}") from None
 
 
 def text_param(text: str) -> shapes.SqlValue:

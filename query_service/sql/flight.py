@@ -28,7 +28,6 @@ import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from datetime import date, datetime
 from decimal import Decimal
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -38,9 +37,10 @@ from google.protobuf.message import DecodeError, Message
 
 from materializer.catalog.live import LiveMaps
 from materializer.config import TlsConfig
-from materializer.errors import ConfigError, SetupError
+from materializer.errors import SetupError
 from query_service.auth import Authorizer, Grant
 from query_service.errors import InvalidArgument, QueryServiceError, StoreUnavailable
+from query_service.server import read_pem
 from query_service.sql import flight_metadata as metadata
 from query_service.sql.executor import Param, SqlExecutor
 from query_service.sql.flight_answers import (
@@ -443,15 +443,7 @@ def tls_options(tls: TlsConfig | None) -> dict[str, Any]:
     turns on mutual TLS."""
     if tls is None:
         return {}
-
-    def read(key: str, path: str) -> bytes:
-        try:
-            return Path(path).read_bytes()
-        except OSError as exc:
-            raise ConfigError(
-                "", [f"query.tls.{key}: cannot read {path}: {exc.strerror}"]
-            ) from None
-
+    read = read_pem
     options: dict[str, Any] = {
         "tls_certificates": [(read("cert_file", tls.cert_file), read("key_file", tls.key_file))]
     }
