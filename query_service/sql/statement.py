@@ -30,6 +30,11 @@ from query_service.errors import InvalidArgument, ResourceExhausted
 
 MAX_SQL_CHARS = 100_000
 """Longer statements are refused before parsing (RESOURCE_EXHAUSTED)."""
+MAX_NESTING = 32
+"""Parentheses within parentheses, and operators in a row, refused beyond this before
+parsing: the parser recurses on them, and Python's recursion limit is not a refusal to
+rely on."""
+_DEEP = re.compile(rf"(?:(?:\bnot\b|[-+~])\s*){{{MAX_NESTING}}}", re.IGNORECASE)
 DIALECT = "postgres"
 """sqlglot's reading of the text: DataFusion's SQL is PostgreSQL's in what a query uses
 (``$1`` parameters, ``'...'`` strings, ``"..."`` identifiers, lower-cased bare names)."""
@@ -102,6 +107,8 @@ def check(text: str) -> Statement:
 def _check(text: str) -> Statement:
     if not text.strip():
         raise InvalidArgument("sql: empty; send one SELECT or WITH statement")
+    if _nesting(text) > MAX_NESTING or _DEEP.search(text):
+        raise InvalidArgument(f"sql: the statement is nested more than {MAX_NESTING} deep")
     try:
         trees = [t for t in parse(text, read=DIALECT) if t is not None]
     except (ParseError, TokenError) as exc:
@@ -135,6 +142,19 @@ def _check(text: str) -> Statement:
         elif isinstance(node, exp.Placeholder | exp.Parameter):
             highest = max(highest, _parameter(node))
     return Statement(text, tuple(sorted(maps)), highest, _key_lookup(tree, maps))
+
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of parentheses (those in quotes count too: a bound, not a
+    parse)."""
+    depth = deepest = 0
+    for char in text:
+        if char == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == ")":
+            depth = max(depth - 1, 0)
+    return deepest
 
 
 def _table(node: exp.Table, ctes: set[str]) -> str | None:

@@ -115,6 +115,10 @@ def serve(config: AppConfig, body: Callable[[SqlFront], Awaitable[T]]) -> T:
         async with sql_front(config) as front:
             return await body(front)
 
+    # Statement processes of services other tests in this process left running are not
+    # this service's: the counts below leave them out.
+    _OTHERS.clear()
+    _OTHERS.update(_children())
     return asyncio.run(main())
 
 
@@ -303,8 +307,17 @@ def from_json(value: Any, arrow_type: str) -> Any:
     return value
 
 
+_OTHERS: set[int] = set()
+"""Statement processes alive when ``serve`` started its service."""
+
+
 def statement_processes() -> set[int]:
-    """The live statement processes this test process started (from ``/proc``)."""
+    """The live statement processes the service ``serve`` started (from ``/proc``)."""
+    return _children() - _OTHERS
+
+
+def _children() -> set[int]:
+    """The live statement processes this test process started."""
     me = os.getpid()
     found = set()
     for entry in Path("/proc").iterdir():
