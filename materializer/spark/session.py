@@ -63,8 +63,8 @@ def spark_conf(
 ) -> dict[str, str]:
     """The settings every Materializer session carries; ``config.conf`` wins over them.
 
-    With ``object_store``, hadoop-aws and its AWS SDK join the jars (only then: they are
-    most of the jars' size) and the S3A client gets its endpoint and credentials.
+    With ``object_store``, hadoop-aws and its AWS SDK join the jars (only then: a session
+    without one has no use for them) and the S3A client gets its endpoint and credentials.
     """
     local_jars = jars("spark") + (jars("s3") if object_store is not None else [])
     conf = {
