@@ -3,22 +3,39 @@
 # The Materializer image: `materializer run` (the Spark driver, and its executors in
 # driver.mode kubernetes) and `query-service serve`, as the Helm chart in helm/ runs them.
 #
+#   make image                          # podman, or IMAGE_TOOL=docker; see docs/image.md
 #   docker build -t materializer:0.1.0 .
 #
-# What the build needs: a Docker engine with BuildKit (the default since Docker 23) and
-# network access to Debian's package mirrors, PyPI and Maven Central (the JVM jars are
-# resolved by `make jars` from jvm/pom.xml). Nothing is downloaded when a container starts.
+# BASE_IMAGE is the one choice: the Python image from a registry (the default), or a
+# Debian bookworm base with python3 and python3-venv made from Debian's own packages where
+# no container registry is reachable (`make image BASE=debian` builds one with mmdebstrap).
+# Either way Python is 3.11 and the build needs Debian's package mirror, PyPI and Maven
+# Central; nothing is downloaded when a container starts. Behind a proxy that re-signs TLS,
+# pass its certificate authorities as the build secret `ca-certificates` (`make image` passes
+# the host's trust store); they are trusted by the build stage only.
 # The tag should match the chart's appVersion (helm/materializer/Chart.yaml), or set
 # image.tag in the chart's values.
 
-ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+ARG BASE_IMAGE=python:3.11-slim-bookworm
 
-# --- build: resolve the JVM jars into jvm/lib and build the wheel --------------------------
-FROM ${PYTHON_IMAGE} AS build
-RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        openjdk-17-jdk-headless maven make \
+# --- build: the JVM jars into jvm/lib, the package and its dependencies into /opt/venv ------
+FROM ${BASE_IMAGE} AS build
+ENV DEBIAN_FRONTEND=noninteractive
+# Java's packages link their manual pages, whose folder a base without documentation lacks.
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends \
+        ca-certificates openjdk-17-jdk-headless maven make \
     && rm -rf /var/lib/apt/lists/*
+# The secret's certificates (one PEM bundle) join the system's and Java's trust stores.
+RUN --mount=type=secret,id=ca-certificates,required=false \
+    if [ -s /run/secrets/ca-certificates ]; then \
+        awk '/-----BEGIN CERTIFICATE-----/ { n++ } n { print > ("/usr/local/share/ca-certificates/build-" n ".crt") }' \
+            /run/secrets/ca-certificates \
+        && update-ca-certificates >/dev/null; \
+    fi
+ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 
 # The jars first: they change far less often than the code, so this layer stays cached.
@@ -31,19 +48,32 @@ COPY jvm/s3/pom.xml jvm/s3/
 COPY jvm/s3proxy/pom.xml jvm/s3proxy/
 # The S3 server (jvm/s3proxy) serves the tests only; the schema registry (jvm/registry)
 # the tests and `materializer demo --schema-registry` in a checkout.
-RUN make jars JVM_MODULES=spark,kafka,s3
+RUN --mount=type=cache,target=/root/.m2 make jars JVM_MODULES=spark,kafka,s3
 
+# Then the dependencies, from pyproject.toml alone, so a change of code reuses this layer.
+# grpcio-tools (pinned like the dev extra) compiles .proto schemas that a schema registry
+# serves as source, for protobuf maps with schema_registry_url.
 COPY pyproject.toml README.md ./
+RUN --mount=type=cache,target=/root/.cache/pip \
+    python3 -m venv /opt/venv \
+    && /opt/venv/bin/pip install --upgrade pip \
+    && python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]))' \
+        > /tmp/requirements.txt \
+    && /opt/venv/bin/pip install -r /tmp/requirements.txt "grpcio-tools==1.85.1"
 COPY materializer/ materializer/
 COPY query_service/ query_service/
-RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /dist .
+RUN /opt/venv/bin/pip install --no-cache-dir --no-deps .
 
-# --- runtime: Python 3.11, a Java 17 JRE, the package in /opt/venv, the jars beside it -----
-FROM ${PYTHON_IMAGE} AS runtime
-RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-        openjdk-17-jre-headless procps \
-    && rm -rf /var/lib/apt/lists/*
+# --- runtime: Python 3.11, a Java 17 JRE, /opt/venv, the jars beside it ---------------------
+FROM ${BASE_IMAGE} AS runtime
+ENV DEBIAN_FRONTEND=noninteractive
+# tini is process 1: it passes signals to the command and reaps the processes Spark leaves.
+# redis-server serves `materializer demo` and the run that trains the class data archive.
+RUN mkdir -p /usr/share/man/man1 \
+    && apt-get update \
+    && apt-get install -y --no-install-recommends \
+        ca-certificates openjdk-17-jre-headless procps redis-server tini \
+    && rm -rf /var/lib/apt/lists/* /usr/share/doc /usr/share/man
 
 RUN groupadd --gid 10001 materializer \
     && useradd --uid 10001 --gid 10001 --home-dir /home/materializer --create-home \
@@ -52,22 +82,22 @@ RUN groupadd --gid 10001 materializer \
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1
-COPY --from=build /dist/*.whl /tmp/wheels/
-# grpcio-tools (pinned like the dev extra) compiles .proto schemas that a schema registry
-# serves as source, for protobuf maps with schema_registry_url.
-RUN python -m venv /opt/venv \
-    && pip install --no-cache-dir /tmp/wheels/*.whl "grpcio-tools==1.85.1" \
-    && rm -rf /tmp/wheels
-
-# An installed package finds the resolved jars through MATERIALIZER_JARS_DIR (see
-# materializer/jvm.py): spark/ for the session, kafka/ for the embedded broker of the demo.
-COPY --from=build /src/jvm/lib /opt/materializer/jvm/lib
-ENV MATERIALIZER_JARS_DIR=/opt/materializer/jvm/lib \
+    PYTHONUNBUFFERED=1 \
+    MATERIALIZER_JARS_DIR=/opt/materializer/jvm/lib \
     SPARK_HOME=/opt/venv/lib/python3.11/site-packages/pyspark
+COPY --from=build /opt/venv /opt/venv
+# An installed package finds the resolved jars through MATERIALIZER_JARS_DIR (see
+# materializer/jvm.py): spark/ and s3/ for the session, kafka/ for the demo's broker.
+COPY --from=build /src/jvm/lib /opt/materializer/jvm/lib
+
+# The driver's class data archive, trained by a run of its own broker and Redis, so a
+# container's first `materializer run` starts with Spark's classes already loaded. A build
+# step's host name may resolve to no address, so that run's Spark binds to the loopback.
+RUN SPARK_LOCAL_IP=127.0.0.1 materializer jvm-archive \
+    && rm -rf /tmp/* /root/.cache
 
 USER 10001:10001
 WORKDIR /home/materializer
-# The chart runs `materializer run -c ...` and `query-service serve -c ...` as commands.
-ENTRYPOINT ["materializer"]
-CMD ["--help"]
+ENTRYPOINT ["tini", "--"]
+# The chart runs `materializer run -c ...` and `query-service serve -c ...` as arguments.
+CMD ["materializer", "--help"]

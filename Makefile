@@ -9,6 +9,9 @@ JVM_MODULES ?= spark,kafka,registry,s3,s3proxy
 PYTEST_ARGS ?=
 # Test files spread over this many workers, each with its own broker, Redis and Spark.
 TEST_WORKERS ?= 2
+# The container image: named as the Helm chart deploys it by default (its appVersion).
+IMAGE ?= materializer:$(shell sed -nE 's/^appVersion: "?([^"]*)"?$$/\1/p' helm/materializer/Chart.yaml)
+IMAGE_TOOL ?= podman
 
 .DEFAULT_GOAL := help
 
@@ -82,6 +85,21 @@ docs: venv ## build the documentation site into site/ (strict: a broken link fai
 test: setup lint docs ## set up, lint, build the docs, and run every test against real services
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
+image-tools: ## make sure podman, buildah, runc and mmdebstrap are installed, for the image (apt-get as root)
+	@if ! command -v podman >/dev/null || ! command -v runc >/dev/null || ! command -v mmdebstrap >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman buildah runc mmdebstrap; \
+	  else echo "podman, runc and mmdebstrap are missing: install them (sudo apt-get install podman buildah runc mmdebstrap)"; exit 1; fi; \
+	fi
+
+image: ## build the container image $(IMAGE) (IMAGE_BASE=python|debian|auto, IMAGE_TOOL=podman|docker)
+	IMAGE=$(IMAGE) IMAGE_TOOL=$(IMAGE_TOOL) image/build.sh
+
+image-name: ## print the name of the image `make image` builds, which the chart deploys by default
+	@echo $(IMAGE)
+
+image-test: setup image ## start the image's containers against the tests' broker and Redis
+	IMAGE=$(IMAGE) $(BIN)/pytest tests/image -p no:cacheprovider $(PYTEST_ARGS)
+
 bench: setup ## run the benchmarks (JSON lines on stdout)
 	$(BIN)/python bench/pipeline.py
 	$(BIN)/python bench/live.py
@@ -101,4 +119,4 @@ bench: setup ## run the benchmarks (JSON lines on stdout)
 clean: ## remove the venv, resolved jars and local data
 	rm -rf $(VENV) jvm/lib warehouse checkpoints site tests/interop/node_modules
 
-.PHONY: help venv jars java redis browser node archive setup proto lint format docs test bench clean
+.PHONY: help venv jars java redis browser node archive setup proto lint format docs test image-tools image image-name image-test bench clean

@@ -46,6 +46,34 @@ def slice_config(
     }
 
 
+GROUP_AGGREGATES = {"events": {"fn": "count"}, "age_total": {"fn": "sum", "field": "age"}}
+"""The fold of a worker group's maps whose names end in ``agg``."""
+
+
+def group_config(
+    tmp: Path, kafka: str, redis_url: str, topics: dict[str, str], group: str
+) -> dict[str, Any]:
+    """Maps named by ``topics`` (a name ending in ``agg`` counts and sums per key, the others
+    keep each key's latest record), shared by a worker group; one checkpoint folder on
+    this host, which every worker of the group reaches."""
+    doc: dict[str, Any] = {"maps": {}}
+    for name, topic in topics.items():
+        one = slice_config(
+            tmp,
+            kafka,
+            redis_url,
+            topic,
+            map_name=name,
+            spark={"conf": {"spark.driver.memory": "768m"}},
+        )
+        doc = {**one, "maps": {**doc["maps"], **one["maps"]}}
+        if name.endswith("agg"):
+            doc["maps"][name]["fold"] = {"mode": "aggregate", "aggregates": GROUP_AGGREGATES}
+    doc["catalog"] = {"topic": f"maps-{uuid.uuid4().hex[:8]}", "poll_interval": "200 ms"}
+    doc["worker"] = {"group": group}
+    return doc
+
+
 def config(doc: dict[str, Any]) -> AppConfig:
     return parse_config(doc)
 

@@ -35,34 +35,16 @@ from materializer.testing.redis import RedisCluster
 from materializer.testing.reference import fold_aggregate, fold_latest
 from materializer.testing.waiting import wait_until
 from tests.helpers.query_redis import front
-from tests.helpers.slices import FIELDS, SCHEMA, delta_map_rs, redis_map, slice_config
+from tests.helpers.slices import (
+    FIELDS,
+    GROUP_AGGREGATES,
+    SCHEMA,
+    delta_map_rs,
+    group_config,
+    redis_map,
+)
 
-AGGREGATES = {"events": {"fn": "count"}, "age_total": {"fn": "sum", "field": "age"}}
-REFERENCE = {name: (a["fn"], a.get("field")) for name, a in AGGREGATES.items()}
-
-
-def group_config(
-    tmp: Path, kafka: str, redis_url: str, topics: dict[str, str], group: str
-) -> dict[str, Any]:
-    """Maps named by ``topics`` (a name ending in ``agg`` counts and sums per key, the others
-    keep each key's latest record), shared by a worker group; one checkpoint folder on
-    this host, which every worker of the group reaches."""
-    doc: dict[str, Any] = {"maps": {}}
-    for name, topic in topics.items():
-        one = slice_config(
-            tmp,
-            kafka,
-            redis_url,
-            topic,
-            map_name=name,
-            spark={"conf": {"spark.driver.memory": "768m"}},
-        )
-        doc = {**one, "maps": {**doc["maps"], **one["maps"]}}
-        if name.endswith("agg"):
-            doc["maps"][name]["fold"] = {"mode": "aggregate", "aggregates": AGGREGATES}
-    doc["catalog"] = {"topic": f"maps-{uuid.uuid4().hex[:8]}", "poll_interval": "200 ms"}
-    doc["worker"] = {"group": group}
-    return doc
+REFERENCE = {name: (a["fn"], a.get("field")) for name, a in GROUP_AGGREGATES.items()}
 
 
 class Stream:

@@ -13,6 +13,8 @@ production renders are made once for this module.
 
 from __future__ import annotations
 
+import subprocess
+
 import helm_python as helm
 import kubernetes_validate
 import pytest
@@ -66,7 +68,9 @@ def test_pods_run_as_non_root_with_a_read_only_root(either: Rendered, suffix: st
 def test_config_is_mounted_from_the_config_map(either: Rendered, suffix: str, command: list[str]):
     deployment = either.one("Deployment", suffix)
     main = container(deployment)
-    assert main["command"][:4] == command
+    # Arguments of the image's entrypoint (tini), which stays process 1.
+    assert "command" not in main
+    assert main["args"][:4] == command
     mount = next(m for m in main["volumeMounts"] if m["mountPath"] == "/etc/materializer")
     assert mount["readOnly"] is True
     volume = next(
@@ -78,14 +82,19 @@ def test_config_is_mounted_from_the_config_map(either: Rendered, suffix: str, co
     assert len(annotations["checksum/config"]) == 64
 
 
-def test_image_tag_defaults_to_app_version_and_follows_values(
+def test_image_defaults_to_the_one_make_image_builds_and_follows_values(
     chart: helm.Chart, default: Rendered, render: Render
 ):
-    app_version = chart.metadata["appVersion"]
+    built = subprocess.run(
+        ["make", "--silent", "--no-print-directory", "image-name"],
+        cwd=CHART.parents[1],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert built == f"materializer:{chart.metadata['appVersion']}"
     for suffix in ("-query", "-driver"):
-        assert (
-            container(default.one("Deployment", suffix))["image"] == f"materializer:{app_version}"
-        )
+        assert container(default.one("Deployment", suffix))["image"] == built
     rendered = render({"image": {"repository": "registry.example/mat", "tag": "1.2.3"}})
     for suffix in ("-query", "-driver"):
         assert (

@@ -254,10 +254,11 @@ its executor pods named by Spark after its own application so that no two clash.
 {{- end }}
 
 {{/*
-The executor pods' template (driver.mode kubernetes). The image's entrypoint is
-`materializer`, so the executor container gets its own command: Spark appends the
-argument "executor" and hands everything else over in SPARK_* variables, which this
-script turns into the JVM command line Spark's own images run.
+The executor pods' template (driver.mode kubernetes). The image runs its arguments under
+tini, not Spark's entrypoint script, so the executor container gets its own command:
+Spark appends the argument "executor" and hands everything else over in SPARK_*
+variables, which this script turns into the JVM command line Spark's own images run.
+tini stays process 1, to reap the Python workers the executor starts.
 */}}
 {{- define "materializer.executorPodTemplate" -}}
 apiVersion: v1
@@ -277,6 +278,8 @@ spec:
   containers:
     - name: spark-executor
       command:
+        - tini
+        - --
         - /bin/bash
         - -c
         - |
