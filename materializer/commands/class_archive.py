@@ -154,9 +154,12 @@ def build_archive(say: Callable[[str], None], force: bool = False) -> Path:
             wait_until("the Delta tables", lambda: _tables_written(work), 600, proc.alive)
             say("the run stops; its JVM writes the archive as it exits")
             _exit_in_full(proc)
-        except BaseException:
-            log = (work / "run.log").read_text(errors="replace")[-4000:]
+        except BaseException as exc:
+            # A failed run ends its log with a long traceback: enough of it to show the cause.
+            log = (work / "run.log").read_text(errors="replace")[-12000:]
             say(f"the run's log ends with:\n{log}")
+            if isinstance(exc, Exception):
+                raise SetupError(f"the training run failed: {exc}") from None
             raise
         finally:
             proc.stop()
