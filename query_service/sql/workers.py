@@ -99,11 +99,16 @@ class Workers:
             ) from None
         finally:
             self._busy.discard(worker)
-            if finished and not self._closed:
-                self._idle.append(worker)
-            else:
-                await _stop(worker)
-            self._slots.release()
+            # The slot is freed whatever happens while the process is reaped: a second
+            # cancellation (the caller's, as gRPC ends a call past its deadline) may
+            # interrupt that wait, and a slot kept would stall every later statement.
+            try:
+                if finished and not self._closed:
+                    self._idle.append(worker)
+                else:
+                    await _stop(worker)
+            finally:
+                self._slots.release()
 
     async def _borrow(self, deadline: float, late: str) -> _Process:
         """A process for one statement, waiting for a free one within the deadline."""
