@@ -16,7 +16,8 @@
 # The tag should match the chart's appVersion (helm/materializer/Chart.yaml), or set
 # image.tag in the chart's values.
 
-ARG BASE_IMAGE=python:3.11-slim-bookworm
+# Fully qualified, so podman needs no short-name alias for it.
+ARG BASE_IMAGE=docker.io/library/python:3.11-slim-bookworm
 
 # --- build: the JVM jars into jvm/lib, the package and its dependencies into /opt/venv ------
 FROM ${BASE_IMAGE} AS build
