@@ -26,12 +26,12 @@ import aiohttp
 import grpc
 import orjson
 import pyarrow as pa
-from google.protobuf.timestamp_pb2 import Timestamp
 
 from materializer.config import AppConfig, parse_config
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import sql_service_pb2 as pb
 from materializer.v1 import sql_service_pb2_grpc as pb_grpc
+from query_service.client import sql_param
 from query_service.server import Servers
 from tests.helpers.query_redis import started
 
@@ -171,27 +171,6 @@ def request(
     )
 
 
-def param(value: Any) -> pb.SqlParam:
-    """A gRPC parameter of a Python value."""
-    if value is None:
-        return pb.SqlParam(null=True)
-    if isinstance(value, bool):
-        return pb.SqlParam(bool_value=value)
-    if isinstance(value, int):
-        return pb.SqlParam(int_value=value)
-    if isinstance(value, float):
-        return pb.SqlParam(double_value=value)
-    if isinstance(value, Decimal):
-        return pb.SqlParam(decimal_value=str(value))
-    if isinstance(value, datetime):
-        stamp = Timestamp()
-        stamp.FromDatetime(value)
-        return pb.SqlParam(timestamp_value=stamp)
-    if isinstance(value, bytes):
-        return pb.SqlParam(bytes_value=value)
-    return pb.SqlParam(string_value=value)
-
-
 async def grpc_sql(
     stub: pb_grpc.SqlServiceStub,
     sql: str,
@@ -203,7 +182,7 @@ async def grpc_sql(
     limit: int = 0,
 ) -> SqlAnswer:
     """The answer over gRPC: the Arrow IPC payloads read as one stream, and the tables."""
-    message = request(sql, [param(p) for p in params], min_offsets=min_offsets, limit=limit)
+    message = request(sql, [sql_param(p) for p in params], min_offsets=min_offsets, limit=limit)
     parts = [
         part async for part in stub.Execute(message, timeout=timeout, metadata=metadata or None)
     ]

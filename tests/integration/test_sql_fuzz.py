@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import sql_service_pb2 as pb
 from materializer.v1 import sql_service_pb2_grpc as pb_grpc
+from query_service.client import sql_param
 from tests.helpers.sql_calls import map_names, statement_processes, tables_config, threaded_service
 
 USERS, ORDERS = map_names("users", "orders")
@@ -181,7 +182,7 @@ def check(
     """Both fronts answer OK or a client error, and the same one."""
     params = params or []
     got, details = grpc_call(
-        service, pb.ExecuteRequest(sql=sql, params=[grpc_param(p) for p in params])
+        service, pb.ExecuteRequest(sql=sql, params=[sql_param(p) for p in params])
     )
     assert got in ALLOWED, (sql, got, details)
     over_http, message = http_call(service, {"sql": sql, "params": params}, accept)
@@ -189,18 +190,6 @@ def check(
     timing = {S.DEADLINE_EXCEEDED, S.RESOURCE_EXHAUSTED}
     if got not in timing and over_http not in timing:
         assert got == over_http, (sql, got, details, over_http, message)
-
-
-def grpc_param(value: Any) -> pb.SqlParam:
-    if value is None:
-        return pb.SqlParam(null=True)
-    if isinstance(value, bool):
-        return pb.SqlParam(bool_value=value)
-    if isinstance(value, int):
-        return pb.SqlParam(int_value=value)
-    if isinstance(value, float):
-        return pb.SqlParam(double_value=value)
-    return pb.SqlParam(string_value=value)
 
 
 def still_serving(service: Service) -> None:
