@@ -15,6 +15,7 @@ import aiohttp
 import grpc
 import orjson
 import redis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import REGISTRY
 
 from materializer.clients.redis import client_for
@@ -191,6 +192,16 @@ def serve_http(config: AppConfig, body: Callable[[Front], Awaitable[T]]) -> T:
             return await body(f)
 
     return asyncio.run(main())
+
+
+def grpc_serving(grpc_port: int) -> bool:
+    """Whether a query service's gRPC port answers SERVING: it then has its signal handlers
+    (the HTTP front answers earlier, while the catalog is read)."""
+    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
+        check = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(), timeout=5
+        )
+    return bool(check.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 def query_service_command() -> list[str]:

@@ -20,11 +20,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 import redis
 import yaml
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from materializer.contract.redis_layout import Watermark, meta_key
 from materializer.demo.domain import demo_config, write_config
@@ -34,6 +32,7 @@ from materializer.testing.reference import fold_latest
 from materializer.testing.waiting import wait_until
 from query_service.client import MaterializerClient
 from tests.helpers.containers import Container, Podman
+from tests.helpers.query_redis import grpc_serving
 from tests.helpers.slices import (
     FIELDS,
     Produced,
@@ -86,14 +85,6 @@ def up_to_watermark(produced: Produced, mark: Watermark) -> dict[str, Any]:
     pairs = zip(produced.positions, produced.records, strict=True)
     events = [(p, o, k, v) for (p, o), (k, v) in pairs if o < ends.get(p, 0)]
     return fold_latest(events, "id", FIELDS)
-
-
-def serving(grpc_port: int) -> bool:
-    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
-        check = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(), timeout=5
-        )
-    return bool(check.status == health_pb2.HealthCheckResponse.SERVING)
 
 
 async def grpc_get(grpc_port: int, map_name: str, keys: list[str]) -> dict[str, Any]:
@@ -163,7 +154,7 @@ def test_a_run_folds_a_topic_the_query_service_serves_it_and_sigterm_drains_both
 
         wait_until(
             "the query service to serve gRPC",
-            lambda: serving(grpc_port),
+            lambda: grpc_serving(grpc_port),
             START_SECONDS,
             query.running,
             retry_errors=True,

@@ -12,17 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import adbc_driver_flightsql.dbapi as flight_sql
-import grpc
 import orjson
 import pyarrow as pa
 import pytest
 import yaml
 from deltalake import write_deltalake
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from materializer.testing import free_port
 from materializer.testing.waiting import wait_until
-from tests.helpers.query_redis import map_doc, query_service_command
+from tests.helpers.query_redis import grpc_serving, map_doc, query_service_command
 
 USERS = pa.table(
     {"_key": [f"u{i}" for i in range(100)], "tier": [("gold", "silver")[i % 2] for i in range(100)]}
@@ -101,20 +99,10 @@ def served(tmp_path: Path, redis_url: str) -> Iterator[subprocess.Popen[bytes]]:
         os.kill(pid, signal.SIGKILL)
 
 
-def serving(grpc_port: int) -> bool:
-    """Whether the gRPC port answers: the service then has its signal handlers (the HTTP
-    front answers earlier, while the catalog is read)."""
-    with grpc.insecure_channel(f"127.0.0.1:{grpc_port}") as channel:
-        check = health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(), timeout=5
-        )
-    return bool(check.status == health_pb2.HealthCheckResponse.SERVING)
-
-
 def use_both_processes(proc: subprocess.Popen[bytes]) -> None:
     """Two statements at once over HTTP (two statement processes), one over Flight SQL."""
     grpc_port = proc.grpc_port  # type: ignore[attr-defined]
-    wait_until("the gRPC port", lambda: serving(grpc_port), 90, retry_errors=True)
+    wait_until("the gRPC port", lambda: grpc_serving(grpc_port), 90, retry_errors=True)
     port = proc.http_port  # type: ignore[attr-defined]
     wait_until("the SQL port", lambda: statement_over_http(port) == EXPECTED, 60, retry_errors=True)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
