@@ -22,7 +22,12 @@ from materializer.catalog.live import LiveMaps
 from materializer.clients.redis import AsyncClient
 from materializer.config import ConsoleConfig
 from query_service.console.calls import ConsoleCalls
-from query_service.console.pages import Pages
+from query_service.console.changes import Changes
+from query_service.console.entities import EntityBrowser
+from query_service.console.history import HistoryReader
+from query_service.console.map_form import MapForm
+from query_service.console.map_page import MapPage
+from query_service.console.overview import Overview
 from query_service.console.sessions import COOKIE, SESSION, Session, Sessions
 from query_service.console.sql_page import SqlPage
 from query_service.errors import Unauthenticated
@@ -75,29 +80,33 @@ class Console:
         self._origins = frozenset(o.rstrip("/") for o in config.allowed_origins)
         self._env = templates()
         self._env.globals["sql_on"] = calls.sql_on  # the SQL link in every page's header
-        self.pages = Pages(calls, live, client, self._env, self.base)
-        self.sql = SqlPage(calls, live, self.pages.render)
+        parts = (calls, live, self._env, self.base, HistoryReader(client))
+        self.overview = Overview(*parts)
+        self.map_page = MapPage(*parts)
+        self.map_form = MapForm(*parts)
+        self.entities = EntityBrowser(*parts)
+        self.changes = Changes(*parts)
+        self.sql = SqlPage(*parts)
 
     def application(self) -> web.Application:
         """The sub-application to mount at ``base``."""
         app = web.Application(middlewares=[self._middleware])
-        p = self.pages
-        app.router.add_get("/", p.overview)
-        app.router.add_get("/fragments/overview", p.overview_rows)
+        app.router.add_get("/", self.overview.overview)
+        app.router.add_get("/fragments/overview", self.overview.overview_rows)
         app.router.add_get("/login", self.login_form)
         app.router.add_post("/login", self.login)
         app.router.add_post("/logout", self.logout)
-        app.router.add_get("/new-map", p.map_form)
-        app.router.add_post("/new-map", p.map_form_post)
-        app.router.add_get("/maps/{map}", p.map_page)
-        app.router.add_get("/maps/{map}/summary", p.map_summary)
-        app.router.add_get("/maps/{map}/history.json", p.history_json)
-        app.router.add_get("/maps/{map}/entities", p.entities)
-        app.router.add_get("/maps/{map}/changes", p.changes)
-        app.router.add_get("/maps/{map}/changes/stream", p.changes_stream)
-        app.router.add_get("/maps/{map}/edit", p.map_form)
-        app.router.add_post("/maps/{map}/edit", p.map_form_post)
-        app.router.add_post("/maps/{map}/actions/{action}", p.action)
+        app.router.add_get("/new-map", self.map_form.map_form)
+        app.router.add_post("/new-map", self.map_form.map_form_post)
+        app.router.add_get("/maps/{map}", self.map_page.map_page)
+        app.router.add_get("/maps/{map}/summary", self.map_page.map_summary)
+        app.router.add_get("/maps/{map}/history.json", self.map_page.history_json)
+        app.router.add_get("/maps/{map}/entities", self.entities.entities)
+        app.router.add_get("/maps/{map}/changes", self.changes.changes)
+        app.router.add_get("/maps/{map}/changes/stream", self.changes.changes_stream)
+        app.router.add_get("/maps/{map}/edit", self.map_form.map_form)
+        app.router.add_post("/maps/{map}/edit", self.map_form.map_form_post)
+        app.router.add_post("/maps/{map}/actions/{action}", self.map_page.action)
         app.router.add_get("/sql", self.sql.form)
         app.router.add_post("/sql", self.sql.run)
         app.router.add_static("/static/", STATIC, append_version=False)

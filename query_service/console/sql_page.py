@@ -16,16 +16,15 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable
 from typing import Any
 
 import grpc
 import orjson
 from aiohttp import web
 
-from materializer.catalog.live import LiveMaps
 from materializer.v1 import sql_service_pb2 as sql_pb
-from query_service.console.calls import ConsoleCalls
+from query_service import sql_text
+from query_service.console.page import Page
 from query_service.console.sessions import SESSION, Session
 from query_service.errors import QueryServiceError
 from query_service.http import sql_answers
@@ -37,8 +36,6 @@ SHOWN_ROWS = 1000
 
 NUMERIC = ("int", "uint", "float", "double", "decimal", "halffloat")
 """Arrow types whose columns are right-aligned, as figures are."""
-Render = Callable[..., web.Response]
-"""``Pages.render``: a template with what every page needs."""
 
 
 def _params(text: str) -> list[str]:
@@ -46,13 +43,8 @@ def _params(text: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
-class SqlPage:
+class SqlPage(Page):
     """The editor, and a statement's run as the session's token."""
-
-    def __init__(self, calls: ConsoleCalls, live: LiveMaps, render: Render) -> None:
-        self._calls = calls
-        self._live = live
-        self._render = render
 
     async def form(self, request: web.Request) -> web.Response:
         """The editor, empty."""
@@ -68,7 +60,7 @@ class SqlPage:
         session: Session = request[SESSION]
         started = time.perf_counter()
         try:
-            values = [sql_answers.text_param(p) for p in _params(params)]
+            values = [sql_text.text_param(p) for p in _params(params)]
             message = sql_pb.ExecuteRequest(
                 sql=statement,
                 params=[sql_answers.sql_param(v, i) for i, v in enumerate(values)],
@@ -115,7 +107,7 @@ class SqlPage:
             for name in self._live.config.maps
             if session.grant is None or session.grant.allows_map(name)
         )
-        return self._render(
+        return self.render(
             request,
             "sql.html",
             http_status,
@@ -151,7 +143,7 @@ class SqlPage:
 def _as_typed(value: Any) -> str:
     """A parameter as the console and the CLI type one from text: a text that would read
     as another type (``42``, ``null``) goes as a JSON string."""
-    if isinstance(value, str) and sql_answers.text_param(value) == value:
+    if isinstance(value, str) and sql_text.text_param(value) == value:
         return value
     return orjson.dumps(value).decode()
 
@@ -161,10 +153,10 @@ async def _read(answer: Answer) -> dict[str, Any]:
     rows: list[list[str | None]] = []
     async for batch, _ in answer.batches():
         for row in zip(*(column.to_pylist() for column in batch.columns), strict=True):
-            rows.append([None if v is None else sql_answers.text_of(v) for v in row])
+            rows.append([None if v is None else sql_text.text_of(v) for v in row])
     columns = [
         {**column, "numeric": column["type"].startswith(NUMERIC)}
-        for column in sql_answers.columns(answer.schema)
+        for column in sql_text.columns(answer.schema)
     ]
     return {
         "columns": columns,
