@@ -3,16 +3,14 @@
 A handler turns the HTTP request into the method's protobuf request, calls
 the method through ``MethodCall`` (the same authorization, metrics and error
 mapping as the gRPC server) with an ``HttpContext``, and writes the answer as
-JSON. What exists is ``query_service.http.endpoints.ENDPOINTS``: ``HttpFront``
-has one handler per endpoint, found by its name.
+JSON (``json_answers``), or streams it (``changes``, ``enrichment``, ``sql_answers``).
+What exists is ``query_service.http.endpoints.ENDPOINTS``: ``HttpFront`` has one
+handler per endpoint, found by its name.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import grpc
@@ -29,6 +27,7 @@ from query_service.auth import Authorizer
 from query_service.health import RedisHealth
 from query_service.http import shapes
 from query_service.http.calls import HttpAbort, HttpContext, error_body, error_response
+from query_service.http.changes import sse_changes
 from query_service.http.endpoints import (
     ADMIN_RPC,
     AS_OF_VERSION,
@@ -36,11 +35,18 @@ from query_service.http.endpoints import (
     JSON,
     LIMIT,
     MAPS_RPC,
-    NDJSON,
     PAGE_SIZE,
     SQL_RPC,
-    SSE,
     Endpoint,
+)
+from query_service.http.enrichment import ENRICH_BATCH, enrich_ndjson
+from query_service.http.json_answers import (
+    Watermarks,
+    definition,
+    entry,
+    json_response,
+    message_response,
+    section_json,
 )
 from query_service.http.params import (
     body_offsets,
@@ -59,93 +65,7 @@ from query_service.services.enrich_service import EnrichServicer
 from query_service.services.map_service import MapServicer
 from query_service.services.sql_service import SqlServicer
 
-log = logging.getLogger(__name__)
-
-KEEPALIVE_S = 15.0
-"""A comment line on an idle change stream: proxies keep it open, a gone client is noticed."""
-ENRICH_BATCH = 500
-"""Events per request of the enrichment an NDJSON body becomes, unless ``batch`` says."""
-MAX_LINE_BYTES = 16 * 1024 * 1024
-"""The longest NDJSON event line taken; the gRPC message limit."""
-
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _json(body: Any, status: int = 200) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status, content_type=JSON)
-
-
-def _message(message: Any, status: int = 200) -> web.Response:
-    """A gRPC answer in protobuf's JSON mapping, field names as in the .proto."""
-    doc = json_format.MessageToDict(
-        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
-    return _json(doc, status)
-
-
-def _section_json(section: dict[str, Any]) -> str:
-    """A map's section for the gRPC call; a number JSON readers cannot take is a 400."""
-    try:
-        return orjson.dumps(section).decode()
-    except TypeError as exc:  # an integer beyond 64 bits, which the body's parser keeps
-        raise invalid(f"config: {exc}: numbers must fit in 64 bits") from None
-
-
-def _definition(answer: admin_pb.MapDefinition) -> dict[str, Any]:
-    """A ``MapDefinition`` with its section as a JSON object (``shapes.MapDefinition``)."""
-    return {
-        "name": answer.map,
-        "config": orjson.Fragment(answer.config_json),
-        "origin": answer.origin,
-        "version": answer.version,
-        "changed_by": answer.changed_by,
-        "changed_at": answer.changed_at.ToJsonString() if answer.HasField("changed_at") else None,
-        "created": answer.created,
-        "rebuilding": answer.rebuilding,
-    }
-
-
-async def sse_changes(
-    request: web.Request,
-    watch: Callable[[Callable[[], Awaitable[None]]], AsyncGenerator[Any, None]],
-) -> web.StreamResponse:
-    """A ``Watch`` stream written as Server-Sent Events (the API's and the console's).
-
-    ``watch`` starts the call given what to do once the stream is positioned: the
-    response starts then, so a refusal before it is still an error status.
-    """
-    response = web.StreamResponse(headers={"Content-Type": SSE, "Cache-Control": "no-cache"})
-
-    async def opened() -> None:
-        await response.prepare(request)
-
-    stream = watch(opened)
-    answers = _with_keepalives(stream, response)
-    try:
-        async for answer in answers:
-            if answer is None:
-                await response.write(b": keepalive\n\n")
-                continue
-            await response.write(b"".join(_sse(change) for change in answer.changes))
-    except HttpAbort as exc:
-        if not response.prepared:
-            raise
-        # Positioned, then ended (the stream trimmed past this watcher): said in the stream.
-        await response.write(
-            b"event: error\ndata: " + error_body(exc.code.name, exc.message) + b"\n\n"
-        )
-    except (ConnectionResetError, asyncio.CancelledError):
-        pass  # the client went away
-    finally:
-        # The keepalives' pending read of the stream goes first: a generator that is
-        # being read cannot be closed (a client gone during a keepalive made that a 500).
-        await answers.aclose()
-        await stream.aclose()
-    return response
-
-
-def _entry(key: str, found: bool, raw: bytes) -> dict[str, Any]:
-    return {"key": key, "found": found, "entity": shapes.entity_json(raw) if found else None}
 
 
 class HttpFront:
@@ -164,7 +84,7 @@ class HttpFront:
     ) -> None:
         self._health = health
         self._openapi = openapi
-        self._marks: dict[bytes, orjson.Fragment] = {}
+        self._watermarks = Watermarks()
 
         def call(method: str, behavior: Any, streaming: bool = False) -> Any:
             return MethodCall(method, authorizer, request_maps).wrap(
@@ -199,7 +119,7 @@ class HttpFront:
     async def list_maps(self, request: web.Request) -> web.Response:
         """``ListMaps``."""
         answer = await self._list_maps(admin_pb.ListMapsRequest(), HttpContext(request))
-        return _message(answer)
+        return message_response(answer)
 
     async def get_entity(self, request: web.Request) -> web.Response:
         """``Get``, or ``GetAsOf`` with ``as_of_version`` / ``as_of_timestamp``."""
@@ -221,30 +141,17 @@ class HttpFront:
                     raise invalid(f"as_of_timestamp: not RFC 3339: {stamp!r}") from None
             then = await self._get_as_of(as_of, context)
             body: dict[str, Any] = {
-                **_entry(key, then.found, then.entity),
+                **entry(key, then.found, then.entity),
                 "table_version": then.table_version,
             }
             if then.HasField("committed_at"):
                 body["committed_at"] = then.committed_at.ToJsonString()
-            body["watermark"] = self._watermark(then) if then.HasField("watermark") else None
-            return _json(body)
+            body["watermark"] = self._watermarks.of(then)
+            return json_response(body)
         answer = await self._get(map_pb.GetRequest(map=name, key=key, freshness=wanted), context)
-        body = _entry(key, answer.found, answer.entity)
-        body["watermark"] = self._watermark(answer) if answer.HasField("watermark") else None
-        return _json(body)
-
-    def _watermark(self, answer: Any) -> orjson.Fragment:
-        """``shapes.watermark`` of the answer's watermark as JSON, once per watermark: the
-        lookups of a moment share one."""
-        wire = answer.watermark.SerializeToString()
-        kept = self._marks.get(wire)
-        if kept is None:
-            if len(self._marks) > 64:
-                self._marks.clear()
-            kept = self._marks[wire] = orjson.Fragment(
-                orjson.dumps(shapes.watermark(answer.watermark))
-            )
-        return kept
+        body = entry(key, answer.found, answer.entity)
+        body["watermark"] = self._watermarks.of(answer)
+        return json_response(body)
 
     async def batch_get(self, request: web.Request) -> web.Response:
         """``BatchGet`` of a JSON body's keys."""
@@ -257,10 +164,10 @@ class HttpFront:
         timeout = None if asked.timeout_ms is None else asked.timeout_ms / 1000
         answer = await self._batch_get(call, HttpContext(request, timeout))
         body: dict[str, Any] = {
-            "entries": [_entry(e.key, e.found, e.entity) for e in answer.entries],
-            "watermark": self._watermark(answer) if answer.HasField("watermark") else None,
+            "entries": [entry(e.key, e.found, e.entity) for e in answer.entries],
+            "watermark": self._watermarks.of(answer),
         }
-        return _json(body)
+        return json_response(body)
 
     async def query(self, request: web.Request) -> web.Response:
         """The first page of ``Query``; its ``next_page_token`` asks for the next."""
@@ -284,11 +191,9 @@ class HttpFront:
             "rows": [{"key": r.key, "entity": shapes.entity_json(r.entity)} for r in rows],
             "next_page_token": (page.page_token or None) if page is not None else None,
             "table_version": page.table_version if page is not None else -1,
-            "watermark": (
-                self._watermark(page) if page is not None and page.HasField("watermark") else None
-            ),
+            "watermark": self._watermarks.of(page),
         }
-        return _json(body)
+        return json_response(body)
 
     async def changes(self, request: web.Request) -> web.StreamResponse:
         """``Watch`` as Server-Sent Events: ``id`` the change id, ``data`` a ``ChangeEvent``."""
@@ -322,53 +227,12 @@ class HttpFront:
         else:
             first.profile = profile or ""
         batch = int_param(request, BATCH) or ENRICH_BATCH
-        starts: list[int] = []
-
-        async def requests() -> AsyncIterator[enrich_pb.EnrichRequest]:
-            pending = first
-            events: list[bytes] = []
-            seen = 0
-            while True:
-                try:
-                    line = await request.content.readline()
-                except ValueError:
-                    raise HttpAbort(
-                        grpc.StatusCode.RESOURCE_EXHAUSTED,
-                        f"line {seen + len(events) + 1}: longer than {MAX_LINE_BYTES} bytes",
-                    ) from None
-                if line.strip():
-                    events.append(line.strip())
-                if events and (len(events) >= batch or not line):
-                    pending.events.extend(events)
-                    pending.request_id = str(len(starts))
-                    starts.append(seen)
-                    seen += len(events)
-                    events = []
-                    yield pending
-                    pending = enrich_pb.EnrichRequest()
-                if not line:
-                    return
-
-        response = web.StreamResponse(headers={"Content-Type": NDJSON})
         # timeout_ms bounds each wait for min_offsets, as a gRPC deadline does: without one
         # a position the map never reaches held the stream for the gate's whole minute.
-        answers = self._enrich(requests(), HttpContext(request, timeout_param(request)))
-        try:
-            async for answer in answers:
-                if not response.prepared:
-                    await response.prepare(request)
-                start = starts[int(answer.request_id)]
-                await response.write(b"".join(_enriched(start, e) for e in answer.events))
-        except HttpAbort as exc:
-            if not response.prepared:
-                raise
-            await response.write(error_body(exc.code.name, exc.message) + b"\n")
-        finally:
-            await answers.aclose()
-        if not response.prepared:
-            await response.prepare(request)  # an empty body: nothing to enrich
-        await response.write_eof()
-        return response
+        context = HttpContext(request, timeout_param(request))
+        return await enrich_ndjson(
+            request, first, batch, lambda requests: self._enrich(requests, context)
+        )
 
     async def sql(self, request: web.Request) -> web.StreamResponse:
         """``Execute``, answered as the Accept header asks (``sql_answers``)."""
@@ -388,29 +252,29 @@ class HttpFront:
         """``GetStatus`` of one map."""
         call = admin_pb.GetStatusRequest(map=request.match_info["map"])
         answer = await self._status(call, HttpContext(request))
-        return _message(answer.maps[0])
+        return message_response(answer.maps[0])
 
     async def pause(self, request: web.Request) -> web.Response:
         """``Pause``: accepted; the map pauses after its batch in flight."""
         call = admin_pb.ControlRequest(map=request.match_info["map"])
-        return _message(await self._pause(call, HttpContext(request)), 202)
+        return message_response(await self._pause(call, HttpContext(request)), 202)
 
     async def resume(self, request: web.Request) -> web.Response:
         """``Resume``."""
         call = admin_pb.ControlRequest(map=request.match_info["map"])
-        return _message(await self._resume(call, HttpContext(request)), 202)
+        return message_response(await self._resume(call, HttpContext(request)), 202)
 
     async def restart(self, request: web.Request) -> web.Response:
         """``Restart``."""
         call = admin_pb.ControlRequest(map=request.match_info["map"])
-        return _message(await self._restart(call, HttpContext(request)), 202)
+        return message_response(await self._restart(call, HttpContext(request)), 202)
 
     async def create_map(self, request: web.Request) -> web.Response:
         """``CreateMap`` of a ``{"name", "config"}`` body."""
         asked = await json_body(request, shapes.CreateMapBody)
-        call = admin_pb.PutMapRequest(map=asked.name, config_json=_section_json(asked.config))
+        call = admin_pb.PutMapRequest(map=asked.name, config_json=section_json(asked.config))
         answer = await self._create_map(call, HttpContext(request))
-        return _json(_definition(answer), 201)
+        return json_response(definition(answer), 201)
 
     async def get_map_config(self, request: web.Request) -> web.Response:
         """``GetMapConfig``: the section itself, as Kafka Connect answers a connector's."""
@@ -429,11 +293,11 @@ class HttpFront:
             raise invalid("body: must be a JSON object, the map's section of the configuration")
         call = admin_pb.PutMapRequest(
             map=request.match_info["map"],
-            config_json=_section_json(section),
+            config_json=section_json(section),
             rebuild=bool_param(request, "rebuild"),
         )
         answer = await self._put_map_config(call, HttpContext(request))
-        return _json(_definition(answer))
+        return json_response(definition(answer))
 
     async def delete_map(self, request: web.Request) -> web.Response:
         """``DeleteMap``, with ``purge``."""
@@ -441,7 +305,9 @@ class HttpFront:
             map=request.match_info["map"], purge=bool_param(request, "purge")
         )
         answer = await self._delete_map(call, HttpContext(request))
-        return _json({"name": answer.map, "version": answer.version, "purged": list(answer.purged)})
+        return json_response(
+            {"name": answer.map, "version": answer.version, "purged": list(answer.purged)}
+        )
 
     async def start_operation(self, request: web.Request) -> web.Response:
         """``StartOperation`` of a ``{"kind"}`` body: accepted, the run carries it out. A
@@ -457,12 +323,12 @@ class HttpFront:
             return web.Response(
                 body=error_body(exc.code.name, exc.message), status=409, content_type=JSON
             )
-        return _message(answer, 202)
+        return message_response(answer, 202)
 
     async def last_operation(self, request: web.Request) -> web.Response:
         """``GetOperation``."""
         call = admin_pb.GetOperationRequest(map=request.match_info["map"])
-        return _message(await self._get_operation(call, HttpContext(request)))
+        return message_response(await self._get_operation(call, HttpContext(request)))
 
     async def validate(self, request: web.Request) -> web.Response:
         """``ValidateConfig`` of the body, a configuration document."""
@@ -470,11 +336,11 @@ class HttpFront:
         answer = await self._validate(
             admin_pb.ValidateConfigRequest(config=text), HttpContext(request)
         )
-        return _message(answer)
+        return message_response(answer)
 
     async def healthz(self, _: web.Request) -> web.Response:
         """Liveness: the process answers."""
-        return _json({"status": "SERVING"})
+        return json_response({"status": "SERVING"})
 
     async def readyz(self, request: web.Request) -> web.Response:
         """Readiness: Redis answers, and with ``map`` that map is neither being restored nor
@@ -482,7 +348,7 @@ class HttpFront:
         name = request.query.get("map")
         ok = self._health.serving if name is None else self._health.map_serving(name)
         if ok:
-            return _json({"status": "SERVING"})
+            return json_response({"status": "SERVING"})
         if not self._health.serving:
             why = "not serving: Redis does not answer"
         else:
@@ -492,61 +358,3 @@ class HttpFront:
     async def openapi(self, _: web.Request) -> web.Response:
         """The OpenAPI document of ``ENDPOINTS``."""
         return web.Response(body=self._openapi(), content_type=JSON)
-
-
-async def _with_keepalives(
-    stream: AsyncIterator[Any], response: web.StreamResponse
-) -> AsyncGenerator[Any, None]:
-    """The stream's items, and None after each ``KEEPALIVE_S`` without one (once it is open)."""
-    waiting: asyncio.Task[Any] | None = None
-    try:
-        while True:
-            if waiting is None:
-                waiting = asyncio.ensure_future(anext(stream))
-            done, _ = await asyncio.wait({waiting}, timeout=KEEPALIVE_S)
-            if not done:
-                if response.prepared:
-                    yield None
-                continue
-            task, waiting = waiting, None
-            try:
-                yield task.result()
-            except StopAsyncIteration:
-                return
-    finally:
-        if waiting is not None:
-            waiting.cancel()
-            with contextlib.suppress(BaseException):
-                await waiting
-
-
-_OPS = {
-    map_pb.Change.UPSERT: "upsert",
-    map_pb.Change.DELETE: "delete",
-    map_pb.Change.EXPIRE: "expire",
-}
-
-
-def _sse(change: map_pb.Change) -> bytes:
-    data: dict[str, Any] = {
-        "change_id": change.change_id,
-        "key": change.key,
-        "op": _OPS.get(change.op, "upsert"),
-        "batch_id": change.batch_id,
-    }
-    if change.entity:
-        data["entity"] = shapes.entity_json(change.entity)
-    return b"id: %s\nevent: change\ndata: %s\n\n" % (change.change_id.encode(), orjson.dumps(data))
-
-
-def _enriched(start: int, event: enrich_pb.EnrichedEvent) -> bytes:
-    line: dict[str, Any] = {"index": start + event.index}
-    enriched = event.event and not event.dropped and not event.error
-    line["event"] = shapes.entity_json(event.event) if enriched else None
-    if event.dropped:
-        line["dropped"] = True
-    if event.error:
-        line["error"] = event.error
-    if event.missed:
-        line["missed"] = list(event.missed)
-    return orjson.dumps(line) + b"\n"
