@@ -44,7 +44,8 @@ from live import (
     write_config,
 )
 
-from materializer.contract.redis_layout import Watermark, meta_key
+from materializer.contract.redis_layout import meta_key
+from materializer.contract.watermark import Watermark
 from materializer.spark.session import build_spark_session
 from materializer.testing import create_topic
 from materializer.testing.process import ManagedProcess

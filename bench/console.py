@@ -40,7 +40,8 @@ import yaml
 from harness import emit, machine, services
 
 from materializer.contract.history import HistorySample
-from materializer.contract.redis_layout import MapReport, history_key, meta_key, status_key
+from materializer.contract.redis_layout import history_key, meta_key, status_key
+from materializer.contract.status import MapReport
 from materializer.testing.ports import free_port
 from materializer.testing.process import ManagedProcess
 

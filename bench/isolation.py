@@ -36,7 +36,8 @@ from live import catch_up, map_section, nearest_rank, write_config
 from runtime_maps import Feed
 
 from materializer.contract.control import MapControl
-from materializer.contract.redis_layout import Watermark, meta_key
+from materializer.contract.redis_layout import meta_key
+from materializer.contract.watermark import Watermark
 from materializer.testing import create_topic
 from materializer.testing.process import ManagedProcess
 

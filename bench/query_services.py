@@ -26,7 +26,8 @@ from baselines import ECHO
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from load_generators import CALL_TIMEOUT, CHANNEL_OPTIONS
 
-from materializer.contract.redis_layout import Watermark, entity_key, meta_key
+from materializer.contract.redis_layout import entity_key, meta_key
+from materializer.contract.watermark import Watermark
 from materializer.testing import RedisServer
 from materializer.testing.process import ManagedProcess
 from materializer.testing.waiting import wait_until

@@ -31,7 +31,7 @@ from typing import Any
 from materializer.clients.redis import client_for
 from materializer.config import RedisConfig
 from materializer.contract.markers import mark_whole
-from materializer.contract.redis_layout import Watermark
+from materializer.contract.watermark import Watermark
 from materializer.redis.functions import FoldTarget, load_library
 from materializer.redis.watermark import WatermarkSink
 from materializer.redis.writer import Writer

@@ -41,7 +41,8 @@ from deltalake import DeltaTable
 from harness import PARTITIONS, SCHEMA, emit, event, machine
 from pipeline import AGGREGATES
 
-from materializer.contract.redis_layout import Watermark, entity_key, meta_key
+from materializer.contract.redis_layout import entity_key, meta_key
+from materializer.contract.watermark import Watermark
 from materializer.testing import KafkaBroker, RedisServer, create_topic
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_aggregate, fold_latest

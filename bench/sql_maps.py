@@ -28,8 +28,9 @@ import yaml
 from deltalake import DeltaTable
 
 from materializer.contract.markers import mark_whole
-from materializer.contract.redis_layout import Watermark, entity_key, meta_key
+from materializer.contract.redis_layout import entity_key, meta_key
 from materializer.contract.table_layout import TABLE_KEY
+from materializer.contract.watermark import Watermark
 
 TIERS = ["free", "basic", "pro", "team", "enterprise"]
 REGIONS = [f"region-{i:02d}" for i in range(20)]

@@ -35,15 +35,10 @@ from materializer.checkpoints.source_loss import SourceDataLoss, check_source, e
 from materializer.clients.kafka_offsets import KafkaAccessError, check_access
 from materializer.clients.redis import TRANSIENT_ERRORS, client_for
 from materializer.config import AppConfig
+from materializer.contract.control import Control
 from materializer.contract.markers import is_whole
-from materializer.contract.redis_layout import (
-    Control,
-    MapReport,
-    definition_key,
-    generation_key,
-    physical_name,
-)
-from materializer.contract.status import IN_HAND
+from materializer.contract.redis_layout import definition_key, generation_key, physical_name
+from materializer.contract.status import IN_HAND, MapReport
 from materializer.enrichment.job import start_enrichment
 from materializer.errors import ConfigError, MaterializerError, SetupError
 from materializer.group.fencing import Ownership, take_over

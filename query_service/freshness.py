@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from collections.abc import Collection, Mapping, Sequence
 
-from materializer.contract.redis_layout import Watermark
+from materializer.contract.watermark import Watermark
 from materializer.v1 import common_pb2 as common
 from query_service.errors import DeadlineExceeded, InvalidArgument
 from query_service.stores.base import MapStore

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from prometheus_client import Counter
 
 from materializer.config import NearCacheConfig
-from materializer.contract.redis_layout import Watermark
+from materializer.contract.watermark import Watermark
 from materializer.v1 import common_pb2 as common
 from query_service.change_stream import ChangeCursor
 from query_service.errors import OutOfRange, StoreUnavailable

@@ -21,7 +21,8 @@ from pathlib import Path
 import redis
 import yaml
 
-from materializer.contract.redis_layout import Watermark, meta_key
+from materializer.contract.redis_layout import meta_key
+from materializer.contract.watermark import Watermark
 from materializer.errors import SetupError
 from materializer.jvm import jars
 from materializer.spark.class_archive import TRAINING_ENV, archive_path

@@ -29,7 +29,7 @@ from materializer.commands.cli_support import (
     out,
     redis_client,
 )
-from materializer.contract.redis_layout import Watermark
+from materializer.contract.watermark import Watermark
 from materializer.ops.verify import Comparison
 from materializer.ops.verify import verify as verify_map
 from materializer.restore.changelog_tail import Tail

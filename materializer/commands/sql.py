@@ -115,7 +115,7 @@ def _print_table(answer: SqlAnswer) -> None:
 
 
 def _print_json(answer: SqlAnswer) -> None:
-    from materializer.contract.redis_layout import Watermark
+    from materializer.contract.watermark import Watermark
     from query_service.http import sql_answers
     from query_service.sql.executor import TableRead as Read
 

@@ -1,31 +1,32 @@
-"""Operators' side of a map from the command line: its state, requests, and a hold on it.
+"""Operators' side of a map: what they ask of it (``<map>:__control__``), and a hold on it.
 
-The same keys as the query service's AdminService (``materializer.contract.redis_layout``):
-requests go to ``<map>:__control__``, the running materializer obeys within one
-loop and reports in ``<map>:__status__``.
+The request record (``Control``) is shared by the command line, the query service's
+AdminService and the run that obeys it within one loop and reports in
+``<map>:__status__`` (``materializer.contract.status``); ``MapControl`` is the command
+line's side, on the same keys (``materializer.contract.redis_layout``).
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from materializer.clients.redis import Client
 from materializer.contract.redis_layout import (
-    Control,
-    MapReport,
-    Watermark,
     control_key,
     generation_key,
     meta_key,
     parse_generation,
     physical_name,
     status_key,
+    text_fields,
 )
-from materializer.contract.status import FOLDING, effective_state
+from materializer.contract.status import FOLDING, MapReport, effective_state
+from materializer.contract.watermark import Watermark
 from materializer.errors import MaterializerError
 
 OBEY_TIMEOUT_SECONDS = 180.0
@@ -34,6 +35,32 @@ OBEY_TIMEOUT_SECONDS = 180.0
 
 class MapBusy(MaterializerError):
     """The map is running, or did not reach the state an operation needs in time."""
+
+
+@dataclass(frozen=True)
+class Control:
+    """What operators ask of a map: ``desired`` state, and a restart when ``restart_id`` changes.
+
+    The request is state, not a queue of commands: a materializer that starts
+    later still finds a map paused, and two restarts asked at once are one.
+    """
+
+    desired: str = "running"
+    restart_id: str = ""
+
+    def to_hash(self) -> dict[str, str]:
+        """The fields of ``<map>:__control__``."""
+        return {"desired": self.desired, "restart_id": self.restart_id}
+
+    @classmethod
+    def from_hash(cls, raw: Mapping[Any, Any]) -> Control:
+        """Parse ``HGETALL <map>:__control__``; no hash means run."""
+        fields = text_fields(raw)
+        desired = fields.get("desired", "running")
+        return cls(
+            desired=desired if desired in ("running", "paused") else "running",
+            restart_id=fields.get("restart_id", ""),
+        )
 
 
 def control_fields(desired: str | None = None, restart: bool = False) -> dict[str, str]:

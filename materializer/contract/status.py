@@ -1,16 +1,23 @@
-"""A map's state and lag as operators see it, from its report, watermark and Kafka's log ends.
+"""A map's status: the run's report of it, and its state and lag as operators see them.
 
-Shared by ``materializer status`` and the query service's ``GetStatus``, so
-both say the same thing of the same map.
+The run that holds a map writes its report (``MapReport``) to ``<map>:__status__``
+(``redis_layout.status_key``) while it runs; ``materializer status``, the query
+service's ``GetStatus``, its health and the console read it back with the map's
+watermark and Kafka's log ends, and this module says what all of them make of it, so
+each says the same thing of the same map (docs/redis-layout.md, *Status and control*).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from materializer.contract.redis_layout import MapReport, Watermark
+import orjson
+
+from materializer.contract.redis_layout import text_fields
+from materializer.contract.watermark import Watermark
 
 FOLDING = ("running", "catching_up")
 """The states of a map whose fold runs: ``catching_up`` is ``running`` with more records
@@ -21,6 +28,125 @@ IN_HAND = ("running", "catching_up", "paused", "restoring", "rebuilding", "stopp
 
 STALE_REPORT_MS = 15_000
 """A running materializer reports every half second; silence this long means it is gone."""
+
+
+@dataclass(frozen=True)
+class PartitionCatchUp:
+    """How fast one source partition of a running map is being caught up, as the run
+    measured it over its last half minute or so (``materializer.runtime.catch_up``)."""
+
+    topic: str
+    partition: int
+    records_left: int
+    """Records in the log beyond the map's watermark; -1: unknown."""
+    catch_up_rate: float
+    """Records per second the map's watermark advanced."""
+    input_rate: float
+    """Records per second the partition's log grew (what producers add)."""
+    eta_seconds: float
+    """``records_left / (catch_up_rate - input_rate)`` when that gap is positive (0 when
+    nothing is left); -1: unknown, the map is not gaining on its log."""
+
+    def to_json(self) -> dict[str, object]:
+        """One entry of the report's ``catch_up_partitions``."""
+        return {
+            "topic": self.topic,
+            "partition": self.partition,
+            "records_left": self.records_left,
+            "catch_up_rate": self.catch_up_rate,
+            "input_rate": self.input_rate,
+            "eta_seconds": self.eta_seconds,
+        }
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> PartitionCatchUp:
+        """Parse one entry of ``catch_up_partitions``."""
+        return cls(
+            topic=str(doc["topic"]),
+            partition=int(doc["partition"]),
+            records_left=int(doc.get("records_left", -1)),
+            catch_up_rate=float(doc.get("catch_up_rate", 0.0)),
+            input_rate=float(doc.get("input_rate", 0.0)),
+            eta_seconds=float(doc.get("eta_seconds", -1.0)),
+        )
+
+
+@dataclass(frozen=True)
+class MapReport:
+    """A map's state as the materializer last reported it, every second or so while it runs.
+
+    A report older than a few intervals means the materializer is gone (killed,
+    not stopped cleanly), whatever ``state`` says.
+    """
+
+    state: str
+    error: str = ""
+    reported_at_ms: int = 0
+    input_rows_per_second: float = 0.0
+    processed_rows_per_second: float = 0.0
+    state_keys: int = -1
+    """The fold's state keys when last measured (about once a minute); -1: not yet."""
+    state_bytes: int = -1
+    """Their Redis memory, estimated from a sample; -1: not yet."""
+    worker: str = ""
+    """The worker running the map (``worker.id``; ``""``: a run outside a worker group)."""
+    records_left: int = -1
+    """Records in the source logs beyond the map's watermark, as the run last measured them
+    (about every second, while the map runs); -1: not measured (a map not running, Kafka
+    not answering, or a report of a materializer from before these figures)."""
+    catch_up_rate: float = 0.0
+    """Records per second the watermark advanced over the last half minute or so."""
+    input_rate: float = 0.0
+    """Records per second the source logs grew over the same span."""
+    eta_seconds: float = -1.0
+    """When the map should have caught up, in seconds from the report: ``records_left /
+    (catch_up_rate - input_rate)``, 0 with nothing left; -1: unknown."""
+    catch_up_partitions: tuple[PartitionCatchUp, ...] = ()
+    """The same figures per source partition."""
+
+    def to_hash(self) -> dict[str, str]:
+        """The fields of ``<map>:__status__``."""
+        partitions = [p.to_json() for p in self.catch_up_partitions]
+        return {
+            "state": self.state,
+            "error": self.error,
+            "reported_at_ms": str(self.reported_at_ms),
+            "input_rows_per_second": repr(self.input_rows_per_second),
+            "processed_rows_per_second": repr(self.processed_rows_per_second),
+            "state_keys": str(self.state_keys),
+            "state_bytes": str(self.state_bytes),
+            "worker": self.worker,
+            "records_left": str(self.records_left),
+            "catch_up_rate": repr(self.catch_up_rate),
+            "input_rate": repr(self.input_rate),
+            "eta_seconds": repr(self.eta_seconds),
+            "catch_up_partitions": orjson.dumps(partitions).decode(),
+        }
+
+    @classmethod
+    def from_hash(cls, raw: Mapping[Any, Any]) -> MapReport | None:
+        """Parse ``HGETALL <map>:__status__``; ``None`` when nothing was reported yet."""
+        fields = text_fields(raw)
+        if "state" not in fields:
+            return None
+        return cls(
+            state=fields["state"],
+            error=fields.get("error", ""),
+            reported_at_ms=int(fields.get("reported_at_ms", "0")),
+            input_rows_per_second=float(fields.get("input_rows_per_second", "0")),
+            processed_rows_per_second=float(fields.get("processed_rows_per_second", "0")),
+            state_keys=int(fields.get("state_keys", "-1")),
+            state_bytes=int(fields.get("state_bytes", "-1")),
+            worker=fields.get("worker", ""),
+            records_left=int(fields.get("records_left", "-1")),
+            catch_up_rate=float(fields.get("catch_up_rate", "0")),
+            input_rate=float(fields.get("input_rate", "0")),
+            eta_seconds=float(fields.get("eta_seconds", "-1")),
+            catch_up_partitions=tuple(
+                PartitionCatchUp.from_json(p)
+                for p in orjson.loads(fields.get("catch_up_partitions", "[]"))
+            ),
+        )
 
 
 def effective_state(report: MapReport | None, now_ms: int) -> str:

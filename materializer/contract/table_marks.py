@@ -1,4 +1,9 @@
-"""The source offsets a version of a map's Delta table reflects, in its commit.
+"""Which source offsets a map's Delta table reflects: the table marks in Redis and its commits.
+
+The fold appends a *table mark* (``TableMark``) beside each watermark it commits, to
+the capped stream ``redis_layout.table_marks_key``: the watermark, and where the
+changelog ended after its batch. The Delta query, which merges the changelog, learns
+from those marks which source offsets its next commit reflects (``materializer.delta.marks``).
 
 The table is fed from the changelog by a query of its own and trails the
 Redis copy; without this a reader of version V could not tell which source
@@ -13,22 +18,22 @@ key of delta-rs's ``DeltaTable.history()``), JSON of the form::
                    "offsets": {"orders": {"0": 1200, "1": 987}},
                    "updated_at_ms": 1767225600000}}
 
-``watermark`` is the Redis copy's watermark (``redis_layout.Watermark``) of
+``watermark`` is the Redis copy's watermark (``watermark.Watermark``) of
 a fold batch whose changelog records all precede the commit: every source
 record below those next offsets is in the version. It may under-claim (the
 version can hold later records too), never over-claim. ``batch_id`` and
 ``app_id`` are the fold's, not the Delta query's. ``changelog`` is how far
 the version has merged the changelog (next offsets): a reader that sees a
-newer table mark in Redis (``redis_layout.TableMark``) reached by it may
-take that mark's watermark for the version, which the commit could not
-know when it was made.
+newer table mark in Redis (``TableMark``) reached by it may take that
+mark's watermark for the version, which the commit could not know when it
+was made.
 
 Commits the materializer makes without a MERGE (retention DELETEs, added
 columns) and other writers' commits (OPTIMIZE, VACUUM) carry none: such a
 version reflects what the newest earlier commit with one says
 (``table_watermark``).
 
-Stdlib and deltalake only: the query service reads it, the materializer
+Stdlib, orjson and deltalake only: the query service reads it, the materializer
 writes it.
 """
 
@@ -40,7 +45,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from materializer.contract.redis_layout import Watermark
+import orjson
+
+from materializer.contract.redis_layout import text_fields
+from materializer.contract.watermark import Watermark
 
 if TYPE_CHECKING:
     from deltalake import DeltaTable
@@ -55,6 +63,43 @@ of commits without one means the table's writer records none."""
 FIRST_SLICE = 1
 """Commits read first: the snapshot's own, which nearly always has the mark."""
 SLICE_GROWTH = 8
+
+
+@dataclass(frozen=True)
+class TableMark:
+    """A committed watermark and where the changelog ended after its batch.
+
+    The map's Delta table follows the changelog, not the sources: once the
+    table has merged the changelog up to ``changelog`` (each partition's next
+    offset at least as far), it holds every record the watermark covers, and
+    its commits can say so (``encode``). Each partition's offset is at or
+    past the end of every changelog record of this batch and the ones before;
+    it may be further (never nearer): a mark's table waits the longer, never
+    claims too much.
+    """
+
+    watermark: Watermark
+    changelog: dict[int, int]
+    """Per changelog partition, a next offset past the batch's last record (all partitions)."""
+
+    def to_entry(self) -> dict[str, str]:
+        """The fields of one ``table_marks_key`` entry: the watermark's, and ``changelog``."""
+        ends = {str(p): o for p, o in sorted(self.changelog.items())}
+        return {**self.watermark.to_hash(), "changelog": orjson.dumps(ends).decode()}
+
+    @classmethod
+    def from_entry(cls, raw: Mapping[Any, Any]) -> TableMark | None:
+        """Parse one entry (bytes or text); ``None`` for one without a watermark."""
+        watermark = Watermark.from_hash(raw)
+        if watermark is None:
+            return None
+        ends = orjson.loads(text_fields(raw).get("changelog", "{}"))
+        return cls(watermark, {int(p): int(o) for p, o in ends.items()})
+
+    def reached_by(self, changelog: Mapping[int, int]) -> bool:
+        """Whether a reader of the changelog that reached ``changelog`` (next offsets per
+        partition) has read every record of this mark's batch and the ones before."""
+        return all(changelog.get(p, 0) >= end for p, end in self.changelog.items())
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 The Delta query merges the changelog, not the sources, so it learns the
 source offsets from the fold's table marks in Redis
-(``contract.redis_layout.TableMark``): the newest mark whose changelog ends
+(``contract.table_marks.TableMark``): the newest mark whose changelog ends
 the batch has reached (its own end offsets, from its checkpoint) names a
 watermark every record of which the table now holds. When none qualifies
 (the batch merged only part of a fold batch, or Redis does not answer) the
@@ -28,11 +28,11 @@ import redis
 
 from materializer.clients.redis import Client, client_for
 from materializer.config import RedisConfig
-from materializer.contract.redis_layout import TableMark, table_marks_key
-from materializer.contract.table_marks import CommitMark, encode, table_mark
+from materializer.contract.redis_layout import table_marks_key
+from materializer.contract.table_marks import CommitMark, TableMark, encode, table_mark
 
 if TYPE_CHECKING:
-    from materializer.contract.redis_layout import Watermark
+    from materializer.contract.watermark import Watermark
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,9 @@ import grpc
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from materializer.contract.redis_layout import MapReport, Watermark, meta_key, status_key
+from materializer.contract.redis_layout import meta_key, status_key
+from materializer.contract.status import MapReport
+from materializer.contract.watermark import Watermark
 from materializer.demo.domain import TOPIC_OF_MAP, USER_EVENTS, USER_ORDERS, USERS
 from materializer.demo.producer import DeliveryLog
 from query_service.client import MaterializerClient

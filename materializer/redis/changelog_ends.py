@@ -1,6 +1,6 @@
 """Where a map's changelog ends after each fold batch: the changelog half of its table mark.
 
-A mark (``contract.redis_layout.TableMark``) tells the Delta query "once you
+A mark (``contract.table_marks.TableMark``) tells the Delta query "once you
 have merged the changelog this far, your table holds this watermark". So its
 ends must lie past every changelog record of its batch *and of every batch
 before*, in every partition: a partition this batch did not write may hold

@@ -18,13 +18,9 @@ from typing import TYPE_CHECKING, Any
 from materializer.batch import Batch, Sink
 from materializer.clients.redis import TRANSIENT_ERRORS, client_for
 from materializer.config import RedisConfig
-from materializer.contract.redis_layout import (
-    TABLE_MARKS_MAX_LEN,
-    TableMark,
-    Watermark,
-    meta_key,
-    table_marks_key,
-)
+from materializer.contract.redis_layout import TABLE_MARKS_MAX_LEN, meta_key, table_marks_key
+from materializer.contract.table_marks import TableMark
+from materializer.contract.watermark import Watermark
 
 if TYPE_CHECKING:
     from collections.abc import Callable

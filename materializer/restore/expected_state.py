@@ -28,8 +28,9 @@ from materializer.clients.object_store import delta_rs_location
 from materializer.config import AppConfig
 from materializer.config.names import changelog_topic, checkpoint_path
 from materializer.contract.entity_json import encode_columns
-from materializer.contract.redis_layout import Watermark, physical_name
+from materializer.contract.redis_layout import physical_name
 from materializer.contract.table_layout import TABLE_KEY, TABLE_UPDATED_AT, table_meta, table_path
+from materializer.contract.watermark import Watermark
 from materializer.errors import MaterializerError
 from materializer.redis.expiry import expiry_ms
 from materializer.restore.changelog_tail import Tail, read_tail

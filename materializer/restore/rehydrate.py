@@ -30,7 +30,8 @@ from materializer.clients.redis import Client
 from materializer.config import AppConfig
 from materializer.contract.control import MapControl
 from materializer.contract.markers import mark_whole
-from materializer.contract.redis_layout import Watermark, meta_key, physical_name
+from materializer.contract.redis_layout import meta_key, physical_name
+from materializer.contract.watermark import Watermark
 from materializer.redis.expiry import index_expiring
 from materializer.restore.bulk import bulk_writer, entity_keys
 from materializer.restore.changelog_tail import Tail

@@ -41,7 +41,9 @@ from materializer.clients.kafka_offsets import (
 )
 from materializer.clients.redis import TRANSIENT_ERRORS, client_for
 from materializer.config import KafkaConfig, RedisConfig
-from materializer.contract.redis_layout import PartitionCatchUp, Watermark, meta_key
+from materializer.contract.redis_layout import meta_key
+from materializer.contract.status import PartitionCatchUp
+from materializer.contract.watermark import Watermark
 from materializer.runtime.daemon import DaemonLoop
 
 log = logging.getLogger(__name__)

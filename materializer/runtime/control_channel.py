@@ -17,15 +17,15 @@ import redis
 
 from materializer.clients.redis import connect
 from materializer.config import RedisConfig
+from materializer.contract.control import Control
 from materializer.contract.redis_layout import (
-    Control,
-    MapReport,
     control_key,
     definition_key,
     generation_key,
     parse_generation,
     status_key,
 )
+from materializer.contract.status import MapReport
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,8 @@ import redis
 from materializer.clients.redis import client_for
 from materializer.config import RedisConfig
 from materializer.contract.history import PHASES, HistorySample
-from materializer.contract.redis_layout import MapReport, history_key
+from materializer.contract.redis_layout import history_key
+from materializer.contract.status import MapReport
 from materializer.runtime.daemon import DaemonLoop
 from materializer.runtime.freshness import Freshness
 from materializer.runtime.freshness import add as add_freshness

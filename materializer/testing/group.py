@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from materializer.contract.redis_layout import MapReport, status_key
-from materializer.contract.status import FOLDING
+from materializer.contract.redis_layout import status_key
+from materializer.contract.status import FOLDING, MapReport
 
 
 def running_workers(client: Any, names: list[str]) -> dict[str, str]:

@@ -16,12 +16,8 @@ from typing import Any, NamedTuple
 from materializer.clients.redis import AsyncClient
 from materializer.contract.history import HistorySample, parse_history
 from materializer.contract.operations import Operation
-from materializer.contract.redis_layout import (
-    MapReport,
-    history_key,
-    operation_key,
-    status_key,
-)
+from materializer.contract.redis_layout import history_key, operation_key, status_key
+from materializer.contract.status import MapReport
 
 TREND_SAMPLES = 60
 """Samples behind an overview's trend line: the last five minutes at the default interval."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from materializer.contract.redis_layout import Watermark
+from materializer.contract.watermark import Watermark
 from materializer.enrichment.plan import JoinPlan
 from materializer.enrichment.rounds import EventState, apply_round, round_keys, wanted_keys
 from query_service.stores.base import MapStore

@@ -30,10 +30,10 @@ from materializer.catalog.store import CatalogUnavailable
 from materializer.config import MAP_NAME, AppConfig, validate_text, with_maps
 from materializer.contract.map_catalog import StoredMap
 from materializer.contract.operations import KINDS, Operation
-from materializer.contract.redis_layout import MapReport
 from materializer.contract.status import (
     IN_HAND,
     STALE_REPORT_MS,
+    MapReport,
     effective_state,
     live_report,
     partition_lags,

@@ -10,7 +10,7 @@ import grpc
 
 from materializer.catalog.live import LiveMaps, as_live
 from materializer.config import AppConfig
-from materializer.contract.redis_layout import Watermark
+from materializer.contract.watermark import Watermark
 from materializer.enrichment.plan import JoinPlan
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import enrich_service_pb2 as pb

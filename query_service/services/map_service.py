@@ -11,7 +11,8 @@ import grpc
 
 from materializer.catalog.live import LiveMaps, as_live
 from materializer.config import AppConfig
-from materializer.contract.redis_layout import RESERVED_KEYS, Watermark
+from materializer.contract.redis_layout import RESERVED_KEYS
+from materializer.contract.watermark import Watermark
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc

@@ -23,8 +23,9 @@ import pyarrow as pa
 
 from materializer.catalog.live import LiveMaps
 from materializer.clients.object_store import delta_rs_location
-from materializer.contract.redis_layout import Watermark, physical_name
+from materializer.contract.redis_layout import physical_name
 from materializer.contract.table_layout import table_meta, table_path
+from materializer.contract.watermark import Watermark
 from materializer.v1 import common_pb2 as common
 from query_service.errors import InvalidArgument, MapNotFound, ResourceExhausted
 from query_service.freshness import FreshnessGate

@@ -18,12 +18,9 @@ from typing import Any, NamedTuple, cast
 from materializer.clients.kafka_offsets import admin_client, partition_offsets
 from materializer.clients.redis import AsyncClient, get_many_async, where
 from materializer.config import KafkaConfig
-from materializer.contract.control import control_fields
+from materializer.contract.control import Control, control_fields
 from materializer.contract.operations import REQUEST_SCRIPT, Operation
 from materializer.contract.redis_layout import (
-    Control,
-    MapReport,
-    Watermark,
     control_key,
     generation_key,
     meta_key,
@@ -32,6 +29,8 @@ from materializer.contract.redis_layout import (
     physical_name,
     status_key,
 )
+from materializer.contract.status import MapReport
+from materializer.contract.watermark import Watermark
 from query_service.stores.redis_errors import unavailable_on_connection_errors
 
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
-from materializer.contract.redis_layout import Watermark
+from materializer.contract.watermark import Watermark
 
 
 class Lookup(NamedTuple):

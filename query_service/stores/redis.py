@@ -25,13 +25,8 @@ from materializer.clients.redis import (
 )
 from materializer.config import RedisConfig
 from materializer.contract.markers import markers
-from materializer.contract.redis_layout import (
-    Watermark,
-    entity_key,
-    meta_key,
-    physical_name,
-    status_key,
-)
+from materializer.contract.redis_layout import entity_key, meta_key, physical_name, status_key
+from materializer.contract.watermark import Watermark
 from query_service.errors import StoreUnavailable
 from query_service.stores.base import BatchLookup, ChangeRead, Lookup, MapStore
 from query_service.stores.cluster_reads import MasterReads

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
-from materializer.contract.redis_layout import Watermark
 from materializer.contract.table_marks import table_watermark
+from materializer.contract.watermark import Watermark
 from materializer.v1 import common_pb2 as common
 from query_service.errors import DeadlineExceeded
 from query_service.freshness import MARGIN_SECONDS, MAX_WAIT_SECONDS, check_positions, covers

@@ -12,7 +12,8 @@ from typing import Any
 import orjson
 import redis
 
-from materializer.contract.redis_layout import Watermark, entity_key, meta_key
+from materializer.contract.redis_layout import entity_key, meta_key
+from materializer.contract.watermark import Watermark
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import enrich_service_pb2 as pb
 from tests.helpers.enrich_reference import Outcome, reference_join

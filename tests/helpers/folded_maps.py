@@ -11,10 +11,8 @@ import orjson
 import redis
 import yaml
 
-from materializer.contract.redis_layout import (
-    Watermark,
-    meta_key,
-)
+from materializer.contract.redis_layout import meta_key
+from materializer.contract.watermark import Watermark
 from materializer.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest

@@ -21,7 +21,7 @@ from prometheus_client import REGISTRY
 from materializer.clients.redis import client_for
 from materializer.config import AppConfig, RedisConfig, parse_config
 from materializer.contract.markers import mark_whole
-from materializer.contract.redis_layout import Watermark
+from materializer.contract.watermark import Watermark
 from materializer.redis.functions import FoldTarget, load_library
 from materializer.redis.watermark import WatermarkSink
 from materializer.redis.writer import Writer

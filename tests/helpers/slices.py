@@ -13,7 +13,8 @@ import redis
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from materializer.config import AppConfig, parse_config
-from materializer.contract.redis_layout import RESERVED_KEYS, Watermark, meta_key
+from materializer.contract.redis_layout import RESERVED_KEYS, meta_key
+from materializer.contract.watermark import Watermark
 
 SCHEMA = "id STRING, name STRING, age INT, tags ARRAY<STRING>"
 FIELDS = ["id", "name", "age", "tags"]

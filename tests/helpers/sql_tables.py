@@ -15,8 +15,8 @@ import yaml
 from deltalake import CommitProperties, write_deltalake
 
 from materializer.config import AppConfig, parse_config
-from materializer.contract.redis_layout import Watermark
 from materializer.contract.table_marks import encode
+from materializer.contract.watermark import Watermark
 
 User = tuple[str, str, float]
 """(key, tier, spend)"""

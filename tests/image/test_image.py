@@ -24,7 +24,8 @@ import pytest
 import redis
 import yaml
 
-from materializer.contract.redis_layout import Watermark, meta_key
+from materializer.contract.redis_layout import meta_key
+from materializer.contract.watermark import Watermark
 from materializer.demo.domain import demo_config, write_config
 from materializer.testing import free_port
 from materializer.testing.group import running_workers

@@ -19,14 +19,10 @@ from typer.testing import CliRunner
 from materializer.cli import app
 from materializer.commands.cli_support import out
 from materializer.config import AppConfig, parse_config
-from materializer.contract.redis_layout import (
-    Control,
-    MapReport,
-    Watermark,
-    control_key,
-    meta_key,
-    status_key,
-)
+from materializer.contract.control import Control
+from materializer.contract.redis_layout import control_key, meta_key, status_key
+from materializer.contract.status import MapReport
+from materializer.contract.watermark import Watermark
 from materializer.testing import closed_port, produce
 from materializer.testing.process import ManagedProcess
 from materializer.v1 import admin_service_pb2 as pb

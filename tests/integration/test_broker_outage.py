@@ -20,7 +20,8 @@ import pytest
 import redis
 import yaml
 
-from materializer.contract.redis_layout import MapReport, status_key
+from materializer.contract.redis_layout import status_key
+from materializer.contract.status import MapReport
 from materializer.testing import KafkaBroker, create_topic, produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_aggregate

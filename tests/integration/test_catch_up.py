@@ -28,7 +28,8 @@ from typer.testing import CliRunner
 
 from materializer.cli import app
 from materializer.config import parse_config
-from materializer.contract.redis_layout import MapReport, PartitionCatchUp, status_key
+from materializer.contract.redis_layout import status_key
+from materializer.contract.status import MapReport, PartitionCatchUp
 from materializer.testing import free_port, produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.waiting import eventually

@@ -9,7 +9,7 @@ from pathlib import Path
 import redis
 
 from materializer.config import parse_config
-from materializer.contract.redis_layout import Control
+from materializer.contract.control import Control
 from materializer.run import Supervisor, _Map
 from materializer.runtime.progress import BatchLog
 from materializer.testing.reference import fold_latest

@@ -19,12 +19,8 @@ import yaml
 
 from materializer.config import AppConfig, parse_config
 from materializer.contract.history import HistorySample
-from materializer.contract.redis_layout import (
-    MapReport,
-    control_key,
-    history_key,
-    status_key,
-)
+from materializer.contract.redis_layout import control_key, history_key, status_key
+from materializer.contract.status import MapReport
 from query_service.console.sessions import COOKIE
 from tests.helpers.query_redis import fresh_map, map_doc, started, write_batch
 

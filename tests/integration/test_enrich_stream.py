@@ -20,7 +20,8 @@ import orjson
 import pytest
 import redis
 
-from materializer.contract.redis_layout import Watermark, entity_key, meta_key
+from materializer.contract.redis_layout import entity_key, meta_key
+from materializer.contract.watermark import Watermark
 from materializer.testing import closed_port
 from materializer.testing.waiting import eventually
 from materializer.v1 import common_pb2 as common

@@ -18,7 +18,8 @@ from deltalake.exceptions import TableNotFoundError
 from materializer import record_columns as c
 from materializer.batch import Batch
 from materializer.config import RedisConfig
-from materializer.contract.redis_layout import Watermark, changes_key, meta_key
+from materializer.contract.redis_layout import changes_key, meta_key
+from materializer.contract.watermark import Watermark
 from materializer.delta.sink import DeltaSink
 from materializer.redis.watermark import WatermarkSink
 from materializer.runtime.crash import CRASH_ENV

@@ -19,7 +19,8 @@ import redis
 import yaml
 
 from materializer.config import parse_config
-from materializer.contract.redis_layout import MapReport, status_key
+from materializer.contract.redis_layout import status_key
+from materializer.contract.status import MapReport
 from materializer.v1 import admin_service_pb2 as admin_pb
 from materializer.v1 import admin_service_pb2_grpc as admin_grpc
 from materializer.v1 import enrich_service_pb2 as enrich_pb

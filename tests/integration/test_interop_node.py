@@ -12,7 +12,8 @@ import orjson
 import redis
 
 from materializer.config import parse_config
-from materializer.contract.redis_layout import Watermark, entity_key, meta_key
+from materializer.contract.redis_layout import entity_key, meta_key
+from materializer.contract.watermark import Watermark
 from query_service.server import create_server
 from query_service.stores.redis import RedisMapStore
 

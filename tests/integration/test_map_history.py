@@ -23,7 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from materializer.config import RedisConfig
 from materializer.contract.history import HistorySample, read_history, read_history_async
-from materializer.contract.redis_layout import MapReport, history_key
+from materializer.contract.redis_layout import history_key
+from materializer.contract.status import MapReport
 from materializer.runtime.history import HistoryRecorder, Intervals
 from materializer.testing import free_port, produce
 from materializer.testing.process import ManagedProcess

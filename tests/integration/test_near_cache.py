@@ -16,7 +16,8 @@ import pytest
 import redis
 
 from materializer.config import AppConfig
-from materializer.contract.redis_layout import Watermark, changes_key, entity_key, meta_key
+from materializer.contract.redis_layout import changes_key, entity_key, meta_key
+from materializer.contract.watermark import Watermark
 from materializer.testing import RedisServer
 from materializer.testing.waiting import eventually
 from materializer.v1 import common_pb2 as common

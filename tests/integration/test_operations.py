@@ -23,7 +23,8 @@ from typer.testing import CliRunner
 from materializer.cli import app
 from materializer.config import AppConfig, parse_config
 from materializer.contract.control import MapControl
-from materializer.contract.redis_layout import Watermark, entity_key, generation_key, meta_key
+from materializer.contract.redis_layout import entity_key, generation_key, meta_key
+from materializer.contract.watermark import Watermark
 from materializer.ops.rebuild import rebuild
 from materializer.testing import free_port, produce
 from materializer.testing.process import ManagedProcess

@@ -16,7 +16,8 @@ import pytest
 import redis
 
 from materializer.config import AppConfig
-from materializer.contract.redis_layout import Watermark, entity_key, meta_key
+from materializer.contract.redis_layout import entity_key, meta_key
+from materializer.contract.watermark import Watermark
 from materializer.job import start_map
 from materializer.testing import closed_port, produce
 from materializer.testing.reference import fold_latest

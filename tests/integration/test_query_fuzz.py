@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from materializer.config import parse_config
-from materializer.contract.redis_layout import Watermark, changes_key, entity_key, meta_key
+from materializer.contract.redis_layout import changes_key, entity_key, meta_key
+from materializer.contract.watermark import Watermark
 from materializer.v1 import admin_service_pb2 as admin_pb
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import enrich_service_pb2 as enrich_pb

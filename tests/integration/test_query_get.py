@@ -23,14 +23,9 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from materializer.config import AppConfig
-from materializer.contract.redis_layout import (
-    MapReport,
-    Watermark,
-    entity_key,
-    marker_key,
-    meta_key,
-    status_key,
-)
+from materializer.contract.redis_layout import entity_key, marker_key, meta_key, status_key
+from materializer.contract.status import MapReport
+from materializer.contract.watermark import Watermark
 from materializer.testing import closed_port, free_port
 from materializer.v1 import common_pb2
 from materializer.v1 import map_service_pb2 as pb

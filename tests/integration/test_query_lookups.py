@@ -15,7 +15,8 @@ import trustme
 
 from materializer.clients.redis import connect_async
 from materializer.config import RedisConfig
-from materializer.contract.redis_layout import Watermark, entity_key, meta_key
+from materializer.contract.redis_layout import entity_key, meta_key
+from materializer.contract.watermark import Watermark
 from materializer.testing import RedisServer, free_port
 from query_service.errors import StoreUnavailable
 from query_service.stores.generations import Generations

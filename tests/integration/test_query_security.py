@@ -21,7 +21,8 @@ import yaml
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from materializer.config import AppConfig, parse_config
-from materializer.contract.redis_layout import Watermark, entity_key, meta_key
+from materializer.contract.redis_layout import entity_key, meta_key
+from materializer.contract.watermark import Watermark
 from materializer.errors import ConfigError
 from materializer.testing import RedisServer, free_port
 from materializer.v1 import admin_service_pb2 as admin_pb

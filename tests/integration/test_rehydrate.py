@@ -14,13 +14,9 @@ from typer.testing import CliRunner
 
 from materializer.cli import app
 from materializer.contract.entity_json import encode_rows
-from materializer.contract.redis_layout import (
-    Watermark,
-    changes_key,
-    entity_key,
-    meta_key,
-)
+from materializer.contract.redis_layout import changes_key, entity_key, meta_key
 from materializer.contract.table_layout import table_path
+from materializer.contract.watermark import Watermark
 from materializer.testing import RedisServer
 from tests.helpers.folded_maps import FoldedMap, entities, run_map
 from tests.helpers.slices import config, delta_map_rs

@@ -17,7 +17,8 @@ from materializer.checkpoints.files import CheckpointFiles
 from materializer.cli import app
 from materializer.config import parse_config
 from materializer.config.names import checkpoint_path
-from materializer.contract.redis_layout import MapReport, status_key
+from materializer.contract.redis_layout import status_key
+from materializer.contract.status import MapReport
 from materializer.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_aggregate

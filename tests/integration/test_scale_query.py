@@ -31,7 +31,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
-from materializer.contract.redis_layout import Watermark
+from materializer.contract.watermark import Watermark
 from materializer.testing import free_port
 from materializer.testing.process import ManagedProcess
 from materializer.v1 import common_pb2 as common

@@ -28,12 +28,12 @@ from materializer.contract.changelog import EXPIRED_HEADER
 from materializer.contract.markers import mark_whole, markers
 from materializer.contract.redis_layout import (
     EXPIRE_OP,
-    MapReport,
     changes_key,
     entity_key,
     expiry_index_key,
     status_key,
 )
+from materializer.contract.status import MapReport
 from materializer.enrichment.job import start_enrichment
 from materializer.job import start_map
 from materializer.ops.verify import Comparison, Differences, verify

@@ -24,7 +24,8 @@ import yaml
 from redis.cluster import RedisCluster as ClusterClient
 
 from materializer.config import parse_config
-from materializer.contract.redis_layout import MapReport, status_key
+from materializer.contract.redis_layout import status_key
+from materializer.contract.status import MapReport
 from materializer.testing import produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.redis import RedisCluster, RedisServer

@@ -24,7 +24,8 @@ from materializer.checkpoints.files import CheckpointFiles
 from materializer.cli import app
 from materializer.config import parse_config
 from materializer.config.names import checkpoint_path
-from materializer.contract.redis_layout import Control, physical_name
+from materializer.contract.control import Control
+from materializer.contract.redis_layout import physical_name
 from materializer.job import start_map
 from materializer.ops.rebuild import rebuild
 from materializer.run import Supervisor, _Map

@@ -11,9 +11,9 @@ import orjson
 import pytest
 from deltalake import DeltaTable
 
-from materializer.contract.redis_layout import TableMark, table_marks_key
+from materializer.contract.redis_layout import table_marks_key
 from materializer.contract.table_layout import table_path
-from materializer.contract.table_marks import decode, table_mark, table_watermark
+from materializer.contract.table_marks import TableMark, decode, table_mark, table_watermark
 from materializer.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
@@ -162,7 +162,7 @@ def test_a_delta_batch_takes_the_newest_mark_it_has_reached_and_otherwise_carrie
     redis_url, redis_client, tmp_path: Path, monkeypatch
 ):
     from materializer.config import RedisConfig
-    from materializer.contract.redis_layout import Watermark
+    from materializer.contract.watermark import Watermark
     from materializer.delta import marks as delta_marks
     from materializer.delta.marks import SourceOffsets
     from materializer.redis.watermark import WatermarkSink

@@ -6,14 +6,16 @@ from __future__ import annotations
 import pytest
 
 from materializer.config import parse_config
-from materializer.contract.redis_layout import MapReport, PartitionCatchUp, Watermark
 from materializer.contract.status import (
     IN_HAND,
+    MapReport,
+    PartitionCatchUp,
     effective_state,
     live_report,
     map_view,
     partition_lags,
 )
+from materializer.contract.watermark import Watermark
 from materializer.errors import ConfigError
 from materializer.runtime.catch_up import (
     UNKNOWN,

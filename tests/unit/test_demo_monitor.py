@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from materializer.contract.redis_layout import MapReport, Watermark
+from materializer.contract.status import MapReport
+from materializer.contract.watermark import Watermark
 from materializer.demo.domain import ORDERS, USER_EVENTS, USER_ORDERS, USERS
 from materializer.demo.monitor import folded_users, progress
 from materializer.demo.producer import Delivery, DeliveryLog

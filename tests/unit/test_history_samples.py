@@ -11,7 +11,7 @@ import pytest
 
 from materializer.config import parse_config
 from materializer.contract.history import FIELDS, HistorySample, parse_history
-from materializer.contract.redis_layout import MapReport
+from materializer.contract.status import MapReport
 from materializer.errors import ConfigError
 from materializer.runtime.freshness import Freshness
 from materializer.runtime.history import Interval, Intervals, sample_of

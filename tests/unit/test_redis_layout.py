@@ -5,15 +5,11 @@ from __future__ import annotations
 import orjson
 
 from materializer.clients.redis import key_slot, slot_tag
+from materializer.contract.control import Control
 from materializer.contract.operations import Operation, report_args
 from materializer.contract.redis_layout import (
     EXPIRE_OP,
     RESERVED_KEYS,
-    Control,
-    MapReport,
-    PartitionCatchUp,
-    TableMark,
-    Watermark,
     change_entry,
     changes_key,
     control_key,
@@ -37,6 +33,9 @@ from materializer.contract.redis_layout import (
     table_marks_key,
     table_marks_pattern,
 )
+from materializer.contract.status import MapReport, PartitionCatchUp
+from materializer.contract.table_marks import TableMark
+from materializer.contract.watermark import Watermark
 
 
 def test_key_names_are_the_contract():

@@ -10,7 +10,6 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, write_deltalake
 
 from materializer.contract import table_marks
-from materializer.contract.redis_layout import Watermark
 from materializer.contract.table_marks import (
     CommitMark,
     decode,
@@ -18,6 +17,7 @@ from materializer.contract.table_marks import (
     table_mark,
     table_watermark,
 )
+from materializer.contract.watermark import Watermark
 
 MARK = Watermark(batch_id=41, offsets={"orders": {1: 987, 0: 1200}}, updated_at_ms=17, app_id="q")
 
