@@ -98,7 +98,7 @@ def _read_line(table: TableRead) -> str:
 
 
 def _print_table(answer: SqlAnswer) -> None:
-    from query_service.http.sql_answers import columns, text_of
+    from query_service.sql_text import columns, text_of
 
     # Cells are data: as Text, their brackets and ``:name:`` are no markup or emoji.
     shown = Table(show_edge=True)
@@ -115,26 +115,15 @@ def _print_table(answer: SqlAnswer) -> None:
 
 
 def _print_json(answer: SqlAnswer) -> None:
-    from materializer.contract.watermark import Watermark
-    from query_service.http import sql_answers
-    from query_service.sql.executor import TableRead as Read
+    from query_service.sql_text import columns, dumps, rows, table_json
 
     data = answer.table
-    tables = []
-    for t in answer.tables:
-        mark = None
-        if t.watermark is not None:
-            offsets: dict[str, dict[int, int]] = {}
-            for (topic, partition), offset in t.watermark.offsets.items():
-                offsets.setdefault(topic, {})[partition] = offset
-            mark = Watermark(t.watermark.batch_id, offsets, t.watermark.updated_at_ms)
-        tables.append(sql_answers.table_json(Read(t.map, t.version, mark, t.redis)))
     body = {
-        "columns": sql_answers.columns(data.schema),
-        "rows": [row for batch in data.to_batches() for row in sql_answers.rows(batch)],
-        "tables": tables,
+        "columns": columns(data.schema),
+        "rows": [row for batch in data.to_batches() for row in rows(batch)],
+        "tables": [table_json(t) for t in answer.tables],
     }
-    typer.echo(sql_answers.dumps(body).decode())
+    typer.echo(dumps(body).decode())
 
 
 def _csv_ready(data: pa.Table) -> pa.Table:
@@ -142,7 +131,7 @@ def _csv_ready(data: pa.Table) -> pa.Table:
     takes no nested type, and would write bytes as they are."""
     import pyarrow as pa
 
-    from query_service.http.sql_answers import text_of
+    from query_service.sql_text import text_of
 
     binary = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_fixed_size_binary)
     for i, field in enumerate(data.schema):
@@ -229,7 +218,7 @@ def sql(
     unknown map, too many rows, too long) prints its status and message; exit 2.
     """
     from query_service.client import sql_param
-    from query_service.http.sql_answers import text_param
+    from query_service.sql_text import text_param
 
     values = [text_param(p) for p in params or []]
     for i, value in enumerate(values, 1):

@@ -12,7 +12,7 @@ import typer
 from materializer.commands.sql import _min_offsets
 from query_service.client import sql_param
 from query_service.console.sql_page import _as_typed, _params
-from query_service.http.sql_answers import text_of, text_param
+from query_service.sql_text import text_of, text_param
 
 
 @pytest.mark.parametrize(
