@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,11 +31,9 @@ from typing import Any
 
 import yaml
 
-from materializer.catalog.live import LiveMaps, as_live
-from materializer.config import AppConfig, AuthConfig
+from materializer.config import AuthConfig
 from materializer.errors import ConfigError
 from query_service.errors import PermissionDenied, Unauthenticated
-from query_service.sql.statement import check as check_statement
 
 ALL = "*"
 VERBS = frozenset({"get", "query", "watch", "enrich", "status", "control", "manage"})
@@ -212,32 +210,3 @@ def parse_grants(doc: Any, where: str) -> dict[bytes, Grant]:
             verbs=_names(entry.get("verbs"), f"{at}.verbs", VERBS),
         )
     return grants
-
-
-def request_maps(config: AppConfig | LiveMaps) -> Callable[[str, Any], list[str]]:
-    """For per-map grants: the maps a request names.
-
-    A status request without a map asks about every map; an Enrich request
-    names the maps of its lookups, or of its profile.
-    """
-    live = as_live(config)
-    profiles = {
-        name: [lookup.map for lookup in profile.lookups]
-        for name, profile in live.config.query.enrich_profiles.items()
-    }
-
-    def maps(method: str, request: Any) -> list[str]:
-        if method.endswith(".SqlService/Execute"):
-            return list(check_statement(request.sql).maps)
-        if method.endswith("/Enrich"):
-            if request.HasField("spec"):
-                return [lookup.map for lookup in request.spec.lookups]
-            return profiles.get(request.profile, [])
-        name = getattr(request, "map", None)
-        if name is None:
-            return []
-        if not name and method.endswith("/GetStatus"):
-            return sorted(live.config.maps)
-        return [name] if name else []
-
-    return maps

@@ -37,10 +37,10 @@ from materializer.v1 import map_service_pb2 as map_pb
 from materializer.v1 import map_service_pb2_grpc as map_grpc
 from materializer.v1 import sql_service_pb2 as sql_pb
 from materializer.v1 import sql_service_pb2_grpc as sql_grpc
+from query_service.transport import MAX_MESSAGE_BYTES
 
 T = TypeVar("T")
 DEFAULT_DEADLINE = 5.0
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),

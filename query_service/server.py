@@ -12,7 +12,6 @@ import logging
 import signal
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
@@ -22,7 +21,7 @@ from grpc_reflection.v1alpha import reflection
 
 from materializer.catalog.live import LiveMaps
 from materializer.config import AppConfig, TlsConfig
-from materializer.errors import ConfigError, SetupError
+from materializer.errors import SetupError
 from materializer.v1 import (
     admin_service_pb2,
     enrich_service_pb2,
@@ -33,13 +32,14 @@ from materializer.v1 import admin_service_pb2_grpc as admin_pb_grpc
 from materializer.v1 import enrich_service_pb2_grpc as enrich_pb_grpc
 from materializer.v1 import map_service_pb2_grpc as map_pb_grpc
 from materializer.v1 import sql_service_pb2_grpc as sql_pb_grpc
-from query_service.auth import Authorizer, request_maps
+from query_service.auth import Authorizer
 from query_service.catalog import FIRST_READ_SECONDS, CatalogWatcher
 from query_service.freshness import FreshnessGate
 from query_service.health import RedisHealth
 from query_service.interceptors import add_wrapped
 from query_service.metrics import serve_metrics
 from query_service.near_cache import NearCaches
+from query_service.requested_maps import request_maps
 from query_service.services.admin_service import AdminServicer
 from query_service.services.enrich_service import EnrichServicer
 from query_service.services.map_service import MapServicer
@@ -50,6 +50,7 @@ from query_service.stores.admin import ControlStore, LogEnds
 from query_service.stores.delta import DeltaTables
 from query_service.stores.redis import RedisMapStore
 from query_service.tables.snapshots import TableSnapshots
+from query_service.transport import MAX_MESSAGE_BYTES, read_pem
 
 if TYPE_CHECKING:
     from query_service.sql.flight import FlightSqlPort
@@ -64,9 +65,6 @@ SERVICES = (
     sql_service_pb2.DESCRIPTOR.services_by_name["SqlService"].full_name,
 )
 GRACE_SECONDS = 5.0
-MAX_MESSAGE_BYTES = 16 * 1024 * 1024
-"""Both directions; gRPC's default is 4 MiB in. Larger requests get RESOURCE_EXHAUSTED."""
-
 SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -86,14 +84,6 @@ class Closeable(Protocol):
 
     async def close(self) -> None:
         """Stop its tasks."""
-
-
-def read_pem(key: str, path: str) -> bytes:
-    """A PEM file of ``query.tls`` (``key`` names it), or the configuration error naming it."""
-    try:
-        return Path(path).read_bytes()
-    except OSError as exc:
-        raise ConfigError("", [f"query.tls.{key}: cannot read {path}: {exc.strerror}"]) from None
 
 
 def server_credentials(tls: TlsConfig) -> grpc.ServerCredentials:

@@ -25,7 +25,7 @@ from query_service.http.endpoints import ENDPOINTS
 from query_service.http.openapi import openapi_document
 from query_service.http.routes import HttpFront
 from query_service.interceptors import INTERNAL_DETAILS
-from query_service.server import MAX_MESSAGE_BYTES
+from query_service.transport import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 

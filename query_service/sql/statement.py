@@ -2,7 +2,7 @@
 
 One ``SELECT`` or ``WITH`` statement, reading maps only: each table it names
 is a map (by its name), and the caller must be granted every one of them
-(``query_service.auth``, through ``request_maps``). Everything else is
+(``query_service.auth``, through ``requested_maps``). Everything else is
 refused with a message naming what was refused: another kind of statement,
 a second statement, a statement that writes inside a ``WITH``, a table
 function (``read_parquet(...)``, ``generate_series(...)``), a function that
