@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 import redis
 from aiohttp import web
@@ -256,13 +256,14 @@ def _is_page(request: web.Request) -> bool:
 
 
 def _local(target: str | None, base: str) -> str:
-    """Where to go after login: a path of the console only, never another site."""
-    if (
-        target
-        and target.startswith(base + "/")
-        and not target.startswith("//")
-        and target.isprintable()
-        and target.isascii()
-    ):
+    """Where to go after login: a path of the console only, never another site nor another
+    path of the host. It is checked as a browser reads it (a backslash is a slash, ``%2e``
+    a dot), and a ``.`` or ``..`` segment, which would climb out of the console, is refused.
+    """
+    if not target or not target.isprintable() or not target.isascii():
+        return f"{base}/"
+    read = target.replace("\\", "/")
+    segments = unquote(urlsplit(read).path).split("/")
+    if read.startswith(base + "/") and not read.startswith("//") and not {".", ".."} & {*segments}:
         return target
     return f"{base}/"
