@@ -11,7 +11,7 @@ from aiohttp import web
 from materializer.v1 import map_service_pb2 as map_pb
 from query_service.console.page import Page
 from query_service.console.sessions import SESSION, Session
-from query_service.http.routes import sse_changes
+from query_service.http.changes import sse_changes
 
 
 class Changes(Page):
