@@ -1,28 +1,41 @@
 """The web console's pages and fragments, rendered by a real query service over a real
-redis-server: login and sessions, what each token sees, actions with their CSRF token,
-escaping of user data, the charts' data, the live changes, and the map form's errors."""
+redis-server and Kafka: login and sessions, where a login may send the browser, what each
+token sees and may do, actions with their CSRF token, escaping of user data, the charts'
+data, the live changes, and the map form's errors and what it stores in the catalog."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 import time
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import parse_qs, urljoin, urlsplit
 
 import aiohttp
 import orjson
 import pytest
 import redis
 import yaml
+from yarl import URL
 
+from materializer.catalog.store import CatalogTopic
 from materializer.config import AppConfig, parse_config
 from materializer.contract.history import HistorySample
-from materializer.contract.redis_layout import control_key, history_key, status_key
-from materializer.contract.status import MapReport
+from materializer.contract.redis_layout import (
+    MapReport,
+    console_session_key,
+    control_key,
+    history_key,
+    operation_key,
+    status_key,
+)
 from query_service.console.sessions import COOKIE
 from tests.helpers.query_redis import fresh_map, map_doc, started, write_batch
+from tests.helpers.slices import SCHEMA
 
 ADMIN = "console-admin-token-0123456789"
 READER = "console-reader-token-0123456789"
@@ -55,9 +68,29 @@ def console_config(
             "kafka": {"bootstrap_servers": kafka},
             "redis": {"url": redis_url},
             "query": {"auth": {"tokens_env": "CONSOLE_TEST_TOKENS"}},
+            # A catalog of the test's own: what the map form stores is read back from it.
+            "catalog": {"topic": f"console-maps-{uuid.uuid4().hex[:10]}"},
             "maps": {m: map_doc(m) for m in maps},
         }
     )
+
+
+def stored_maps(config: AppConfig) -> dict[str, Any]:
+    """The maps the catalog topic holds, read as a new process would."""
+    topic = CatalogTopic(config.kafka, config.catalog)
+    try:
+        return {name: record.config for name, record in topic.read().items()}
+    finally:
+        topic.close()
+
+
+def lands_at(origin: str, location: str) -> tuple[str, str]:
+    """The host and path a browser goes to on this ``Location``, read as browsers read one
+    (the WHATWG URL standard): tabs and newlines are dropped, a backslash is a slash, and
+    ``%2e`` is a dot of a ``..`` segment."""
+    read = re.sub(r"%2e", ".", re.sub(r"[\t\n\r]", "", location), flags=re.IGNORECASE)
+    url = urlsplit(urljoin(origin + "/ui/login", read.replace("\\", "/")))
+    return url.netloc, url.path
 
 
 class Browser:
@@ -136,15 +169,20 @@ def test_login_sessions_and_what_each_token_sees(
 
     async def body(b: Browser) -> None:
         # Not logged in: pages send the browser to the login form, fragments answer 401.
-        async with b.http.get(b.base + "/", allow_redirects=False) as r:
-            assert r.status == 303 and r.headers["Location"].startswith("/ui/login?next=")
+        async with b.http.get(f"{b.base}/maps/{first}?x=1", allow_redirects=False) as r:
+            assert r.status == 303
+            to = urlsplit(r.headers["Location"])
+            assert (to.path, parse_qs(to.query)) == (
+                "/ui/login",
+                {"next": [f"/ui/maps/{first}?x=1"]},
+            )
         async with b.http.get(b.base + "/fragments/overview", headers={"HX-Request": "true"}) as r:
             assert r.status == 401 and r.headers["HX-Redirect"] == "/ui/login"
         async with b.http.get(b.origin + "/ui", allow_redirects=False) as r:
             assert r.status == 308 and r.headers["Location"] == "/ui/"
-        _, text = await b.post("/login", {"token": "not-a-token-at-all-xx"}, status=401)
-        assert "unknown token" in text
-        _, text = await b.post("/login", {"token": "x", "next": "https://evil.example/"}, 401)
+        headers, text = await b.post("/login", {"token": "not-a-token-at-all-xx"}, status=401)
+        assert "unknown token" in text and "Set-Cookie" not in headers
+        await redirects_stay_on_the_console(b)
 
         csrf = await b.login(ADMIN)
         overview = await b.page("/")
@@ -157,22 +195,27 @@ def test_login_sessions_and_what_each_token_sees(
         map_page = await b.page(f"/maps/{first}")
         for button in ("pause", "resume", "restart", "verify", "rehydrate", "rebuild"):
             assert f'id="action-{button}"' in map_page
+        assert 'href="/ui/new-map"' in map_page
         # The security headers every page carries.
         async with b.http.get(b.base + "/") as r:
             assert "script-src 'self'" in r.headers["Content-Security-Policy"]
             assert r.headers["X-Frame-Options"] == "DENY"
 
         # Log out: the session is gone for every replica (Redis), the cookie is useless.
+        cookie = b.http.cookie_jar.filter_cookies(URL(b.base + "/"))[COOKIE].value
+        session = console_session_key(hashlib.sha256(cookie.encode()).hexdigest())
+        assert redis_client.hget(session, "name") == b"admin"
         await b.post("/logout", {"csrf": csrf})
-        async with b.http.get(b.base + "/", allow_redirects=False) as r:
-            assert r.status == 303
+        assert not redis_client.exists(session)
+        async with b.http.get(b.base + "/", allow_redirects=False, cookies={COOKIE: cookie}) as r:
+            assert r.status == 303 and r.headers["Location"].startswith("/ui/login?next=")
 
         # A read-only token granted one map sees that map only, and no action buttons.
         csrf = await b.login(READER)
         overview = await b.page("/")
         assert f'data-map="{first}"' in overview and f'data-map="{second}"' not in overview
         map_page = await b.page(f"/maps/{first}")
-        assert 'id="action-' not in map_page and "New map" not in map_page
+        assert 'id="action-' not in map_page and 'href="/ui/new-map"' not in map_page
         denied = await b.page(f"/maps/{second}", status=403)
         assert "may not use map" in denied and second in denied
         # Posting an action anyway: refused by the same check as gRPC.
@@ -181,6 +224,44 @@ def test_login_sessions_and_what_each_token_sees(
         assert redis_client.hget(control_key(first), "desired") is None
 
     asyncio.run(_serve(config, body))
+
+
+async def redirects_stay_on_the_console(b: Browser) -> None:
+    """A login's ``next`` sends the browser back to a page of the console, and to nothing
+    else: not another site, however its address is spelt, nor another path of the host."""
+    console_host = urlsplit(b.origin).netloc
+    # A page of the console: kept and followed as it was asked (the checks below can fail).
+    form = await b.page("/login", params={"next": "/ui/maps/m?x=1"})
+    assert 'name="next" value="/ui/maps/m?x=1"' in form
+    headers, _ = await b.post("/login", {"token": READER, "next": "/ui/maps/m?x=1"})
+    assert headers["Location"] == "/ui/maps/m?x=1"
+    elsewhere = [
+        "https://evil.example/",
+        "//evil.example/",
+        "/\\evil.example/",
+        "\\\\evil.example/",
+        "https:evil.example",
+        "/\t/evil.example/",
+        "javascript:alert(1)",
+        f"{b.origin}/v1/maps",
+        "/v1/maps",
+        "/ui",
+        "/ui/../v1/maps",
+        "/ui/%2e%2e/v1/maps",
+        "/ui/.%2E/v1/maps",
+        "/ui/..\\v1/maps",
+    ]
+    for target in elsewhere:
+        # The form keeps only a console path for after the login...
+        form = await b.page("/login", params={"next": target})
+        kept = re.search(r'name="next" value="([^"]*)"', form)
+        assert kept and kept.group(1) == "/ui/", (target, kept and kept.group(1))
+        # ...and a login posted with it anyway lands on the console.
+        headers, _ = await b.post("/login", {"token": READER, "next": target})
+        assert lands_at(b.origin, headers["Location"]) == (console_host, "/ui/"), target
+    # A wrong token with a foreign ``next`` sends nowhere either.
+    headers, _ = await b.post("/login", {"token": "x", "next": "https://evil.example/"}, 401)
+    assert "Location" not in headers
 
 
 async def _serve(config: AppConfig, body: Any) -> None:
@@ -207,10 +288,19 @@ def test_actions_need_the_sessions_csrf_token_and_a_typed_name(
         assert redis_client.hget(control_key(first), "desired") == b"paused"
         await b.post(f"/maps/{first}/actions/resume", {"csrf": csrf})
         assert redis_client.hget(control_key(first), "desired") == b"running"
-        # A destructive action without the map's name typed does nothing.
+        # A destructive action without the map's name typed does nothing...
         _, text = await b.post(f"/maps/{first}/actions/rebuild", {"csrf": csrf}, status=400)
         assert "to confirm" in text
-        _, text = await b.post(f"/maps/{first}/actions/nonsense", {"csrf": csrf}, status=404)
+        await b.post(f"/maps/{first}/actions/rebuild", {"csrf": csrf, "confirm": "x"}, 400)
+        assert not redis_client.exists(operation_key(first))
+        # ...and with it typed, the rebuild is asked of the run.
+        headers, _ = await b.post(
+            f"/maps/{first}/actions/rebuild", {"csrf": csrf, "confirm": first}
+        )
+        assert headers["Location"] == f"/ui/maps/{first}?done=rebuild"
+        asked = redis_client.hgetall(operation_key(first))
+        assert (asked[b"kind"], asked[b"requested_by"]) == (b"rebuild", b"admin"), asked
+        await b.post(f"/maps/{first}/actions/nonsense", {"csrf": csrf}, status=404)
 
     asyncio.run(_serve(config, body))
 
@@ -298,17 +388,30 @@ def test_live_changes_arrive_as_server_sent_events(
     asyncio.run(_serve(config, body))
 
 
-def test_the_map_form_shows_problems_next_to_the_fields(
-    redis_url: str, kafka_bootstrap: str, first: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_the_map_form_stores_for_a_managing_token_only_and_shows_problems_by_field(
+    redis_url: str, kafka_bootstrap: str, first: str, monkeypatch: pytest.MonkeyPatch,
+    new_topic: Callable[..., str],
+) -> None:  # fmt: skip
     config = console_config(redis_url, kafka_bootstrap, [first], monkeypatch, first)
+    name = f"made-{uuid.uuid4().hex[:8]}"
+    section = {"source": {"topics": [new_topic(1)], "schema": SCHEMA}, "key": "id"}
+    fields = {"name": name, "config": yaml.safe_dump(section)}
 
     async def body(b: Browser) -> None:
-        await b.login(READER)
-        await b.page("/new-map")  # the form shows; storing it is refused below
+        # A read-only token sees the form, but storing it is refused by the same check as
+        # gRPC's CreateMap, and nothing reaches the catalog.
+        csrf = await b.login(READER)
+        assert 'name="config"' in await b.page("/new-map")
+        _, text = await b.post("/new-map", {"csrf": csrf, **fields}, status=403)
+        assert "may not call CreateMap" in text
+        assert await asyncio.to_thread(stored_maps, config) == {}
+        # The same form from a token that may manage maps stores the map, as it was typed.
         csrf = await b.login(ADMIN)
         form = await b.page("/new-map")
         assert 'name="config"' in form
+        headers, _ = await b.post("/new-map", {"csrf": csrf, **fields})
+        assert headers["Location"] == f"/ui/maps/{name}?done=saved"
+        assert await asyncio.to_thread(stored_maps, config) == {name: section}
         _, text = await b.post("/new-map", {"csrf": csrf, "name": "", "config": "a: ["}, 400)
         assert 'data-field="name"' in text and 'data-field="config"' in text
         assert "not valid YAML" in text
@@ -321,6 +424,7 @@ def test_the_map_form_shows_problems_next_to_the_fields(
             f"/maps/{first}/actions/delete", {"csrf": csrf, "confirm": "wrong"}, 400
         )
         assert "to confirm" in text
+        assert await asyncio.to_thread(stored_maps, config) == {name: section}  # no more
 
     asyncio.run(_serve(config, body))
 
@@ -346,6 +450,7 @@ def test_an_open_console_keeps_sessions_for_pages_only_and_still_checks_forms(
         csrf = csrf_of(page)
         assert 'id="action-pause"' in page and "Log out" not in page
         await b.post(f"/maps/{first}/actions/pause", {"csrf": "forged"}, status=403)
+        assert redis_client.hget(control_key(first), "desired") is None
         await b.post(f"/maps/{first}/actions/pause", {"csrf": csrf})
         assert redis_client.hget(control_key(first), "desired") == b"paused"
         # Pages of maps that do not exist, and forms that cannot be stored.
@@ -358,7 +463,9 @@ def test_an_open_console_keeps_sessions_for_pages_only_and_still_checks_forms(
         _, text = await b.post("/new-map", {"csrf": csrf, "name": "m", "config": big}, 400)
         assert "longer than 64 KiB" in text
         # An echo of what was done names an action, never free text.
+        page = await b.page(f"/maps/{first}?done=pause", headers=html)
+        assert '<p class="notice" id="notice">Done: pause</p>' in page
         page = await b.page(f"/maps/{first}?done=call+555-0100", headers=html)
-        assert "555-0100" not in page
+        assert "555-0100" not in page and 'id="notice"' not in page
 
     asyncio.run(_serve(config, body))
