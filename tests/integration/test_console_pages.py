@@ -26,13 +26,13 @@ from materializer.catalog.store import CatalogTopic
 from materializer.config import AppConfig, parse_config
 from materializer.contract.history import HistorySample
 from materializer.contract.redis_layout import (
-    MapReport,
     console_session_key,
     control_key,
     history_key,
     operation_key,
     status_key,
 )
+from materializer.contract.status import MapReport
 from query_service.console.sessions import COOKIE
 from tests.helpers.query_redis import fresh_map, map_doc, started, write_batch
 from tests.helpers.slices import SCHEMA
