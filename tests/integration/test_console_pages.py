@@ -22,7 +22,6 @@ import redis
 import yaml
 from yarl import URL
 
-from materializer.catalog.store import CatalogTopic
 from materializer.config import AppConfig, parse_config
 from materializer.contract.history import HistorySample
 from materializer.contract.redis_layout import (
@@ -36,6 +35,7 @@ from materializer.contract.status import MapReport
 from query_service.console.sessions import COOKIE
 from tests.helpers.query_redis import fresh_map, map_doc, started, write_batch
 from tests.helpers.slices import SCHEMA
+from tests.integration.test_maps_api import stored as stored_maps
 
 ADMIN = "console-admin-token-0123456789"
 READER = "console-reader-token-0123456789"
@@ -73,15 +73,6 @@ def console_config(
             "maps": {m: map_doc(m) for m in maps},
         }
     )
-
-
-def stored_maps(config: AppConfig) -> dict[str, Any]:
-    """The maps the catalog topic holds, read as a new process would."""
-    topic = CatalogTopic(config.kafka, config.catalog)
-    try:
-        return {name: record.config for name, record in topic.read().items()}
-    finally:
-        topic.close()
 
 
 def lands_at(origin: str, location: str) -> tuple[str, str]:
