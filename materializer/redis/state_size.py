@@ -72,18 +72,16 @@ class StateSizes(DaemonLoop):
         self._physical = physical
         self._on_measure = on_measure
 
-    def _run(self) -> None:
+    def round(self) -> None:
+        """Measure every map once; a map Redis does not answer for keeps its last measure."""
         client = client_for(self._redis)
-        while True:
-            for name, physical in self._physical().items():
-                if self._stop.is_set():
-                    return
-                try:
-                    size = measure(client, physical)
-                except TRANSIENT_ERRORS as exc:
-                    log.debug("map %s: state not measured: %s", name, exc)
-                    continue
-                self.latest[name] = size
-                self._on_measure(name, size)
-            if self._stop.wait(self._interval):
+        for name, physical in self._physical().items():
+            if self.stopping:
                 return
+            try:
+                size = measure(client, physical)
+            except TRANSIENT_ERRORS as exc:
+                log.debug("map %s: state not measured: %s", name, exc)
+                continue
+            self.latest[name] = size
+            self._on_measure(name, size)

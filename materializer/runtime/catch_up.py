@@ -212,6 +212,10 @@ class CatchUpTracker(DaemonLoop):
     hands each map's figures to ``on_measure`` (``None`` for a map no longer followed);
     the first measure as soon as it starts."""
 
+    transient = (KafkaException, KafkaOffsetsError, *TRANSIENT_ERRORS)
+    failing = "catch-up figures not measured (they stay as last measured)"
+    recovered = "catch-up figures measured again"
+
     def __init__(
         self,
         kafka: KafkaConfig,
@@ -232,27 +236,10 @@ class CatchUpTracker(DaemonLoop):
         self._partitions: dict[str, list[int]] = {}
         self._asked: list[str] = []
         self._partitions_at = 0.0
-        self._failing = False
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.measure()
-                if self._failing:
-                    log.info("catch-up figures measured again")
-                self._failing = False
-            except (KafkaException, KafkaOffsetsError) as exc:
-                self._warn(exc)
-            except TRANSIENT_ERRORS as exc:
-                self._warn(exc)
-            except Exception as exc:  # noqa: BLE001 - a bug here must not freeze a map's state
-                log.exception("catch-up figures not measured: %s", exc)
-            self._stop.wait(self._interval)
-
-    def _warn(self, exc: Exception) -> None:
-        if not self._failing:
-            log.warning("catch-up figures not measured (they stay as last measured): %s", exc)
-            self._failing = True
+    def round(self) -> None:
+        """One measure (``measure``)."""
+        self.measure()
 
     def measure(self) -> None:
         """One look at every followed map: one ``ListOffsets`` call for all of their

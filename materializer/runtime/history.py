@@ -165,17 +165,20 @@ class HistoryRecorder(DaemonLoop):
     on a daemon thread, the first one interval after it starts; each history keeps about
     ``max_len`` samples."""
 
+    transient = (redis.RedisError,)
+    failing = "history samples not written (lost until Redis answers)"
+    recovered = "history samples written again"
+
     def __init__(
         self, redis_config: RedisConfig, intervals: Intervals, interval_s: float, max_len: int
     ) -> None:
-        super().__init__("history", interval_s)
+        super().__init__("history", interval_s, first_at_once=False)
         self._redis = redis_config
         self._intervals = intervals
         self._max_len = max_len
         self._reports: Mapping[str, MapReport] = {}
         self._last: dict[str, float] = {}
         self._started = time.monotonic()
-        self._failing = False
 
     def reported(self, reports: Mapping[str, MapReport]) -> None:
         """The maps' last reports (the supervisor's loop): the maps to sample, as they stand."""
@@ -186,19 +189,9 @@ class HistoryRecorder(DaemonLoop):
         self._started = time.monotonic()
         super().start()
 
-    def _run(self) -> None:
-        while not self._stop.wait(self._interval):
-            try:
-                self.record()
-                if self._failing:
-                    log.info("history samples written again")
-                self._failing = False
-            except redis.RedisError as exc:
-                if not self._failing:
-                    log.warning("history samples not written (lost until Redis answers): %s", exc)
-                self._failing = True
-            except Exception as exc:  # noqa: BLE001 - a bug here must not end the history
-                log.exception("history samples not written: %s", exc)
+    def round(self) -> None:
+        """One sample of every reported map (``record``)."""
+        self.record()
 
     def record(self) -> None:
         """One sample of every reported map, in one round trip."""

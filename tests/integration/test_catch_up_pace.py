@@ -10,7 +10,8 @@ import redis
 
 from materializer.config import parse_config
 from materializer.contract.control import Control
-from materializer.run import Supervisor, _Map
+from materializer.run.supervised import SupervisedMap
+from materializer.run.supervisor import Supervisor
 from materializer.runtime.progress import BatchLog
 from materializer.testing.reference import fold_latest
 from materializer.testing.waiting import wait_until
@@ -20,7 +21,7 @@ from tests.integration.test_opening import _events
 BOUND = 1_000
 
 
-def _loop(supervisor: Supervisor, maps: list[_Map]) -> None:
+def _loop(supervisor: Supervisor, maps: list[SupervisedMap]) -> None:
     """One turn of the run's loop."""
     for m in maps:
         supervisor.step(m, Control())
@@ -40,7 +41,7 @@ def test_a_backlog_beside_a_live_map_is_folded_in_bounded_batches_then_as_usual(
     }
     cfg = parse_config(doc)
     supervisor = Supervisor(spark, cfg, BatchLog())
-    a, b = _Map(live), _Map(behind)
+    a, b = SupervisedMap(live), SupervisedMap(behind)
     supervisor.maps = {live: a, behind: b}
     try:
         supervisor.start(a)
@@ -85,7 +86,7 @@ def test_a_backlog_alone_is_not_paced(
     doc = slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name=name)
     doc["maps"][name]["catch_up"] = {"ready_lag": 100, "max_records_per_batch": BOUND}
     supervisor = Supervisor(spark, parse_config(doc), BatchLog())
-    m = _Map(name)
+    m = SupervisedMap(name)
     supervisor.maps = {name: m}
     try:
         events = _events(kafka_bootstrap, topic, 12_000)

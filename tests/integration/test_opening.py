@@ -11,7 +11,8 @@ import redis
 from materializer.config import parse_config
 from materializer.contract.control import Control
 from materializer.job import OPENING_RECORDS
-from materializer.run import Supervisor, _Map
+from materializer.run.supervised import SupervisedMap
+from materializer.run.supervisor import Supervisor
 from materializer.runtime.progress import BatchLog
 from materializer.testing import produce
 from materializer.testing.reference import Event, fold_latest
@@ -44,7 +45,7 @@ def test_a_backlog_opens_with_one_bounded_batch_then_the_rest_with_the_delta_que
     ends = end_offsets([(p, o) for p, o, _, _ in events])
     cfg = parse_config(slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name=name))
     supervisor = Supervisor(spark, cfg, BatchLog())
-    m = _Map(name)
+    m = SupervisedMap(name)
     supervisor.start(m)
     try:
         queries = m.queries
@@ -77,7 +78,7 @@ def test_a_map_with_nothing_to_fold_opens_at_once(
     name = f"open{uuid.uuid4().hex[:6]}"
     cfg = parse_config(slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name=name))
     supervisor = Supervisor(spark, cfg, BatchLog())
-    m = _Map(name)
+    m = SupervisedMap(name)
     supervisor.start(m)
     try:
         assert m.queries is not None and m.queries.opening

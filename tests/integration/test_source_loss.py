@@ -28,7 +28,8 @@ from materializer.contract.control import Control
 from materializer.contract.redis_layout import physical_name
 from materializer.job import start_map
 from materializer.ops.rebuild import rebuild
-from materializer.run import Supervisor, _Map
+from materializer.run.supervised import SupervisedMap
+from materializer.run.supervisor import Supervisor
 from materializer.runtime.progress import BatchLog
 from materializer.testing import create_topic, produce
 from materializer.testing.process import ManagedProcess
@@ -136,7 +137,7 @@ def test_a_fold_spark_fails_over_deleted_records_is_reported_then_reset_or_rebui
     # The run's supervisor holds the map's queries when Spark fails its fold.
     supervisor = Supervisor(spark, cfg, BatchLog())
     queries = start_map(spark, cfg, name)
-    m = _Map(name, state="running", queries=queries)
+    m = SupervisedMap(name, state="running", queries=queries)
     wait_until("Spark to fail the fold", lambda: not queries.fold.isActive)
     assert "failOnDataLoss" in str(queries.fold.exception())
     with caplog.at_level(logging.ERROR, logger="materializer.run"):
