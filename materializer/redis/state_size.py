@@ -59,6 +59,11 @@ class StateSizes(DaemonLoop):
     first time as soon as it starts; the last measure of each is in ``latest``, and
     ``on_measure`` gets each one too."""
 
+    transient = TRANSIENT_ERRORS
+    failing = "state sizes not measured"
+    while_away = "(they stay as last measured)"
+    recovered = "state sizes measured again"
+
     def __init__(
         self,
         redis: RedisConfig,

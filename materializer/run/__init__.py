@@ -8,7 +8,8 @@ worker that runs things, a herder that owns the group and the loop):
 - ``pacing``: after its opening, a map far behind catches up at a pace beside live maps;
 - ``rebuilds``: a definition its state is bound to, rebuilt beside the live copy;
 - ``supervisor``: one step of a map per loop, tying those together;
-- ``following``: the catalog's maps created, changed and deleted while the run runs;
+- ``following``: the catalog's maps created, changed and deleted while the run runs
+  (``CatalogChanges``);
 - ``sharing``: in a worker group, the maps the group gives this worker, claimed and fenced;
 - ``figures``: state sizes, catch-up figures and history, each on a thread of its own;
 - ``loop``: the loop that ties them, and the run's end.
@@ -26,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
+from contextlib import ExitStack
 
 from materializer.config import AppConfig
 from materializer.group.worker import Worker
@@ -46,29 +48,25 @@ def run_maps(config: AppConfig, names: Sequence[str] | None, stop: threading.Eve
     the catalog (``run.following``); named maps keep their names: a run of ``--map``
     follows their definitions only.
     """
-    live = open_catalog(config, names)
-    try:
+    with ExitStack() as closing:  # whatever fails, what was opened closes, newest first
+        live = open_catalog(config, names)
+        closing.callback(live.close)
         worker = Worker(config) if config.worker.group is not None else None
         metrics = BatchMetrics()
         # Before the JVM starts, so that a port already taken ends the run at once.
         metrics_server = serve_metrics(config.metrics, metrics.registry)
-    except BaseException:
-        live.close()
-        raise
-    spark = build_spark_session(config.spark, object_store=config.object_store)
-    route_stop_signals(spark, lambda name: _stop_on(name, stop))
-    run = RunLoop(config, names, live, spark, metrics, worker)
-    try:
+        if metrics_server is not None:
+            closing.callback(metrics_server.server_close)
+            closing.callback(metrics_server.shutdown)
+        spark = build_spark_session(config.spark, object_store=config.object_store)
+        closing.callback(spark.stop)
+        route_stop_signals(spark, lambda name: _stop_on(name, stop))
+        run = RunLoop(config, names, live, spark, metrics, worker)
+        closing.callback(run.close)
         run.start(stop)
         while not stop.is_set() and run.goes_on():
             run.step()
             stop.wait(LOOP_SECONDS)
-    finally:
-        run.close()
-        spark.stop()
-        if metrics_server is not None:
-            metrics_server.shutdown()
-            metrics_server.server_close()
     return run.failed()
 
 

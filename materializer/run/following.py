@@ -17,8 +17,8 @@ from materializer.runtime.control_channel import ControlChannel
 log = logging.getLogger(__name__)
 
 
-class CatalogFollower:
-    """Brings the run's maps to the catalog's, and starts a map the first time in this run."""
+class CatalogChanges:
+    """The catalog's changes brought to the run's maps, and a map's first start in this run."""
 
     def __init__(self, supervisor: Supervisor, live: LiveMaps, channel: ControlChannel) -> None:
         self._supervisor = supervisor
@@ -42,9 +42,8 @@ class CatalogFollower:
         the deleted. Only those move; the others' queries never stop."""
         supervisor, lifecycle, channel = self._supervisor, self._supervisor.lifecycle, self._channel
         maps = supervisor.maps
-        before = supervisor.config
         after = self._live.config
-        supervisor.run.config = after
+        before = supervisor.run.take(after)
         for name in [n for n in maps if n not in wanted]:
             m = maps.pop(name)
             if m.state == "running":

@@ -1,6 +1,7 @@
-"""The run's loop: every half second it follows the catalog (or, in a worker group, the
-group's share), steps each map, takes up operations asked of them and reports their
-states, until told to stop; then it drains every map and closes what it opened."""
+"""The run's loop: every half second it takes in the catalog's changes (polled every
+``catalog.poll_interval``) and, in a worker group, the group's share, steps each map,
+takes up operations asked of them and reports their states, until told to stop; then it
+drains every map and closes what it opened."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from materializer.errors import ConfigError
 from materializer.group.worker import Worker
 from materializer.ops.requested import RequestedOperations
 from materializer.run.figures import MapFigures
-from materializer.run.following import CatalogFollower
+from materializer.run.following import CatalogChanges
 from materializer.run.rebuilds import REBUILD_GRACE
 from materializer.run.sharing import GroupShare
 from materializer.run.supervised import SupervisedMap
@@ -94,11 +95,11 @@ class RunLoop:
             busy=self.supervisor.busy,
             grace_seconds=REBUILD_GRACE,
         )
-        self.follower = CatalogFollower(self.supervisor, live, self.channel)
+        self.changes = CatalogChanges(self.supervisor, live, self.channel)
         self.share = None
         if self.worker is not None:
             self.share = GroupShare(
-                self.supervisor, self.follower, self.channel, self.worker, metrics
+                self.supervisor, self.changes, self.channel, self.worker, metrics
             )
         # A worker of a group starts the maps the group gives it, as it gives them.
         if self.worker is None:
@@ -129,7 +130,7 @@ class RunLoop:
         for m in self.maps.values():
             if stop.is_set():
                 break
-            self.follower.first_start(m, requests[m.name])
+            self.changes.first_start(m, requests[m.name])
         self._next_poll = time.monotonic() + self._poll
 
     def goes_on(self) -> bool:
@@ -149,7 +150,7 @@ class RunLoop:
                 wanted = self.in_force()
                 if self.share is not None:  # the group's moves are the share's
                     wanted = [n for n in wanted if n in self.maps]
-                self.follower.follow(wanted)
+                self.changes.follow(wanted)
         if self.share is not None:
             self.share.share(self.in_force())
         requests = self.channel.requests()
@@ -171,7 +172,8 @@ class RunLoop:
 
     def close(self) -> None:
         """Drain the maps (a worker of a group only stops them: their new owners take in the
-        rest of their changelogs) and close everything the run opened, in order."""
+        rest of their changelogs) and close what this loop opened, in order (the catalog,
+        Spark and the metrics port are the caller's)."""
         self.figures.stop_sampling()
         # Operations end at their next step; one holding its map still sees it stopped below.
         self.operations.interrupt()
@@ -187,7 +189,6 @@ class RunLoop:
             self.worker.close()
         self.figures.stop()  # last: a look at a Kafka that does not answer must not delay the drain
         self.channel.close()
-        self._live.close()
 
     def failed(self) -> list[str]:
         """The maps that failed."""

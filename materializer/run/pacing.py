@@ -53,12 +53,12 @@ class CatchUpPacing:
 
     def follow(self, m: SupervisedMap) -> None:
         """A paced catch-up: slower while the live maps' batches run long; once within its
-        ready lag, or alone, it runs as usual."""
+        ready lag, or once no other map folds live, it runs as usual."""
         if m.pace is None or m.queries is None:
             return
         ready = self._rebuilds.config_for(m).map(m.name).catch_up.ready_lag
         behind = records_behind(m.queries.fold.lastProgress)
-        live = self._live_batches_ms(m)
+        live = self._run.live_besides(m)
         if behind is not None and (behind <= ready or not live):
             log.info(
                 "map %s: %s, running as usual",
@@ -68,15 +68,16 @@ class CatchUpPacing:
             m.queries.stop_after_batch()
             self._lifecycle.start(m, opening=False)
         else:
-            m.pace.follow(live)
+            m.pace.follow(_last_batches_ms(live))
         if self._metrics is not None:
             self._metrics.paced(m.name, None if m.pace is None else m.pace.paced_seconds)
 
-    def _live_batches_ms(self, m: SupervisedMap) -> list[int]:
-        """The last batch durations of the run's other maps folding live."""
-        durations = []
-        for other in self._run.live_besides(m):
-            progress = None if other.queries is None else other.queries.fold.lastProgress
-            if progress is not None:
-                durations.append(int(progress.get("batchDuration") or 0))
-        return durations
+
+def _last_batches_ms(maps: list[SupervisedMap]) -> list[int]:
+    """The durations of the maps' last batches (a map with none yet has none)."""
+    durations = []
+    for m in maps:
+        progress = None if m.queries is None else m.queries.fold.lastProgress
+        if progress is not None:
+            durations.append(int(progress.get("batchDuration") or 0))
+    return durations

@@ -35,7 +35,8 @@ reader keeps the old generation in mind."""
 
 @dataclass
 class RebuildJob:
-    """A rebuild under way in this run (its fields are set by the rebuild's thread)."""
+    """A rebuild under way in this run: ``wanted`` is set by the loop, the rest by the
+    rebuild's thread."""
 
     name: str
     version: int

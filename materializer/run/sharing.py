@@ -13,7 +13,7 @@ from materializer.errors import MaterializerError, SetupError
 from materializer.group.fencing import take_over
 from materializer.group.worker import Worker
 from materializer.redis.functions import Fenced
-from materializer.run.following import CatalogFollower
+from materializer.run.following import CatalogChanges
 from materializer.run.supervised import SupervisedMap
 from materializer.run.supervisor import Supervisor
 from materializer.runtime.control_channel import ControlChannel
@@ -28,13 +28,13 @@ class GroupShare:
     def __init__(
         self,
         supervisor: Supervisor,
-        follower: CatalogFollower,
+        changes: CatalogChanges,
         channel: ControlChannel,
         worker: Worker,
         metrics: BatchMetrics | None = None,
     ) -> None:
         self._supervisor = supervisor
-        self._follower = follower
+        self._changes = changes
         self._channel = channel
         self._worker = worker
         self._metrics = metrics
@@ -93,4 +93,4 @@ class GroupShare:
             maps[name] = m
             epoch = "" if m.owner is None else f" (epoch {m.owner.epoch})"
             log.info("map %s taken over by worker %s%s", name, worker.id, epoch)
-            self._follower.first_start(m, requests[name])
+            self._changes.first_start(m, requests[name])

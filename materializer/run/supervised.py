@@ -75,24 +75,30 @@ class SupervisedMap:
 @dataclass
 class InForce:
     """The config in force and the run's maps: what each room of the run reads. The
-    catalog's follower replaces ``config``; the loop and the group's share change ``maps``."""
+    catalog's changes replace ``config`` (``take``); the loop, the catalog's changes and
+    the group's share add and remove ``maps``."""
 
     config: AppConfig
     from_file: frozenset[str] = frozenset()
     """The maps and enrichments of the configuration file (the others are the catalog's)."""
     maps: dict[str, SupervisedMap] = field(default_factory=dict)
 
+    def take(self, config: AppConfig) -> AppConfig:
+        """Put ``config`` in force; returns the one it replaces."""
+        before, self.config = self.config, config
+        return before
+
     def enrichment(self, name: str) -> bool:
         """Whether ``name`` is an enrichment (supervised as a map is, but with no fold)."""
         return name in self.config.enrichments
 
     def folds_live(self, m: SupervisedMap) -> bool:
-        """Whether a map folds live: running, past its opening batch, at full pace, and a
-        map (not an enrichment). A map catching up paces itself by these alone."""
+        """Whether a map folds live: a map (not an enrichment) running at full pace, its
+        opening batch included (it folds live next). A map catching up paces itself by
+        these alone, and by nothing else."""
         return (
             m.state == "running"
             and m.queries is not None
-            and not m.queries.opening
             and m.pace is None
             and not self.enrichment(m.name)
         )

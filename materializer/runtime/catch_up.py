@@ -213,7 +213,8 @@ class CatchUpTracker(DaemonLoop):
     the first measure as soon as it starts."""
 
     transient = (KafkaException, KafkaOffsetsError, *TRANSIENT_ERRORS)
-    failing = "catch-up figures not measured (they stay as last measured)"
+    failing = "catch-up figures not measured"
+    while_away = "(they stay as last measured)"
     recovered = "catch-up figures measured again"
 
     def __init__(

@@ -9,22 +9,23 @@ import threading
 from abc import ABC, abstractmethod
 from typing import ClassVar
 
-log = logging.getLogger(__name__)
-
 
 class DaemonLoop(ABC):
-    """Rounds of ``round`` on a daemon thread, every ``interval_s`` until ``stop``.
+    """Rounds of ``round`` on a daemon thread, ``interval_s`` apart, until ``stop``.
 
-    A round that fails on one of ``transient`` (a service away) is logged once as
-    ``failing`` and again as ``recovered`` when a round succeeds; any other error is
-    logged with its trace and the rounds go on: a bug in a figure must not freeze
-    the figures of every later round, nor end the run.
+    A round that fails on one of ``transient`` (a service away) is warned of once, as
+    ``failing`` and ``while_away``, and ``recovered`` is said once a round succeeds
+    again; any other error is logged with its trace as ``failing`` alone, and the rounds
+    go on: a bug in one figure must not freeze every later one, nor end the run. The
+    lines come from the logger of the subclass's module.
     """
 
     transient: ClassVar[tuple[type[Exception], ...]] = ()
-    """Errors of a service that does not answer: expected, logged once until it answers."""
-    failing: ClassVar[str] = "rounds failing"
-    """What a failed round costs, as the warning says it (``: <error>`` follows)."""
+    """Errors of a service that does not answer: expected, warned of once until it answers."""
+    failing: ClassVar[str] = "a round failed"
+    """What a failed round costs (``: <error>`` follows)."""
+    while_away: ClassVar[str] = ""
+    """What that means while the service is away, after ``failing`` in the warning."""
     recovered: ClassVar[str] = "rounds succeed again"
 
     def __init__(self, name: str, interval_s: float, *, first_at_once: bool = True) -> None:
@@ -33,6 +34,7 @@ class DaemonLoop(ABC):
         self._interval = interval_s
         self._first_at_once = first_at_once
         self._failing = False
+        self._log = logging.getLogger(type(self).__module__)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
@@ -62,13 +64,14 @@ class DaemonLoop(ABC):
             try:
                 self.round()
                 if self._failing:
-                    log.info("%s", self.recovered)
+                    self._log.info("%s", self.recovered)
                 self._failing = False
             except self.transient as exc:
                 if not self._failing:
-                    log.warning("%s: %s", self.failing, exc)
+                    away = f" {self.while_away}" if self.while_away else ""
+                    self._log.warning("%s%s: %s", self.failing, away, exc)
                 self._failing = True
             except Exception as exc:  # noqa: BLE001 - a bug in one round must not end the rounds
-                log.exception("%s: %s", self.failing, exc)
+                self._log.exception("%s: %s", self.failing, exc)
             if self._stop.wait(self._interval):
                 return

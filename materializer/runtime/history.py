@@ -166,7 +166,8 @@ class HistoryRecorder(DaemonLoop):
     ``max_len`` samples."""
 
     transient = (redis.RedisError,)
-    failing = "history samples not written (lost until Redis answers)"
+    failing = "history samples not written"
+    while_away = "(lost until Redis answers)"
     recovered = "history samples written again"
 
     def __init__(

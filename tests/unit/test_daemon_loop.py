@@ -20,6 +20,7 @@ class Scripted(DaemonLoop):
 
     transient = (Away,)
     failing = "figures not measured"
+    while_away = "(they stay as they were)"
     recovered = "figures measured again"
 
     def __init__(self, script: list[Exception | None], first_at_once: bool = True) -> None:
@@ -47,13 +48,13 @@ def test_a_service_away_is_warned_of_once_and_its_return_said_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     loop = Scripted([Away("down"), Away("down"), Away("down"), None, Away("again"), None])
-    with caplog.at_level(logging.INFO, logger="materializer.runtime.daemon"):
+    with caplog.at_level(logging.INFO, logger=__name__):
         _run(loop)
     messages = [r.getMessage() for r in caplog.records]
     assert messages == [
-        "figures not measured: down",
+        "figures not measured (they stay as they were): down",
         "figures measured again",
-        "figures not measured: again",
+        "figures not measured (they stay as they were): again",
         "figures measured again",
     ]
     assert [r.levelno for r in caplog.records] == [
@@ -68,11 +69,12 @@ def test_a_bug_in_a_round_is_logged_with_its_trace_and_the_rounds_go_on(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     loop = Scripted([ValueError("a bug"), ValueError("a bug"), None])
-    with caplog.at_level(logging.INFO, logger="materializer.runtime.daemon"):
+    with caplog.at_level(logging.INFO, logger=__name__):
         _run(loop)
     assert loop.rounds >= 3
     errors = [r for r in caplog.records if r.levelno == logging.ERROR]
-    assert len(errors) == 2
+    assert [r.getMessage() for r in errors] == ["figures not measured: a bug"] * 2
+    assert {r.name for r in caplog.records} == {__name__}
     assert all(r.exc_info is not None for r in errors)
 
 
