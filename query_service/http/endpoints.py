@@ -23,6 +23,7 @@ JSON = "application/json"
 NDJSON = "application/x-ndjson"
 SSE = "text/event-stream"
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
+YAML = "application/yaml"
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,10 @@ class Param:
     description: str
     schema: dict[str, Any] = field(default_factory=lambda: {"type": "string"})
     required: bool = False
+
+
+Answer = type[pydantic.BaseModel] | type[Message] | str
+"""What an endpoint answers: a model of its JSON, a protobuf message or a media type."""
 
 
 @dataclass(frozen=True)
@@ -50,8 +55,9 @@ class Endpoint:
     params: tuple[Param, ...] = ()
     body: type[pydantic.BaseModel] | str | None = None
     """A model of the JSON body, or the media type of a body taken as is."""
-    answer: type[pydantic.BaseModel] | type[Message] | str = shapes.Health
-    """A model, a protobuf message (admin answers) or a streamed media type."""
+    answer: Answer | tuple[Answer, ...] = shapes.Health
+    """A model, a protobuf message (admin answers) or a streamed media type; several when
+    the Accept header picks one."""
     status: int = 200
 
 
@@ -233,7 +239,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         SQL_RPC + "Execute",
         (Param("Accept", "header", "the answer's format; application/json by default",
                {"type": "string", "enum": [JSON, NDJSON, ARROW_STREAM]}),),
-        shapes.SqlBody, shapes.SqlAnswer,
+        shapes.SqlBody, (shapes.SqlAnswer, NDJSON, ARROW_STREAM),
     ),
     Endpoint("GET", "/v1/maps/{map}/status", "status", "The map's state, lag and rates",
              ADMIN_RPC + "GetStatus", (MAP,), answer=admin_pb.MapStatus),
@@ -252,7 +258,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              "The last operation asked of the map, as its run reports it (404 if none)",
              ADMIN_RPC + "GetOperation", (MAP,), answer=admin_pb.Operation),
     Endpoint("PUT", "/v1/config/validate", "validate", "Check a configuration (YAML or JSON)",
-             ADMIN_RPC + "ValidateConfig", (), "application/yaml",
+             ADMIN_RPC + "ValidateConfig", (), YAML,
              admin_pb.ValidateConfigResponse),
     Endpoint("GET", "/healthz", "healthz", "The process is up"),
     Endpoint("GET", "/readyz", "readyz",

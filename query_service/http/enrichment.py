@@ -4,7 +4,10 @@ The body is read line by line and sent to ``Enrich`` as requests of ``batch``
 events each, so a long body streams through without being held whole; each
 answer is written as it comes, one line per event, with the event's index in
 the body (``shapes.EnrichedEvent``). An error after the first line is the
-stream's last line, as the status has gone out.
+stream's last line, as the status has gone out. A body without an event is a 400.
+
+The body's problems are raised as the servicer's own errors: the request stream is
+read inside the call, whose error mapping turns them into their status.
 """
 
 from __future__ import annotations
@@ -12,11 +15,12 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
-import grpc
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import LineTooLong
 
 from materializer.v1 import enrich_service_pb2 as enrich_pb
+from query_service.errors import InvalidArgument, ResourceExhausted
 from query_service.http import shapes
 from query_service.http.calls import HttpAbort, error_body
 from query_service.http.endpoints import NDJSON
@@ -25,6 +29,7 @@ ENRICH_BATCH = 500
 """Events per request of the enrichment an NDJSON body becomes, unless ``batch`` says."""
 MAX_LINE_BYTES = 16 * 1024 * 1024
 """The longest NDJSON event line taken; the gRPC message limit."""
+NO_EVENTS = "body: no events; send the events to enrich as NDJSON, one JSON object per line"
 
 Enrich = Callable[
     [AsyncIterator[enrich_pb.EnrichRequest]], AsyncGenerator[enrich_pb.EnrichResponse, None]
@@ -46,11 +51,10 @@ async def enrich_ndjson(
         seen = 0
         while True:
             try:
-                line = await request.content.readline()
-            except ValueError:
-                raise HttpAbort(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"line {seen + len(events) + 1}: longer than {MAX_LINE_BYTES} bytes",
+                line = await request.content.readline(max_line_length=MAX_LINE_BYTES)
+            except LineTooLong:
+                raise ResourceExhausted(
+                    f"line {seen + len(events) + 1}: longer than {MAX_LINE_BYTES} bytes"
                 ) from None
             if line.strip():
                 events.append(line.strip())
@@ -63,6 +67,11 @@ async def enrich_ndjson(
                 yield pending
                 pending = enrich_pb.EnrichRequest()
             if not line:
+                if not starts:
+                    # As the document says: the body is required, and a body without an
+                    # event asks for nothing (an empty file sent, a pipe cut before its
+                    # first line): told, not answered with an empty stream.
+                    raise InvalidArgument(NO_EVENTS)
                 return
 
     response = web.StreamResponse(headers={"Content-Type": NDJSON})
@@ -80,7 +89,7 @@ async def enrich_ndjson(
     finally:
         await answers.aclose()
     if not response.prepared:
-        await response.prepare(request)  # an empty body: nothing to enrich
+        await response.prepare(request)  # no answer came: still a well-formed empty stream
     await response.write_eof()
     return response
 

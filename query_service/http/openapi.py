@@ -8,6 +8,7 @@ cannot drift from what the server does.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import orjson
@@ -17,7 +18,16 @@ from google.protobuf.message import Message
 from materializer import __version__
 from materializer.config import MapConfig
 from query_service.http import shapes
-from query_service.http.endpoints import ENDPOINTS, JSON, NDJSON, SSE, Endpoint
+from query_service.http.endpoints import (
+    ARROW_STREAM,
+    ENDPOINTS,
+    JSON,
+    NDJSON,
+    SSE,
+    YAML,
+    Endpoint,
+    Param,
+)
 
 ERRORS = {
     "400": "a malformed request: the message names the field",
@@ -38,22 +48,42 @@ _TEXT_SCHEMAS: dict[str, dict[str, Any]] = {
         "items": {"type": "object"},
         "description": "JSON objects, one per line; their integers within 64 bits",
     },
-    "application/yaml": {
+    ARROW_STREAM: {
         "type": "string",
-        "pattern": r"\S",
-        "description": "a configuration document: not empty, not only white space",
+        "contentMediaType": ARROW_STREAM,
+        "description": "Arrow IPC stream format: the schema, the record batches, the end "
+        "marker (a stream cut short has none)",
     },
 }
-"""What a body given by its media type holds, where a string would promise too much: any
-text is not an NDJSON stream, and an empty document is refused."""
+"""What an answer given by its media type holds, where a string would promise too much: any
+text is not an NDJSON stream."""
+
+_BODY_SCHEMAS: dict[str, dict[str, Any]] = {
+    NDJSON: {
+        **_TEXT_SCHEMAS[NDJSON],
+        "minItems": 1,
+        "description": "the events, JSON objects, one per line (at least one: a body without "
+        "an event is a 400); their integers within 64 bits",
+    },
+    YAML: {
+        "type": "object",
+        "description": "a configuration document in YAML or JSON, its sections (kafka, "
+        "redis, maps, ...) at the top: a mapping with problems is answered with them "
+        "(valid: false), as is text the YAML parser cannot read; a document that is not a "
+        "mapping (a string, a list, only comments) is a 400",
+    },
+}
+"""What a body given by its media type holds. A schema describes the value its media type
+decodes to, as OpenAPI has it: a YAML body's is the configuration's mapping, not its
+text."""
 
 
 def openapi_document() -> bytes:
     """The document as JSON."""
     schemas: dict[str, Any] = {}
     paths: dict[str, Any] = {}
-    error = _schema(shapes.Error, schemas)
-    _schema(MapConfig, schemas)  # what shapes.MAP_SECTION_SCHEMA stands for
+    error = model_schema(shapes.Error, schemas)
+    model_schema(MapConfig, schemas)  # what shapes.MAP_SECTION_SCHEMA stands for
     for endpoint in ENDPOINTS:
         paths.setdefault(endpoint.path, {})[endpoint.method.lower()] = _operation(
             endpoint, schemas, error
@@ -91,16 +121,7 @@ def _operation(endpoint: Endpoint, schemas: dict[str, Any], error: dict[str, Any
     operation: dict[str, Any] = {
         "operationId": endpoint.name,
         "summary": endpoint.summary,
-        "parameters": [
-            {
-                "name": p.name,
-                "in": p.where,
-                "description": p.description,
-                "required": p.required,
-                "schema": p.schema,
-            }
-            for p in endpoint.params
-        ],
+        "parameters": parameters(endpoint.params),
         "responses": {
             str(endpoint.status): {
                 "description": "the answer",
@@ -116,24 +137,45 @@ def _operation(endpoint: Endpoint, schemas: dict[str, Any], error: dict[str, Any
         operation["security"] = [{}, {"bearer": []}]
         operation["description"] = f"The gRPC method {endpoint.rpc.lstrip('/')}."
     if endpoint.body is not None:
-        operation["requestBody"] = {"required": True, "content": _content(endpoint.body, schemas)}
+        content = _content(endpoint.body, schemas, _BODY_SCHEMAS)
+        operation["requestBody"] = {"required": True, "content": content}
     return operation
 
 
-def _content(shape: Any, schemas: dict[str, Any]) -> dict[str, Any]:
+def parameters(params: Iterable[Param]) -> list[dict[str, Any]]:
+    """The OpenAPI parameter objects of ``params``."""
+    return [
+        {
+            "name": p.name,
+            "in": p.where,
+            "description": p.description,
+            "required": p.required,
+            "schema": p.schema,
+        }
+        for p in params
+    ]
+
+
+def _content(
+    shape: Any, schemas: dict[str, Any], texts: dict[str, dict[str, Any]] = _TEXT_SCHEMAS
+) -> dict[str, Any]:
+    if isinstance(shape, tuple):
+        return {media: c for one in shape for media, c in _content(one, schemas, texts).items()}
     if shape == SSE:
-        return {SSE: {"schema": _event(schemas)}}
+        return {SSE: {"schema": change_events(schemas)}}
     if isinstance(shape, str):
-        return {shape: {"schema": _TEXT_SCHEMAS.get(shape, {"type": "string"})}}
+        return {shape: {"schema": texts.get(shape, {"type": "string"})}}
     if issubclass(shape, Message):
         return {JSON: {"schema": shapes.message_schema(shape.DESCRIPTOR, schemas)}}
-    return {JSON: {"schema": _schema(shape, schemas)}}
+    return {JSON: {"schema": model_schema(shape, schemas)}}
 
 
-def _event(schemas: dict[str, Any]) -> dict[str, Any]:
+def change_events(schemas: dict[str, Any]) -> dict[str, Any]:
     """One Server-Sent Event of ``changes``, as OpenAPI before 3.2 describes a stream's items:
     a change, or the error that ends the stream, its JSON in ``data``."""
-    data = {"oneOf": [_schema(shapes.ChangeEvent, schemas), _schema(shapes.Error, schemas)]}
+    data = {
+        "oneOf": [model_schema(shapes.ChangeEvent, schemas), model_schema(shapes.Error, schemas)]
+    }
     return {
         "type": "object",
         "properties": {
@@ -145,7 +187,8 @@ def _event(schemas: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _schema(model: type[pydantic.BaseModel], schemas: dict[str, Any]) -> dict[str, Any]:
+def model_schema(model: type[pydantic.BaseModel], schemas: dict[str, Any]) -> dict[str, Any]:
+    """A reference to ``model``'s schema, added to ``schemas`` with those it refers to."""
     doc = model.model_json_schema(ref_template="#/components/schemas/{model}")
     schemas.update(doc.pop("$defs", {}))
     schemas[model.__name__] = doc

@@ -13,14 +13,16 @@ from typing import Any
 
 import grpc
 import pydantic
+import yaml
 from aiohttp import web
 
 from materializer.v1 import common_pb2 as common
 from query_service.http import shapes
 from query_service.http.calls import HttpAbort
-from query_service.http.endpoints import OFFSETS_ITEM, TIMEOUT, Param
+from query_service.http.endpoints import CHANGE_ID, OFFSETS_ITEM, TIMEOUT, Param
 
 _OFFSETS_ITEM = re.compile(OFFSETS_ITEM)
+_CHANGE_ID = re.compile(CHANGE_ID["pattern"])
 
 
 def invalid(message: str) -> HttpAbort:
@@ -103,3 +105,46 @@ async def json_body(request: web.Request, model: type[shapes._Shape]) -> Any:
         problem = exc.errors()[0]
         where = ".".join(str(p) for p in problem["loc"]) or "body"
         raise invalid(f"{where}: {problem['msg']}") from None
+
+
+def change_id_param(request: web.Request) -> str:
+    """Where a change stream resumes: ``Last-Event-ID`` (a browser's ``EventSource`` sends it
+    on reconnecting), else ``after``; a value that is not a change id is a 400 naming the
+    one it came from. A header is any bytes, which no protobuf string may carry."""
+    name, value = "Last-Event-ID", request.headers.get("Last-Event-ID")
+    if not value:
+        name, value = "after", request.query.get("after", "")
+    if not _CHANGE_ID.fullmatch(value):
+        raise invalid(f"{name}: {value!r} is not a change id (such as 1700000000000-0, or 0)")
+    return value
+
+
+async def config_body(request: web.Request) -> str:
+    """A configuration document to validate: YAML or JSON whose top is a mapping, as the
+    document's schema of the body says. What is not a configuration at all (a string, a
+    list, only comments) is a 400; a mapping's problems are the validation's answer, and so
+    is text that is not YAML (the parser's message says where). An empty body is the
+    servicer's own 400."""
+    raw = await request.read()
+    try:
+        text = raw.decode(request.charset or "utf-8")
+    except (UnicodeDecodeError, LookupError) as exc:
+        raise invalid(f"config: not text in {request.charset or 'utf-8'}: {exc}") from None
+    if text.strip() and not _is_mapping(text):
+        raise invalid(
+            "config: not a mapping; send a configuration document (YAML or JSON), its "
+            "sections (kafka, redis, maps, ...) at the top"
+        )
+    return text
+
+
+def _is_mapping(text: str) -> bool:
+    """Whether the document's top node is a mapping, from the parser's first events only:
+    the servicer parses the whole document."""
+    try:
+        for event in yaml.parse(text, Loader=yaml.SafeLoader):
+            if isinstance(event, yaml.NodeEvent):
+                return isinstance(event, yaml.MappingStartEvent)
+    except yaml.YAMLError:
+        return True  # not YAML: the servicer reports the parser's problem
+    return False  # no document, or only comments

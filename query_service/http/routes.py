@@ -51,6 +51,8 @@ from query_service.http.json_answers import (
 from query_service.http.params import (
     body_offsets,
     bool_param,
+    change_id_param,
+    config_body,
     int_param,
     invalid,
     json_body,
@@ -197,10 +199,9 @@ class HttpFront:
 
     async def changes(self, request: web.Request) -> web.StreamResponse:
         """``Watch`` as Server-Sent Events: ``id`` the change id, ``data`` a ``ChangeEvent``."""
-        after = request.headers.get("Last-Event-ID") or request.query.get("after", "")
         call = map_pb.WatchRequest(
             map=request.match_info["map"],
-            after_change_id=after,
+            after_change_id=change_id_param(request),
             include_entities=bool_param(request, "include_entities"),
             keys=list_param(request, "keys"),
         )
@@ -332,7 +333,7 @@ class HttpFront:
 
     async def validate(self, request: web.Request) -> web.Response:
         """``ValidateConfig`` of the body, a configuration document."""
-        text = await request.text()
+        text = await config_body(request)
         answer = await self._validate(
             admin_pb.ValidateConfigRequest(config=text), HttpContext(request)
         )

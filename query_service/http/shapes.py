@@ -330,10 +330,34 @@ SqlValue = None | bool | int | float | str
 (``$1::timestamp``)."""
 
 
+def _word(word: str) -> str:
+    """``word`` in any case, as a JSON Schema pattern (ECMA-262 has no case flag)."""
+    return "".join(f"[{c.upper()}{c.lower()}]" for c in word)
+
+
+SQL_QUERY = (
+    "(^|[^A-Za-z0-9_$])("
+    + "|".join(_word(w) for w in ("select", "with", "from", "values"))
+    + ")([^A-Za-z0-9_$]|$)"
+)
+"""What every statement the service runs holds: a query's keyword (SELECT, WITH, FROM,
+VALUES), as a word. The pattern says no more than that, as SQL is not a regular language:
+text without one is refused by the server's parse too, and what else the parse refuses
+is a 400 naming ``sql``."""
+
+
 class SqlBody(_Shape):
     """One SELECT or WITH statement over the maps, each map a table by its name."""
 
-    sql: str = Field(min_length=1, description="the statement; parameters are $1, $2, ...")
+    sql: str = Field(
+        min_length=1,
+        description="one query in PostgreSQL's syntax as DataFusion reads it: a SELECT or "
+        "WITH statement, its set operations (UNION, INTERSECT, EXCEPT) and a query in "
+        "parentheses included; parameters are $1, $2, ... Any other statement (INSERT, SET, "
+        "EXPLAIN, a bare expression such as 0), a second statement, a table function or text "
+        "that does not parse is refused with a 400 whose message starts with 'sql: '",
+        json_schema_extra={"pattern": SQL_QUERY},
+    )
     params: list[SqlValue] = Field(default_factory=list, description="the values of $1, $2, ...")
     min_offsets: Offsets = Field(
         default_factory=dict,

@@ -29,6 +29,7 @@ from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
 from query_service.http import shapes
 from query_service.http.endpoints import ENDPOINTS
+from query_service.http.enrichment import MAX_LINE_BYTES
 from tests.helpers.query_redis import Front, fresh_map, make_config, serve_http, write_batch
 
 READER = "reader-token-0123456789"
@@ -203,6 +204,17 @@ def test_enrich_ndjson_matches_grpc_enrich(redis_url: str, map_name: str) -> Non
         # A bad spec is a 400 before any line.
         bad = await f.json("POST", "/v1/enrich?spec={", status=400, data=b"{}\n")
         assert "spec" in bad["error"]["message"]
+        # An event far longer than a read buffer is taken whole; one longer than the limit
+        # is a 413 naming its line, before any answer.
+        padded = orjson.dumps({"order": 0, "user": "u1", "pad": "x" * (1 << 20)})
+        (long,) = await enrich(padded + b"\n")
+        assert long["event"]["u"] == {"id": "u1", "name": "n1"}
+        assert len(long["event"]["pad"]) == 1 << 20
+        too_long = b'{"pad": "' + b"x" * MAX_LINE_BYTES + b'"}\n'
+        huge = await f.json(
+            "POST", url.removeprefix(f.base), status=413, data=events[0] + b"\n" + too_long
+        )
+        assert huge["error"]["message"] == f"line 2: longer than {MAX_LINE_BYTES} bytes"
 
     serve_http(cfg, body)
 
