@@ -7,8 +7,10 @@ committed; an aggregate map counts each event, so an event folded twice shows.""
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import random
+import re
 import sys
 import threading
 import time
@@ -17,6 +19,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 import pytest
@@ -27,6 +30,7 @@ from redis.cluster import RedisCluster as ClusterClient
 
 from materializer.config import AppConfig, parse_config
 from materializer.group.fencing import take_over
+from materializer.redis.functions import FENCED, LATEST, PUT
 from materializer.testing import free_port, produce
 from materializer.testing.group import running_workers
 from materializer.testing.object_store import S3Server
@@ -34,6 +38,7 @@ from materializer.testing.process import ManagedProcess
 from materializer.testing.redis import RedisCluster
 from materializer.testing.reference import fold_aggregate, fold_latest
 from materializer.testing.waiting import wait_until
+from tests.helpers.held_writes import HeldWrites
 from tests.helpers.query_redis import front
 from tests.helpers.slices import (
     FIELDS,
@@ -131,8 +136,12 @@ class Group:
         self._tmp, self._config_file = tmp, config_file
         self.workers: dict[str, ManagedProcess] = {}
 
-    def start(self, name: str, metrics_port: int = 0) -> ManagedProcess:
-        args = [sys.executable, "-m", "materializer", "run", "-c", str(self._config_file)]
+    def start(
+        self, name: str, metrics_port: int = 0, config_file: Path | None = None
+    ) -> ManagedProcess:
+        """Start worker ``name``, with the group's config file or one of its own."""
+        config = self._config_file if config_file is None else config_file
+        args = [sys.executable, "-m", "materializer", "run", "-c", str(config)]
         args += ["--metrics-port", str(metrics_port)]
         env = {**os.environ, "MATERIALIZER_WORKER_ID": name}
         self.workers[name] = ManagedProcess(args, self._tmp / f"{name}.log", env=env)
@@ -255,39 +264,63 @@ def test_a_worker_paused_past_its_session_is_fenced_and_writes_nothing_more(
     doc = group_config(tmp_path, kafka_bootstrap, redis_url, topics, f"fenced-{tag}")
     cfg = parse_config(doc)
     group = group_of(doc)
-    with Stream(kafka_bootstrap, list(topics.values())) as stream:
-        group.start("w1")
+    server = urlsplit(redis_url)
+    assert server.hostname is not None and server.port is not None
+    with HeldWrites((server.hostname, server.port)) as writes:
+        # w1 reaches Redis through the proxy, which can hold the write it has in flight.
+        own = copy.deepcopy(doc)
+        own["redis"]["url"] = urlunsplit(server._replace(netloc=f"127.0.0.1:{writes.port}"))
+        w1_config = tmp_path / "w1.yaml"
+        w1_config.write_text(yaml.safe_dump(own))
+        stream = Stream(kafka_bootstrap, list(topics.values()))  # bursts by hand, no thread
+        w1 = group.start("w1", config_file=w1_config)
         group.start("w2")
         group.wait(
             "each worker to run one map",
             lambda: sorted(running_workers(redis_client, names).values()) == ["w1", "w2"],
         )
         lost = next(n for n, w in running_workers(redis_client, names).items() if w == "w1")
-        group.workers["w1"].pause()  # SIGSTOP to its process group: driver, JVM, workers
+        claims = re.findall(rf"map {lost} taken over by worker w1 \(epoch (\d+)\)", w1.log())
+        assert claims, w1.tail()
+        epoch = int(claims[-1])  # its last claim: the group may have moved the map before
+
+        # w1 pauses in the middle of a batch of its map, its write not yet sent.
+        function = PUT if lost.endswith("agg") else LATEST
+        writes.arm(b"FCALL\r\n$%d\r\n%s\r\n" % (len(function), function.encode()))
+        stream.burst()
+        group.wait("w1 to send its next write of the map", writes.held.is_set)
+        w1.pause()  # SIGSTOP to its process group: driver, JVM, workers
         group.wait(
             "w2 to take over the paused worker's map",
             lambda: running_workers(redis_client, names) == dict.fromkeys(names, "w2"),
         )
         stream.burst()  # folded by w2 while w1 sleeps on its batch
-        group.workers["w1"].resume()
-        group.wait(
-            "w1 to learn that it lost its map",
-            lambda: (
-                f"map {lost}: " in group.workers["w1"].log()
-                and (
-                    "fenced" in group.workers["w1"].log()
-                    or "lost to the group" in group.workers["w1"].log()
-                )
-            ),
+        expected = reference(lost, stream.events[topics[lost]])
+        group.wait("w2 to fold the map", lambda: redis_map(redis_client, lost) == expected)
+
+        # The late write reaches Redis after w2's claim: the fold's function refuses it.
+        writes.release()
+        wait_until("Redis to answer the late write", lambda: FENCED.encode() in writes.replies)
+        refusal = bytes(writes.replies).decode()
+        assert refusal.startswith(f"-{FENCED} epoch {epoch} is no longer"), refusal
+        assert redis_map(redis_client, lost) == expected
+
+        # Woken, w1 reads the refusal: the map's batch fails on it, and its log says why.
+        w1.resume()
+        fence = (
+            f"map {lost}: fenced: another worker took the map over "
+            f"(this worker's epoch {epoch} is older than the owner's"
         )
+        group.wait("w1 to log the fence", lambda: fence in w1.log())
         # It goes on: back in the group, it takes a fair share again.
         group.wait(
             "w1 to run a map again",
             lambda: sorted(running_workers(redis_client, names).values()) == ["w1", "w2"],
         )
-        assert group.workers["w1"].alive(), group.workers["w1"].tail()
-    stream.burst()
-    assert_equal_to_reference(redis_client, cfg, stream, topics, kafka_bootstrap)
+        assert w1.alive(), w1.tail()
+        stream.burst()
+        assert_equal_to_reference(redis_client, cfg, stream, topics, kafka_bootstrap)
+        group.stop()  # before the proxy goes
 
 
 @pytest.mark.timeout(900)
