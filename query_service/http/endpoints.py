@@ -263,6 +263,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     Endpoint("GET", "/healthz", "healthz", "The process is up"),
     Endpoint("GET", "/readyz", "readyz",
              "Redis answers (and the map, with ?map=, is not being restored): 200, else 503",
-             params=(Param("map", "query", "one map's readiness"),)),
+             params=(Param("map", "query", "one map's readiness (a map's name: else 400)",
+                           {"type": "string", "pattern": MAP_NAME.pattern}),)),
     Endpoint("GET", "/openapi.json", "openapi", "This document", answer=JSON),
 )  # fmt: skip

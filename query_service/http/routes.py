@@ -18,6 +18,7 @@ import orjson
 from aiohttp import web
 from google.protobuf import json_format
 
+from materializer.config import MAP_NAME
 from materializer.v1 import admin_service_pb2 as admin_pb
 from materializer.v1 import common_pb2 as common
 from materializer.v1 import enrich_service_pb2 as enrich_pb
@@ -347,6 +348,11 @@ class HttpFront:
         """Readiness: Redis answers, and with ``map`` that map is neither being restored nor
         catching up (the answer says which)."""
         name = request.query.get("map")
+        if name is not None and not MAP_NAME.fullmatch(name):
+            return error_response(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"map: {name!r} is not a map's name (it must match {MAP_NAME.pattern})",
+            )
         ok = self._health.serving if name is None else self._health.map_serving(name)
         if ok:
             return json_response({"status": "SERVING"})

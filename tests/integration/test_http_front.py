@@ -248,6 +248,10 @@ def test_admin_in_kafka_connect_shapes(
         assert checked["valid"] is False and any("maps.m" in p for p in checked["problems"])
         assert (await f.json("GET", "/healthz")) == {"status": "SERVING"}
         assert (await f.json("GET", "/readyz")) == {"status": "SERVING"}
+        # A readiness probe naming no map, or not a map's name, is the caller's mistake.
+        for bad_name in ("", "no such/map"):
+            refused = await f.json("GET", "/readyz", params={"map": bad_name}, status=400)
+            assert refused["error"]["message"].startswith(f"map: {bad_name!r} is not a map's name")
 
     serve_http(cfg, body)
 
