@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import random
+import re
 import shutil
 import statistics
 import sys
@@ -211,10 +212,11 @@ def round_of(
         for path in (work / root).glob(f"{name}*")
     )
     log = front.run.log()
+    # The run says who made each change ("map X created by api-user (version 1)").
     figures["run_logged"] = {
-        "created": f"map {name} created (version 1)" in log,
-        "changed": f"map {name} changed (version 2)" in log,
-        "deleted": f"map {name} deleted" in log,
+        "created": re.search(rf"map {name} created by \S+ \(version 1\)", log) is not None,
+        "changed": re.search(rf"map {name} changed by \S+ \(version 2\)", log) is not None,
+        "deleted": f"map {name} deleted by " in log,
     }
     return figures, windows
 
