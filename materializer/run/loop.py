@@ -5,7 +5,6 @@ drains every map and closes what it opened."""
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -31,7 +30,6 @@ from materializer.runtime.progress import BatchLog
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-log = logging.getLogger(__name__)
 
 LOOP_SECONDS = 0.5
 

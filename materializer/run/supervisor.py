@@ -3,7 +3,6 @@ lifecycle, its catch-up pacing, the rebuilds under way) and obeying operators.""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -21,8 +20,6 @@ from materializer.runtime.progress import BatchLog
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-log = logging.getLogger(__name__)
 
 
 class Supervisor:
