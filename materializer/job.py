@@ -89,15 +89,17 @@ def records(
     map_name: str,
     until: dict[str, dict[int, int]] | None = None,
     max_records: int | None = None,
+    starting_offsets: str | None = None,
 ) -> DataFrame:
     """The map's records decoded and keyed, errors marked but not yet removed.
 
     With ``until`` (next offsets per topic and partition), only the records
     before it: a replay that must end exactly where another copy stands.
     ``max_records``: at most that many a batch, whatever ``spark.max_offsets_per_trigger``.
+    ``starting_offsets``: where the query starts instead of ``source.starting_offsets``.
     """
     map_config = config.map(map_name)
-    source = read_source(spark, config, map_config, max_records)
+    source = read_source(spark, config, map_config, max_records, starting_offsets)
     if until is not None:
         source = source.where(before_offsets(until))
     with map_key_paths(map_name):
@@ -127,6 +129,55 @@ def map_key_paths(map_name: str) -> Iterator[None]:
         yield
     except ConfigError as exc:
         raise ConfigError(exc.source, [f"maps.{map_name}.{p}" for p in exc.problems]) from None
+
+
+def map_fold(
+    config: AppConfig,
+    map_name: str,
+    generation: int = 0,
+    side_outputs: bool = True,
+    owner: Ownership | None = None,
+) -> RedisFold:
+    """The map's fold into Redis and its changelog (and dead letters with ``side_outputs``),
+    the topics made ready: what its fold query applies each batch with, on either path."""
+    map_config = config.map(map_name)
+    physical = physical_name(map_name, generation)
+    changelog = changelog_topic(config, map_name, generation)
+    max_record_bytes = ensure_changelog_topic(config, map_name, changelog)
+    letters = None
+    if side_outputs and map_config.on_error == "dead_letter":
+        letters = dead_letter_topic(config, map_name)
+        # One producer sends both: it takes the bigger of the two topics' records.
+        limit = ensure_dead_letter_topic(config, map_name, letters)
+        max_record_bytes = max(max_record_bytes, limit)
+    ttl_ms = expiry_ms(map_config.ttl.redis if map_config.ttl else None)
+    target = FoldTarget(
+        redis=config.redis,
+        map_name=physical,
+        changelog_topic=changelog,
+        producer=producer_settings(config.kafka, max_record_bytes),
+        dead_letter_topic=letters,
+        ttl_ms=ttl_ms,
+        changes_max_len=map_config.changes.max_len,
+        deleted_retention_ms=int(map_config.fold.deleted_retention.total_seconds() * 1000),
+        epoch=None if owner is None else owner.epoch,
+        transactional_id=None if owner is None else owner.transactional_id,
+    )
+    typer = None
+    if is_inferred(map_config):
+        typer = EntityTyper(table_path(config, physical), table_meta(map_config))
+    one_partition_per_key = (
+        map_config.key == KAFKA_KEY
+        and len(map_config.source.topics) == 1
+        and not any(t.type == "value_to_key" for t in map_config.transforms)
+    )
+    return RedisFold(
+        target,
+        map_config.fold,
+        fail_on_error=map_config.on_error == "fail",
+        typer=typer,
+        spread_keys=not one_partition_per_key,
+    )
 
 
 def start_map(
@@ -171,42 +222,7 @@ def start_map(
     keyed = records(spark, config, map_name, until, max_records)
     checkpoint = Checkpoint(spark, checkpoint_path(config, physical, "fold"))
     checkpoint.drop_unfinished_writes()
-    changelog = changelog_topic(config, map_name, generation)
-    max_record_bytes = ensure_changelog_topic(config, map_name, changelog)
-    letters = None
-    if side_outputs and map_config.on_error == "dead_letter":
-        letters = dead_letter_topic(config, map_name)
-        # One producer sends both: it takes the bigger of the two topics' records.
-        limit = ensure_dead_letter_topic(config, map_name, letters)
-        max_record_bytes = max(max_record_bytes, limit)
-    ttl_ms = expiry_ms(map_config.ttl.redis if map_config.ttl else None)
-    target = FoldTarget(
-        redis=config.redis,
-        map_name=physical,
-        changelog_topic=changelog,
-        producer=producer_settings(config.kafka, max_record_bytes),
-        dead_letter_topic=letters,
-        ttl_ms=ttl_ms,
-        changes_max_len=map_config.changes.max_len,
-        deleted_retention_ms=int(map_config.fold.deleted_retention.total_seconds() * 1000),
-        epoch=None if owner is None else owner.epoch,
-        transactional_id=None if owner is None else owner.transactional_id,
-    )
-    typer = None
-    if is_inferred(map_config):
-        typer = EntityTyper(table_path(config, physical), table_meta(map_config))
-    one_partition_per_key = (
-        map_config.key == KAFKA_KEY
-        and len(map_config.source.topics) == 1
-        and not any(t.type == "value_to_key" for t in map_config.transforms)
-    )
-    redis_fold = RedisFold(
-        target,
-        map_config.fold,
-        fail_on_error=map_config.on_error == "fail",
-        typer=typer,
-        spread_keys=not one_partition_per_key,
-    )
+    redis_fold = map_fold(config, map_name, generation, side_outputs, owner)
     with map_key_paths(map_name):
         events = redis_fold.events(keyed)
         entity = redis_fold.entity_type(keyed)
@@ -222,7 +238,7 @@ def start_map(
         checkpoint.end_offsets,
         checkpoint.batch_time_ms,
         None if metrics is None else functools.partial(_report_applied, metrics, map_name),
-        ChangelogEnds(config.kafka, changelog),
+        ChangelogEnds(config.kafka, redis_fold.target.changelog_topic),
     )
     sinks: list[Sink] = [fold_sink]
     if side_outputs and map_config.history:

@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -163,8 +164,9 @@ class RedisFold:
         """The entity's struct (a schemaless map's: its document); checks the fold's config."""
         return self.mode.entity_type(records)
 
-    def arrow_columns(self, events: DataFrame) -> DataFrame:
-        """The columns ``apply_batches`` reads from a batch of ``events``, computed in the JVM.
+    def arrow_columns(self, events: DataFrame, keep: Sequence[str] = ()) -> DataFrame:
+        """The columns ``apply_batches`` reads from a batch of ``events``, computed in the JVM,
+        after the columns of ``events`` named in ``keep``.
 
         The expressions are built once: building them costs more py4j round trips
         than a small batch takes to compute.
@@ -188,7 +190,7 @@ class RedisFold:
                 # several times more to hand over than flat ones, even when all null.
                 F.when(failed, F.to_json(headers)).alias(LETTER_HEADERS),
             ]
-        return events.select(*self._columns)
+        return events.select(*[F.col(name) for name in keep], *self._columns)
 
     def apply(
         self,

@@ -91,7 +91,7 @@ class Writer:
             else per_master(self.client, target.map_name, expiry_index_key)
         )
 
-    def _fixed(self, node: Any) -> list[bytes]:
+    def fixed_args(self, node: Any = None) -> list[bytes]:
         """The writing functions' first arguments on ``node``: its marker, how long a
         deleted entity's state stays, its expiry index, the owner key and the epoch."""
         name = "" if node is None else node.name
@@ -114,7 +114,7 @@ class Writer:
         """Apply each key's winning record; each key with its state after the call."""
         name = self.target.map_name
         for node, chunk in self._chunks(winners):
-            args = self._fixed(node)
+            args = self.fixed_args(node)
             for key, (order, value) in chunk:
                 args += [entity_key(name, key).encode(), state_key(name, key), order.encode()]
                 args.append(b"" if value is None else value)
@@ -137,7 +137,7 @@ class Writer:
             for _ in range(CONFLICT_ROUNDS):
                 read = self._read([key for key, _ in pending], node)
                 writes: list[tuple[str, bytes | None]] = []
-                put = self._fixed(node)
+                put = self.fixed_args(node)
                 retry = []
                 unchanged = []
                 for (key, events), (before, current) in zip(pending, read, strict=True):

@@ -46,13 +46,20 @@ def kafka_options(
 
 
 def read_source(
-    spark: SparkSession, config: AppConfig, map_config: MapConfig, max_records: int | None = None
+    spark: SparkSession,
+    config: AppConfig,
+    map_config: MapConfig,
+    max_records: int | None = None,
+    starting_offsets: str | None = None,
 ) -> DataFrame:
     """The map's topics as a stream of raw records, columns renamed to ``__key``, ``__value``...;
-    at most ``max_records`` a batch when given."""
+    at most ``max_records`` a batch when given. ``starting_offsets`` (Spark's JSON of
+    offsets per partition) replaces the map's ``source.starting_offsets`` where a query
+    starts from positions kept elsewhere (``materializer.live``)."""
     src = map_config.source
     reader = spark.readStream.format("kafka")
-    options = kafka_options(config, src.topics, src.starting_offsets, max_records)
+    starting = src.starting_offsets if starting_offsets is None else starting_offsets
+    options = kafka_options(config, src.topics, starting, max_records)
     for key, value in options.items():
         reader = reader.option(key, value)
     raw = reader.load()
