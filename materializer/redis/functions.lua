@@ -93,6 +93,17 @@ local function write(args, entity, state_key, state, value)
   end
 end
 
+-- Applies a record whose order is greater than the stored one: 1 when applied, else the
+-- entity's current value (false: none).
+local function later(args, entity, state_key, order, value)
+  local current = redis.call('GET', state_key)
+  if (not current) or after(order, current) then
+    write(args, entity, state_key, order, value)
+    return 1
+  end
+  return redis.call('GET', entity)
+end
+
 -- ARGV after the ten: per record its entity key, state key, order and value ('' deletes).
 -- Applies a record whose order is greater than the stored one. Returns per record 1
 -- when applied, else the entity's current value (false: none).
@@ -101,15 +112,58 @@ local function latest(keys, args)
   if refusal then return refusal end
   local out = {}
   for i = 0, (#args - 10) / 4 - 1 do
-    local entity, state_key = args[11 + 4 * i], args[12 + 4 * i]
-    local order, value = args[13 + 4 * i], args[14 + 4 * i]
-    local current = redis.call('GET', state_key)
-    if (not current) or after(order, current) then
-      write(args, entity, state_key, order, value)
-      out[i + 1] = 1
-    else
-      out[i + 1] = redis.call('GET', entity)
+    out[i + 1] = later(args, args[11 + 4 * i], args[12 + 4 * i], args[13 + 4 * i],
+      args[14 + 4 * i])
+  end
+  return out
+end
+
+-- The real-time path's call (``materializer.live``): ARGV after the ten are the map's
+-- watermark hash and the writer's app id, then per record its topic, partition, offset,
+-- entity key, state key, order ('' for a record that failed) and value ('' deletes).
+-- A record at or past its partition's next offset in the watermark is new: it applies as
+-- in ``latest`` (a failed one only moves the position), and the watermark's next offset
+-- moves past it, in the same atomic call. One before it was applied already (the replay
+-- of a batch after a restart) and changes nothing. So the call is idempotent by source
+-- position, whatever batches the records come in. Returns per record 1 when applied,
+-- 0 for a new record that failed, -1 for one already applied that failed, else the
+-- entity's current value (false: none), which the changelog then carries again: a query
+-- starts where Kafka took its last transaction, so the records it reads that the
+-- watermark has passed are those whose changelog and dead letters may be missing.
+local function live(keys, args)
+  local refusal = refused(args)
+  if refusal then return refusal end
+  local meta = args[11]
+  local raw = redis.call('HGET', meta, 'offsets')
+  local offsets = {}
+  if raw then offsets = cjson.decode(raw) end
+  local moved = false
+  local out = {}
+  for i = 0, (#args - 12) / 7 - 1 do
+    local b = 13 + 7 * i
+    local topic, partition, offset = args[b], args[b + 1], tonumber(args[b + 2])
+    local entity, state_key, order, value = args[b + 3], args[b + 4], args[b + 5], args[b + 6]
+    local parts = offsets[topic]
+    if parts == nil then
+      parts = {}
+      offsets[topic] = parts
     end
+    local next_offset = parts[partition]
+    if next_offset ~= nil and offset < tonumber(next_offset) then
+      if order == '' then out[i + 1] = -1 else out[i + 1] = redis.call('GET', entity) end
+    else
+      parts[partition] = offset + 1
+      moved = true
+      if order == '' then
+        out[i + 1] = 0
+      else
+        out[i + 1] = later(args, entity, state_key, order, value)
+      end
+    end
+  end
+  if moved then
+    redis.call('HSET', meta, 'offsets', cjson.encode(offsets), 'batch_id', args[3],
+      'app_id', args[12], 'updated_at_ms', now_ms())
   end
   return out
 end
@@ -226,6 +280,8 @@ redis.register_function{function_name='materializer_put_v3',
   callback=function(keys, args) return put(keys, unowned(args)) end,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_latest_v4', callback=latest,
+  flags={'allow-cross-slot-keys'}}
+redis.register_function{function_name='materializer_live_v5', callback=live,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_read_v3', callback=read,
   flags={'no-writes', 'allow-cross-slot-keys'}}

@@ -36,6 +36,9 @@ LEGACY = ("materializer_latest_v3", "materializer_put_v3")
 """The writing functions of the previous release, with its arguments (no owner, no
 epoch): kept so that its workers and this release's run side by side in a rolling
 upgrade without replacing each other's library."""
+LIVE = "materializer_live_v5"
+"""The real-time path's writing function: ``latest`` idempotent by source position, the
+watermark's offsets moved in the same call (``materializer.live``)."""
 FILL = "materializer_fill_v3"
 EXPIRE = "materializer_expire_v3"
 
