@@ -66,7 +66,7 @@ def spark_conf(
     With ``object_store``, hadoop-aws and its AWS SDK join the jars (only then: a session
     without one has no use for them) and the S3A client gets its endpoint and credentials.
     """
-    local_jars = jars("spark") + (jars("s3") if object_store is not None else [])
+    local_jars = jars("spark") + jars("live") + (jars("s3") if object_store is not None else [])
     conf = {
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",

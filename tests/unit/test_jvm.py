@@ -98,3 +98,31 @@ def test_hadoop_aws_matches_the_hadoop_pyspark_ships():
     # hadoop-aws's own Hadoop dependencies are pyspark's: none may come twice.
     bundled = {_artifact(p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
     assert not [n for n in s3 if _artifact(n) in bundled]
+
+
+def _provided(module: str) -> dict[str, str]:
+    """The provided dependencies of a jvm/ module: artifact to version."""
+    tree = ET.parse(ROOT / "jvm" / module / "pom.xml")
+    out = {}
+    for dep in tree.iterfind("m:dependencies/m:dependency", NS):
+        if dep.findtext("m:scope", namespaces=NS) == "provided":
+            artifact = dep.findtext("m:artifactId", namespaces=NS) or ""
+            out[artifact] = dep.findtext("m:version", namespaces=NS) or ""
+    return out
+
+
+def test_the_live_writer_compiles_against_the_jars_it_runs_with():
+    """jvm/live is compiled against Spark, Scala, the Kafka client and gson, and finds them at
+    run time in pyspark's jars and lib/spark: the versions must be those, and none of them
+    may be copied into lib/live a second time."""
+    live = [p.name for p in jars("live")]
+    assert "materializer-live.jar" in live
+    bundled = {p.name for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
+    beside = {p.name for p in jars("spark")}
+    provided = _provided("live")
+    assert provided["spark-sql-api_${scala.binary}"] == "${spark.version}"
+    for artifact in ("scala-library", "gson"):
+        assert f"{artifact}-{provided[artifact]}.jar" in bundled, artifact
+    assert f"kafka-clients-{provided['kafka-clients']}.jar" in beside
+    present = {_artifact(n) for n in bundled | beside}
+    assert not [n for n in live if _artifact(n) in present]

@@ -1,0 +1,55 @@
+package io.materializer.live;
+
+import com.google.gson.Gson;
+import java.io.Serializable;
+import java.util.List;
+import java.util.Map;
+
+/**
+ * What a real-time query's writer needs to know, as {@code materializer.live.spec} writes it:
+ * where Redis is, the Kafka producer's settings, and per map (by its index in the query's
+ * {@code map} column) the function to call with its fixed arguments and the topics its
+ * changelog and dead letters go to. The writer knows nothing of the maps' key layout or
+ * fold: Python computes both, once, for the micro-batch path and this one.
+ */
+final class Spec implements Serializable {
+  private static final long serialVersionUID = 1L;
+
+  String redisUrl;
+  String appId;
+  Map<String, String> producer;
+  List<MapSpec> maps;
+
+  /** One map's calls. {@code fixed} are the function's first ten arguments; the third, the
+   * batch id, is left empty and filled in with the real-time batch's id. */
+  static final class MapSpec implements Serializable {
+    private static final long serialVersionUID = 1L;
+    String name;
+    String function;
+    List<String> fixed;
+    String meta;
+    String changelog;
+    String deadLetters;
+    /** The map's real-time group, where each transaction commits the position after it. */
+    String group;
+    /** The prefix of its producers' transactional ids, the source partition after it. */
+    String transactionalId;
+  }
+
+  static Spec parse(String json) {
+    Spec spec = new Gson().fromJson(json, Spec.class);
+    if (spec.redisUrl == null || spec.maps == null || spec.maps.isEmpty() || spec.producer == null
+        || spec.appId == null) {
+      throw new IllegalArgumentException(
+          "a live writer's spec needs redisUrl, appId, producer and maps");
+    }
+    for (MapSpec m : spec.maps) {
+      if (m.fixed == null || m.fixed.size() != 10 || m.function == null || m.meta == null
+          || m.group == null || m.transactionalId == null || m.changelog == null) {
+        throw new IllegalArgumentException(
+            "map " + m.name + ": function, meta, changelog, group, transactionalId and 10 fixed arguments");
+      }
+    }
+    return spec;
+  }
+}
