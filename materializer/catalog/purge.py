@@ -15,7 +15,7 @@ import pyarrow.fs as pafs
 from materializer.clients.kafka_offsets import admin_client
 from materializer.clients.redis import Client, connect
 from materializer.config import AppConfig
-from materializer.config.names import MAP_GROUP, changelog_topic, checkpoint_path
+from materializer.config.names import LIVE_GROUP, MAP_GROUP, changelog_topic, checkpoint_path
 from materializer.contract.redis_layout import (
     MAP_SUFFIXES,
     generation_key,
@@ -128,10 +128,13 @@ def purge(config: AppConfig, map_name: str) -> list[str]:
             removed.append(f"Redis keys {', '.join(keys)}")
     finally:
         client.close()
-    group = MAP_GROUP.format(map=map_name)
     admin = admin_client(config.kafka)
-    if any(g.group_id == group for g in admin.list_consumer_groups().result().valid):
-        admin.delete_consumer_groups([group], request_timeout=KAFKA_TIMEOUT_SECONDS)[group].result()
-        removed.append(f"consumer group {group}")
+    listed = {g.group_id for g in admin.list_consumer_groups().result().valid}
+    for group in (MAP_GROUP.format(map=map_name), LIVE_GROUP.format(map=map_name)):
+        if group in listed:
+            admin.delete_consumer_groups([group], request_timeout=KAFKA_TIMEOUT_SECONDS)[
+                group
+            ].result()
+            removed.append(f"consumer group {group}")
     log.info("map %s purged: %s", map_name, "; ".join(removed) or "nothing was left")
     return removed

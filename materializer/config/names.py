@@ -12,6 +12,10 @@ from materializer.config import AppConfig
 MAP_GROUP = "materializer.{map}"
 """The consumer group a map's offsets are committed to; ``{map}`` stands for the map's name."""
 
+LIVE_GROUP = "materializer.{map}.live"
+"""The consumer group the real-time path commits a map's position to, in the same Kafka
+transaction as the changelog's and dead letters' records (``materializer.live``)."""
+
 
 def dead_letter_topic(config: AppConfig, map_name: str) -> str:
     """The configured dead-letter topic, or ``<map>.dlq``."""

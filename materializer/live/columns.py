@@ -1,0 +1,55 @@
+"""The columns the real-time writer reads, by name (``io.materializer.live.Record``).
+
+Each map's events leave its part of the query as the micro-batch path hands them to the
+fold (``RedisFold.arrow_columns``: key, order, the entity's JSON, a failed record's dead
+letter), with the map's index in the writer's spec, the record's source position, and its
+Redis keys, computed by Spark so that the writer knows nothing of the key layout.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from materializer import record_columns as c
+from materializer.contract.redis_layout import STATE_MARK, entity_key
+from materializer.redis.prepare import LETTER_HEADERS, LETTER_KEY, LETTER_VALUE, ORDER, VALUE
+from materializer.redis.sink import RedisFold
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame
+
+TAGGED = r"(?s)^[^{]*\{[^}].*\}"
+"""An entity key with a hash tag: a ``{`` whose next ``}`` is not right after it."""
+
+
+def state_key_column(physical: str, key: Column) -> Column:
+    """``redis_layout.state_key`` as Spark computes it for each record: ``<map>\\0o:`` and
+    the entity key's own hash tag when it has one, else the whole entity key in braces."""
+    from pyspark.sql import functions as F
+
+    entity = F.concat(F.lit(entity_key(physical, "")), key)
+    mark = F.lit(physical + STATE_MARK.decode())
+    whole = F.concat(mark, F.lit("{"), entity, F.lit("}"))
+    return F.when(entity.rlike(TAGGED), F.concat(mark, key)).otherwise(whole).cast("binary")
+
+
+def writer_columns(fold: RedisFold, events: DataFrame, index: int, physical: str) -> DataFrame:
+    """One map's events as the writer reads them; ``index``: the map's place in its spec."""
+    from pyspark.sql import functions as F
+
+    handed = fold.arrow_columns(events, keep=[c.TOPIC, c.PARTITION, c.OFFSET])
+    key = F.col(c.KEY)
+    return handed.select(
+        F.lit(index).alias("map"),
+        F.col(c.TOPIC).alias("topic"),
+        F.col(c.PARTITION).alias("partition"),
+        F.col(c.OFFSET).alias("offset"),
+        key.alias("key"),
+        F.concat(F.lit(entity_key(physical, "")), key).alias("entity"),
+        state_key_column(physical, key).alias("state"),
+        F.col(ORDER).alias("order"),
+        F.col(VALUE).alias("value"),
+        F.col(LETTER_KEY).alias("letter_key"),
+        F.col(LETTER_VALUE).alias("letter_value"),
+        F.col(LETTER_HEADERS).alias("letter_headers"),
+    )

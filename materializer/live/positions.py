@@ -1,0 +1,157 @@
+"""Where a map's real-time source starts: the position its last effects reached.
+
+The real-time writer commits, in each Kafka transaction with the changelog's and dead
+letters' records, the next source offset per partition to the map's group of its own
+(``config.names.LIVE_GROUP``): where everything before has landed, in Redis and in Kafka.
+Its calls move the Redis watermark first, so after a crash the watermark may be ahead; the
+records between are read again, Redis recognises them, and the changelog and dead letters
+get them once (their first transaction never committed).
+
+A map the micro-batch path folded last (its watermark's app id is not the real-time
+writer's) is handed over first: that path commits its watermark after the batch's
+changelog, so the watermark is exact, and it is committed to the group as the real-time
+path's position. A partition with no position starts where ``source.starting_offsets``
+says. Spark's ``startingOffsets`` JSON must name every partition, so they are asked of
+Kafka.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import orjson
+
+from materializer.clients.kafka import librdkafka
+from materializer.clients.kafka_offsets import (
+    KAFKA_TIMEOUT_SECONDS,
+    KafkaOffsetsError,
+    admin_client,
+    partition_ids,
+)
+from materializer.clients.redis import client_for
+from materializer.config import AppConfig
+from materializer.contract.redis_layout import meta_key
+from materializer.contract.watermark import Watermark
+
+EARLIEST, LATEST = -2, -1
+"""Spark's ``startingOffsets`` JSON for a partition's first and next offset."""
+
+LIVE_APP = "live"
+"""The app id the real-time writer puts in the watermark: the real-time path wrote it."""
+
+
+def starting_offsets(
+    config: AppConfig, map_name: str, physical: str, group: str, transactional_id: str
+) -> str:
+    """The map's ``startingOffsets`` JSON (see the module's docstring), once the writers of
+    the map's last query are fenced (``fence``)."""
+    map_config = config.map(map_name)
+    topics = partition_ids(admin_client(config.kafka), map_config.source.topics)
+    fence(config, transactional_id, topics)
+    watermark = Watermark.from_hash(client_for(config.redis).hgetall(meta_key(physical)))
+    if watermark is not None and watermark.app_id != LIVE_APP:
+        hand_over(config, group, watermark.offsets)
+    reached = committed(config, group, topics)
+    unread = EARLIEST if map_config.source.starting_offsets == "earliest" else LATEST
+    offsets = {
+        topic: {str(p): reached.get(topic, {}).get(p, unread) for p in partitions}
+        for topic, partitions in topics.items()
+    }
+    return orjson.dumps(offsets).decode()
+
+
+def transactional_ids(prefix: str, topics: dict[str, list[int]]) -> list[str]:
+    """The ``transactional.id`` of the writer of each source partition: the map's prefix,
+    then the partition as Kafka's Java client writes it, as ``Transactions`` names them."""
+    return [f"{prefix}.{topic}-{p}" for topic, partitions in topics.items() for p in partitions]
+
+
+def fence(config: AppConfig, prefix: str, topics: dict[str, list[int]]) -> None:
+    """Fence every writer a query of the map may have left (a process killed mid-batch):
+    Kafka aborts their open transactions, whose offset commits would otherwise hold the
+    group's positions unreadable until the transactions time out, and their producers can
+    commit nothing after."""
+    from confluent_kafka import Producer
+
+    for transactional_id in transactional_ids(prefix, topics):
+        producer = Producer(librdkafka(config.kafka, **{"transactional.id": transactional_id}))
+        try:
+            producer.init_transactions(COORDINATOR_WAIT_S)
+        finally:
+            producer.flush(0)
+
+
+def hand_over(config: AppConfig, group: str, offsets: dict[str, dict[int, int]]) -> None:
+    """Commit ``offsets`` to ``group`` as the real-time path's position."""
+    from confluent_kafka import TopicPartition
+
+    if not any(offsets.values()):
+        return
+    positions = [TopicPartition(t, p, o) for t, ps in offsets.items() for p, o in ps.items()]
+    with _group_consumer(config, group) as consumer:
+        _retried(group, lambda: consumer.commit(offsets=positions, asynchronous=False))
+
+
+def committed(
+    config: AppConfig, group: str, topics: dict[str, list[int]]
+) -> dict[str, dict[int, int]]:
+    """The positions the real-time writer committed to ``group``, per topic and partition."""
+    from confluent_kafka import TopicPartition
+
+    wanted = [TopicPartition(t, p) for t, ps in topics.items() for p in ps]
+    with _group_consumer(config, group) as consumer:
+        found = _retried(group, lambda: consumer.committed(wanted, timeout=KAFKA_TIMEOUT_SECONDS))
+    out: dict[str, dict[int, int]] = {}
+    for tp in found:
+        if tp.offset >= 0:
+            out.setdefault(tp.topic, {})[tp.partition] = tp.offset
+    return out
+
+
+@contextlib.contextmanager
+def _group_consumer(config: AppConfig, group: str) -> Iterator[Any]:
+    """A consumer of ``group`` that never subscribes: the group has no members, and the
+    broker takes its commits as it takes the admin API's (``runtime.group_offsets``)."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer(librdkafka(config.kafka, **{"group.id": group}))
+    try:
+        yield consumer
+    finally:
+        consumer.close()
+
+
+COORDINATOR_WAIT_S = 30.0
+"""How long a start waits for the group's coordinator: a broker that has just started, or
+moved the group, answers "not coordinator" or "loading" for a while."""
+
+_T = TypeVar("_T")
+
+
+def _retried(group: str, call: Callable[[], _T]) -> _T:
+    """``call``, again while the group's coordinator is not ready to answer."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    waiting = {
+        KafkaError._TIMED_OUT,
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.UNSTABLE_OFFSET_COMMIT,
+    }
+    deadline = time.monotonic() + COORDINATOR_WAIT_S
+    while True:
+        try:
+            return call()
+        except KafkaException as exc:
+            error = exc.args[0]
+            retry = error.retriable() or error.code() in waiting
+            if not retry or time.monotonic() > deadline:
+                raise KafkaOffsetsError(
+                    f"consumer group {group}: cannot read or commit the map's position: "
+                    f"{error.str()}"
+                ) from None
+            time.sleep(0.5)
