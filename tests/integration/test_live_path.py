@@ -17,9 +17,10 @@ import orjson
 import pytest
 import redis
 
-from materializer.config.names import changelog_topic, dead_letter_topic
+from materializer.config.names import LIVE_GROUP, changelog_topic, dead_letter_topic
 from materializer.contract.redis_layout import entity_key, meta_key
 from materializer.contract.watermark import Watermark
+from materializer.live.positions import committed
 from materializer.testing import create_topic, produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import Event, fold_latest
@@ -129,7 +130,17 @@ def test_maps_sharing_a_live_query_equal_the_reference_across_a_kill(
             time.sleep(0.01)
 
     def all_folded() -> bool:
-        return all(folded_to(redis_client, n, ends[n], topics[n]) for n in names)
+        """Every record in Redis, and its changelog and dead letters committed in Kafka: the
+        position of each map's last committed transaction is past it."""
+        return all(
+            folded_to(redis_client, n, ends[n], topics[n]) and committed_to(n, ends[n])
+            for n in names
+        )
+
+    def committed_to(name: str, at: dict[int, int]) -> bool:
+        group = LIVE_GROUP.replace("{map}", name)
+        reached = committed(_config(path), group, {topics[name]: sorted(at)})
+        return all(reached.get(topics[name], {}).get(p, 0) >= end for p, end in at.items())
 
     live = LiveProcess(path, names)
     live.start()

@@ -6,20 +6,17 @@ import com.google.gson.JsonParser;
 import java.nio.charset.StandardCharsets;
 import java.util.ArrayList;
 import java.util.Base64;
-import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
-import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.clients.producer.ProducerRecord;
-import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.header.internals.RecordHeaders;
 import redis.clients.jedis.Jedis;
 
 /**
- * Applies records to their maps: one call of the map's function per chunk of its records,
- * then each key's state after the call to the changelog, and each failed record to the
- * dead-letter topic, as the micro-batch path's {@code materializer.redis.apply} does.
+ * Applies records to their maps: one call of the map's function per chunk of its records;
+ * each key's state after the call is owed to the changelog, and each failed record to the
+ * dead-letter topic, as on the micro-batch path ({@code materializer.redis.apply}).
  */
 final class Fold {
   /** Records per call: as the micro-batch path's chunks ({@code redis.functions.CHUNK}). */
@@ -31,56 +28,38 @@ final class Fold {
 
   private final Spec spec;
   private final Jedis redis;
-  private final Transactions transactions;
   private final byte[] batch;
 
-  Fold(Spec spec, Jedis redis, Transactions transactions, long batchId) {
+  Fold(Spec spec, Jedis redis, long batchId) {
     this.spec = spec;
     this.redis = redis;
-    this.transactions = transactions;
     this.batch = Long.toString(batchId).getBytes(StandardCharsets.UTF_8);
   }
 
   /**
-   * Applies the records, in order per map, then sends what they produce in one Kafka
-   * transaction with the position after them, committed to each map's consumer group: the
-   * changelog's states, the dead letters and the position land together or not at all, and
-   * a restarted query starts at that position ({@code materializer.live.positions}).
+   * Applies the records to Redis, in order per map; what each map's records owe Kafka
+   * ({@link Effects}), which {@link Transactions} then commits with the position after them.
    */
-  void apply(List<Record> records) {
+  List<Effects> apply(List<Record> records) {
     Map<Integer, List<Record>> byMap = new LinkedHashMap<>();
     for (Record r : records) {
       byMap.computeIfAbsent(r.map, m -> new ArrayList<>()).add(r);
     }
+    List<Effects> out = new ArrayList<>();
     for (Map.Entry<Integer, List<Record>> e : byMap.entrySet()) {
-      Spec.MapSpec map = spec.maps.get(e.getKey());
+      Effects effects = new Effects(spec.maps.get(e.getKey()));
       List<Record> mine = e.getValue();
-      Map<String, ProducerRecord<byte[], byte[]>> states = new LinkedHashMap<>();
-      List<ProducerRecord<byte[], byte[]>> out = new ArrayList<>();
       for (int from = 0; from < mine.size(); from += CHUNK) {
-        call(map, mine.subList(from, Math.min(mine.size(), from + CHUNK)), states, out);
+        call(effects, mine.subList(from, Math.min(mine.size(), from + CHUNK)));
       }
-      out.addAll(states.values());
-      transactions.commit(map, out, positions(mine));
+      out.add(effects);
     }
+    return out;
   }
 
-  private static Map<TopicPartition, OffsetAndMetadata> positions(List<Record> records) {
-    Map<TopicPartition, OffsetAndMetadata> next = new HashMap<>();
-    for (Record r : records) {
-      next.put(new TopicPartition(r.topic, r.partition),
-          new OffsetAndMetadata(r.offset + 1));
-    }
-    return next;
-  }
-
-  /** One call for a chunk of a map's records; each key's state after it into {@code states}
-   * (a key's last one is all the changelog needs), each dead letter into {@code letters}. */
-  private void call(
-      Spec.MapSpec map,
-      List<Record> chunk,
-      Map<String, ProducerRecord<byte[], byte[]>> states,
-      List<ProducerRecord<byte[], byte[]>> letters) {
+  /** One call for a chunk of a map's records, what it owes Kafka into {@code effects}. */
+  private void call(Effects effects, List<Record> chunk) {
+    Spec.MapSpec map = effects.map;
     List<byte[]> args = new ArrayList<>(12 + 7 * chunk.size());
     for (int i = 0; i < map.fixed.size(); i++) {
       args.add(i == 2 ? batch : map.fixed.get(i).getBytes(StandardCharsets.UTF_8));
@@ -108,17 +87,18 @@ final class Fold {
     for (int i = 0; i < chunk.size(); i++) {
       Record r = chunk.get(i);
       Object answer = answers.get(i);
+      effects.passed(r);
       if (answer instanceof Long code) {
         if (code == 1L) {
-          states.put(r.key, changed(map, r, r.value));
+          effects.states.put(r.key, changed(map, r, r.value));
         } else if (map.deadLetters != null) {
           // New (0), or applied before (-1) and read again after a crash: the transaction
           // that sent its dead letter then never committed (the query starts after the last).
-          letters.add(deadLetter(map, r));
+          effects.letters.add(deadLetter(map, r));
         }
       } else {
         // The state as it stands: the record was applied before, or a newer one was.
-        states.put(r.key, changed(map, r, (byte[]) answer));
+        effects.states.put(r.key, changed(map, r, (byte[]) answer));
       }
     }
   }
@@ -137,11 +117,10 @@ final class Fold {
       for (JsonElement h : JsonParser.parseString(r.letterHeaders).getAsJsonArray()) {
         JsonObject header = h.getAsJsonObject();
         JsonElement value = header.get("value");
-        headers.add(header.get("key").getAsString(),
-            value == null || value.isJsonNull() ? null : Base64.getDecoder().decode(value.getAsString()));
+        headers.add(header.get("key").getAsString(), value == null || value.isJsonNull()
+            ? null : Base64.getDecoder().decode(value.getAsString()));
       }
     }
     return new ProducerRecord<>(map.deadLetters, null, r.letterKey, r.letterValue, headers);
   }
-
 }

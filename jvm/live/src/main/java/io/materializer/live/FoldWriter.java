@@ -16,9 +16,10 @@ import redis.clients.jedis.Jedis;
  * partition; a call only queues it. A thread of the writer's own takes whatever has queued
  * (one record when they trickle in, up to {@link #MOST} when they pour) and applies it in
  * one Redis call per map ({@link Fold}), so a record waits for one round trip, not for a
- * batch to fill. {@code close}, at the end of the real-time batch, waits until every queued
- * record is applied and its Kafka transaction committed ({@link Transactions}), then Spark
- * checkpoints the batch. A failure (a refused call, a transaction Kafka did not commit)
+ * batch to fill; what they owe Kafka goes out on another thread ({@link Transactions}), so
+ * Redis never waits for Kafka. {@code close}, at the end of the real-time batch, waits until
+ * every queued record is applied and its Kafka transaction committed, then Spark checkpoints
+ * the batch. A failure (a refused call, a transaction Kafka did not commit)
  * fails the next {@code process} or the {@code close}: the task fails, and with it the
  * query, which starts again where the maps' committed positions say; the Redis Functions
  * recognise by source position what it applied before.
@@ -48,8 +49,8 @@ public final class FoldWriter extends ForeachWriter<Row> {
   public boolean open(long partitionId, long epochId) {
     spec = Spec.parse(specJson);
     redis = new Jedis(URI.create(spec.redisUrl));
-    transactions = new Transactions(spec);
-    fold = new Fold(spec, redis, transactions, epochId);
+    transactions = new Transactions(spec, partitionId);
+    fold = new Fold(spec, redis, epochId);
     queue = new LinkedBlockingQueue<>();
     closing = false;
     failure = null;
@@ -72,7 +73,9 @@ public final class FoldWriter extends ForeachWriter<Row> {
         }
         taken.add(first);
         queue.drainTo(taken, MOST - 1);
-        fold.apply(taken);
+        for (Effects effects : fold.apply(taken)) {
+          transactions.submit(effects);
+        }
         taken.clear();
       }
     } catch (Throwable t) {
@@ -86,6 +89,7 @@ public final class FoldWriter extends ForeachWriter<Row> {
     if (failed != null) {
       throw new IllegalStateException("the live fold failed: " + failed.getMessage(), failed);
     }
+    transactions.check();
     queue.add(Record.of(row));
   }
 
@@ -96,15 +100,16 @@ public final class FoldWriter extends ForeachWriter<Row> {
       if (applier != null) {
         applier.join();
       }
+      if (transactions != null) {
+        transactions.close();
+        transactions.check();
+      }
     } catch (InterruptedException e) {
       Thread.currentThread().interrupt();
       failure = e;
     } catch (RuntimeException e) {
       failure = e;
     } finally {
-      if (transactions != null) {
-        transactions.close();
-      }
       if (redis != null) {
         redis.close();
       }

@@ -1,58 +1,125 @@
 package io.materializer.live;
 
+import java.time.Duration;
+import java.util.ArrayList;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.Properties;
+import java.util.concurrent.LinkedBlockingQueue;
+import java.util.concurrent.TimeUnit;
 import org.apache.kafka.clients.consumer.ConsumerGroupMetadata;
-import org.apache.kafka.clients.consumer.OffsetAndMetadata;
 import org.apache.kafka.clients.producer.KafkaProducer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 
 /**
- * A task's Kafka transactions: each round's changelog and dead-letter records with the
- * source position after them, committed to the map's consumer group, as Kafka's own
- * exactly-once pipelines commit theirs.
+ * A task's Kafka transactions, on a thread of their own so that Redis never waits for
+ * Kafka: whatever rounds of {@link Effects} have queued meanwhile go out in one
+ * transaction, with the source position after them committed to the map's group, as
+ * Kafka's own exactly-once pipelines commit theirs.
  *
  * <p>One transactional producer per source partition a task reads, its {@code
- * transactional.id} named after the map and the partition: a task started again for the
- * partition (after a crash, or on another worker) fences the one before it, whose
- * transaction then can no longer commit.
+ * transactional.id} the map's prefix and the partition: a task started again for the
+ * partition (after a crash, or on another worker) fences the one before it, whose open
+ * transaction Kafka aborts.
  */
 final class Transactions implements AutoCloseable {
+  /** Rounds queued at most: past it, the Redis side waits for Kafka to catch up. */
+  static final int MOST_QUEUED = 64;
+
   private final Spec spec;
+  private final LinkedBlockingQueue<Effects> queue = new LinkedBlockingQueue<>(MOST_QUEUED);
+  private final Thread committer;
+  private volatile boolean closing;
+  private volatile Throwable failure;
   private KafkaProducer<byte[], byte[]> producer;
   private String transactionalId;
 
-  Transactions(Spec spec) {
+  Transactions(Spec spec, long partitionId) {
     this.spec = spec;
+    committer = new Thread(this::commitAll, "materializer-live-kafka-" + partitionId);
+    committer.setDaemon(true);
+    committer.start();
   }
 
-  void commit(
-      Spec.MapSpec map,
-      List<ProducerRecord<byte[], byte[]>> records,
-      Map<TopicPartition, OffsetAndMetadata> positions) {
-    TopicPartition first = positions.keySet().iterator().next();
-    KafkaProducer<byte[], byte[]> p = producerFor(map.transactionalId + "." + first);
-    p.beginTransaction();
-    try {
-      for (ProducerRecord<byte[], byte[]> r : records) {
-        p.send(r);
-      }
-      p.sendOffsetsToTransaction(positions, new ConsumerGroupMetadata(map.group));
-      p.commitTransaction();
-    } catch (RuntimeException e) {
-      close();
-      throw e;
+  /** Queues a round's effects, waiting while the queue is full; fails if a transaction
+   * failed (its thread then takes no more). */
+  void submit(Effects effects) throws InterruptedException {
+    do {
+      check();
+    } while (!queue.offer(effects, 100, TimeUnit.MILLISECONDS));
+  }
+
+  /** Raises the failure of a transaction, if one failed. */
+  void check() {
+    Throwable failed = failure;
+    if (failed != null) {
+      throw new IllegalStateException("Kafka did not commit a transaction: "
+          + failed.getMessage(), failed);
     }
+  }
+
+  /** Waits until every queued round is committed, then releases the producer. */
+  @Override
+  public void close() {
+    closing = true;
+    try {
+      committer.join();
+    } catch (InterruptedException e) {
+      Thread.currentThread().interrupt();
+    }
+    release();
+  }
+
+  private void commitAll() {
+    List<Effects> taken = new ArrayList<>();
+    try {
+      while (true) {
+        Effects first = queue.poll(50, TimeUnit.MILLISECONDS);
+        if (first == null) {
+          if (closing && queue.isEmpty()) {
+            return;
+          }
+          continue;
+        }
+        taken.add(first);
+        queue.drainTo(taken);
+        Map<String, Effects> byMap = new LinkedHashMap<>();
+        for (Effects e : taken) {
+          byMap.merge(e.map.name, e, (a, b) -> {
+            a.merge(b);
+            return a;
+          });
+        }
+        for (Effects e : byMap.values()) {
+          commit(e);
+        }
+        taken.clear();
+      }
+    } catch (Throwable t) {
+      failure = t;
+      release();
+    }
+  }
+
+  private void commit(Effects effects) {
+    TopicPartition first = effects.positions.keySet().iterator().next();
+    KafkaProducer<byte[], byte[]> p = producerFor(effects.map.transactionalId + "." + first);
+    p.beginTransaction();
+    for (ProducerRecord<byte[], byte[]> r : effects.records()) {
+      p.send(r);
+    }
+    p.sendOffsetsToTransaction(effects.positions, new ConsumerGroupMetadata(effects.map.group));
+    p.commitTransaction();
   }
 
   private KafkaProducer<byte[], byte[]> producerFor(String id) {
     if (producer != null && id.equals(transactionalId)) {
       return producer;
     }
-    close();
+    release();
     Properties props = new Properties();
     props.putAll(spec.producer);
     props.put("enable.idempotence", "true");
@@ -64,10 +131,9 @@ final class Transactions implements AutoCloseable {
     return producer;
   }
 
-  @Override
-  public void close() {
+  private void release() {
     if (producer != null) {
-      producer.close(java.time.Duration.ofSeconds(10));
+      producer.close(Duration.ofSeconds(10));
       producer = null;
       transactionalId = null;
     }
