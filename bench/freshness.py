@@ -13,6 +13,7 @@ import random
 import statistics
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -33,9 +34,13 @@ class Follower:
     once it is, the waiting samples are checked in chunks of 256 until one is not.
     """
 
-    def __init__(self, redis_url: str, map_name: str) -> None:
+    def __init__(
+        self, redis_url: str, map_name: str, map_of: Callable[[bytes], str] | None = None
+    ) -> None:
+        """``map_of``: the map a sampled key is in, where the events feed several."""
         self.client = redis.Redis.from_url(redis_url)
         self.map_name = map_name
+        self.map_of = map_of or (lambda _: map_name)
         self.samples: queue.SimpleQueue[tuple[bytes, int, float]] = queue.SimpleQueue()
         self.waiting: collections.deque[tuple[bytes, int, float]] = collections.deque()
         self.latencies: list[float] = []
@@ -48,7 +53,7 @@ class Follower:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _visible(self, items: list[tuple[bytes, int, float]]) -> list[bool]:
-        raw = self.client.mget([entity_key(self.map_name, k.decode()) for k, _, _ in items])
+        raw = self.client.mget([entity_key(self.map_of(k), k.decode()) for k, _, _ in items])
         return [
             r is not None and orjson.loads(r)["seq"] >= seq
             for r, (_, seq, _) in zip(raw, items, strict=True)
@@ -168,7 +173,7 @@ def freshness(
 
 def produce_at_rate(
     prod: Producer,
-    topic: str,
+    topic: str | Sequence[str],
     rate: int,
     seconds: float,
     keys: int,
@@ -177,7 +182,9 @@ def produce_at_rate(
     rng: random.Random,
 ) -> int:
     """Events ``first_seq + 1 ...`` at a steady ``rate`` for ``seconds``, each handed to
-    ``on_sent(key, seq, sent_at)``; the rate achieved."""
+    ``on_sent(key, seq, sent_at)``; the rate achieved. Over several topics, a key's events
+    all go to one of them (``topic_of``)."""
+    topics = [topic] if isinstance(topic, str) else list(topic)
     total = int(rate * seconds)
     started = time.perf_counter()
     sent = 0
@@ -185,10 +192,11 @@ def produce_at_rate(
         due = min(total, int(rate * (time.perf_counter() - started)))
         while sent < due:
             seq = first_seq + sent + 1
-            k, v = event(seq, rng.randrange(keys), rng)
+            index = rng.randrange(keys)
+            k, v = event(seq, index, rng)
             while True:
                 try:
-                    prod.produce(topic, key=k, value=v)
+                    prod.produce(topics[topic_of(index, len(topics))], key=k, value=v)
                     break
                 except BufferError:
                     prod.poll(0.01)
@@ -199,3 +207,9 @@ def produce_at_rate(
     achieved = round(sent / (time.perf_counter() - started))
     prod.flush(30)
     return achieved
+
+
+def topic_of(key_index: int, topics: int) -> int:
+    """The topic (of ``topics``) a key's events go to: each map of a run of several reads
+    one, and folds the keys its topic gets."""
+    return key_index % topics

@@ -1,0 +1,210 @@
+"""The real-time path beside the micro-batch path, measured in one run.
+
+Two loads: one map at ``--rate-one`` events/s (5,000 by default), and ``--maps`` maps
+(16) sharing ``--rate-many`` events/s (2,000), each map reading a topic of its own. Each
+map is `latest` over JSON with a schema, 4 partitions a topic, with dead letters on and a
+Delta table fed from its changelog (``delta.query``), over ``--keys`` keys in all.
+
+For each load, each path folds maps of its own, one path after the other, each in a Spark
+session of its own in this process (the broker, Redis and the producer share the machine;
+the JVM stays, so the second path starts warmer than the first):
+
+- ``microbatch``: each map's fold and Delta queries (``job.start_map``), as
+  ``materializer run`` starts them today;
+- ``realtime``: the maps in one Real-time Mode query written by the JVM writer
+  (``live.start_live``), each map's Delta query beside it.
+
+After a prefill (every key's first event), a warm-up of
+``--warmup-seconds`` and then ``--seconds`` measured; one event in ``--sample-every`` is
+followed until Redis shows it. Each line has the percentiles of produce to visible and
+the cores used by Spark's JVM, by this process (the driver's Python and the producer) and
+by the whole machine.
+
+    .venv/bin/python bench/live_path.py [--loads one,many] [--seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+from cpu_window import CpuWindow
+from freshness import Follower, produce_at_rate, topic_of
+from harness import PARTITIONS, SCHEMA, emit, event, machine, services
+
+from materializer import job
+from materializer.config import AppConfig, parse_config
+from materializer.delta.query import start_delta_query
+from materializer.live.query import start_live
+from materializer.spark.session import build_spark_session
+from materializer.testing import create_topic
+
+
+def config(
+    bootstrap: str, redis_url: str, work: Path, names: list[str], topics: list[str], master: str
+) -> AppConfig:
+    """The maps, each over its topic, in a session on ``master``."""
+    return parse_config(
+        {
+            "kafka": {"bootstrap_servers": bootstrap},
+            "redis": {"url": redis_url},
+            "delta": {"root": str(work / "warehouse")},
+            "spark": {
+                "master": master,
+                "checkpoint_root": str(work / "checkpoints"),
+                "trigger_interval": "0 seconds",
+                "shuffle_partitions": 4,
+            },
+            "maps": {
+                name: {
+                    "source": {"topics": [topic], "format": "json", "schema": SCHEMA},
+                    "key": "id",
+                    "on_error": "dead_letter",
+                }
+                for name, topic in zip(names, topics, strict=True)
+            },
+        }
+    )
+
+
+@contextlib.contextmanager
+def folding(spark: Any, cfg: AppConfig, path: str, work: Path) -> Iterator[None]:
+    """The maps of ``cfg`` folded on ``path`` for the body; their queries stopped after."""
+    names = list(cfg.maps)
+    stops: list[Any] = []
+    if path == "microbatch":
+        stops = [job.start_map(spark, cfg, name) for name in names]
+    else:
+        stops.append(start_live(spark, cfg, names, str(work / "live-checkpoint")))
+        for name in names:
+            entity = job.map_fold(cfg, name).entity_type(job.records(spark, cfg, name))
+            stops.append(start_delta_query(spark, cfg, name, entity, None, 0))
+    try:
+        yield
+    finally:
+        for query in stops:
+            with contextlib.suppress(Exception):
+                query.stop()
+
+
+def measure(bootstrap: str, redis_url: str, path: str, maps: int, rate: int, args: Any) -> Any:
+    """One path at one load: produce-to-visible percentiles and cores. The micro-batch path
+    runs on ``local[*]`` as ``materializer run`` does by default; a real-time query needs a
+    task slot for each partition it reads."""
+    work = Path(tempfile.mkdtemp(prefix=f"live-path-{path}-"))
+    suffix = f"{path}_{maps}_{random.randrange(10**6):06d}"
+    names = [f"m{i}_{suffix}" for i in range(maps)]
+    topics = [create_topic(bootstrap, PARTITIONS) for _ in names]
+    master = "local[*]" if path == "microbatch" else f"local[{maps * PARTITIONS + 2}]"
+    cfg = config(bootstrap, redis_url, work, names, topics, master)
+    spark = build_spark_session(cfg.spark)
+    try:
+        return _measure(spark, cfg, bootstrap, redis_url, path, rate, args)
+    finally:
+        spark.stop()
+
+
+def _measure(
+    spark: Any, cfg: AppConfig, bootstrap: str, redis_url: str, path: str, rate: int, args: Any
+) -> dict[str, Any]:
+    names = list(cfg.maps)
+    maps = len(names)
+    topics = [cfg.map(name).source.topics[0] for name in names]
+    work = Path(cfg.spark.checkpoint_root).parent
+    prod = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5, "enable.idempotence": True})
+    rng = random.Random(rate)
+    with folding(spark, cfg, path, work):
+        for index in range(args.keys):  # every key once: the prefill
+            k, v = event(0, index, rng)
+            prod.produce(topics[topic_of(index, maps)], key=k, value=v)
+        prod.flush(60)
+        produce_at_rate(prod, topics, rate, args.warmup_seconds, args.keys, 0, _none, rng)
+
+        def map_of(key: bytes) -> str:
+            return names[topic_of(int(key.decode().rsplit("-", 1)[1]), maps)]
+
+        follower = Follower(redis_url, names[0], map_of)
+        follower.thread.start()
+
+        def sampled(key: bytes, seq: int, sent_at: float) -> None:
+            if seq % args.sample_every == 0:
+                follower.samples.put((key, seq, sent_at))
+
+        window = CpuWindow({"driver": [os.getpid()], "spark_jvm": _spark_jvm()})
+        window.begin()
+        achieved = produce_at_rate(prod, topics, rate, args.seconds, args.keys, 10**9, sampled, rng)
+        cores = window.end()
+        unresolved = follower.finish(drain_seconds=60)
+    ms = sorted(x * 1000 for x in follower.latencies)
+    q = statistics.quantiles(ms, n=100) if len(ms) >= 2 else [float("nan")] * 99
+    return {
+        "name": f"live_path_{path}",
+        "path": path,
+        "maps": maps,
+        "offered_events_per_s": rate,
+        "achieved_events_per_s": achieved,
+        "seconds": args.seconds,
+        "samples": len(ms),
+        "unresolved": unresolved,
+        "p50_ms": round(q[49], 1),
+        "p90_ms": round(q[89], 1),
+        "p99_ms": round(q[98], 1),
+        "max_ms": round(ms[-1], 1) if ms else None,
+        **cores,
+        "master": cfg.spark.master,
+        "target_p99_ms": 100 if maps == 1 else 150,
+    }
+
+
+def _none(*_: Any) -> None:
+    return None
+
+
+def _spark_jvm() -> list[int]:
+    """Spark's JVM, this process's child (not the broker and Redis, which it started too).
+    Its Python workers come and go; the machine's busy cores count them."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                stat = (entry / "stat").read_text().rpartition(")")[2].split()
+                command = (entry / "cmdline").read_text()
+                if int(stat[1]) == os.getpid() and "SparkSubmit" in command:
+                    found.append(int(entry.name))
+    return found
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--loads", default="one,many")
+    ap.add_argument("--paths", default="microbatch,realtime")
+    ap.add_argument("--rate-one", type=int, default=5000)
+    ap.add_argument("--rate-many", type=int, default=2000)
+    ap.add_argument("--maps", type=int, default=16)
+    ap.add_argument("--keys", type=int, default=100_000)
+    ap.add_argument("--warmup-seconds", type=float, default=60)
+    ap.add_argument("--seconds", type=float, default=60)
+    ap.add_argument("--sample-every", type=int, default=10)
+    args = ap.parse_args()
+    loads = {"one": (1, args.rate_one), "many": (args.maps, args.rate_many)}
+    wanted = [loads[name] for name in args.loads.split(",")]
+    with services() as (bootstrap, redis_url):
+        emit(name="setup", **machine(), partitions=PARTITIONS, keys=args.keys)
+        for maps, rate in wanted:
+            for path in args.paths.split(","):
+                started = time.monotonic()
+                line = measure(bootstrap, redis_url, path, maps, rate, args)
+                emit(**line, wall_s=round(time.monotonic() - started, 1))
+
+
+if __name__ == "__main__":
+    main()
