@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
+import threading
 import time
+import traceback
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -186,12 +189,83 @@ async def front(config: AppConfig) -> AsyncIterator[Front]:
         yield Front(http, f"http://127.0.0.1:{servers.http_port}", channel)
 
 
+HANG_SECONDS = 300.0
+"""How long a served test may take before it is failed with where it hung: far beyond any
+test's need, well within pytest's timeout, whose report a CI log may not show whole."""
+
+
 def serve_http(config: AppConfig, body: Callable[[Front], Awaitable[T]]) -> T:
+    loops: list[asyncio.AbstractEventLoop] = []
+
     async def main() -> T:
+        loops.append(asyncio.get_running_loop())
         async with front(config) as f:
             return await body(f)
 
-    return asyncio.run(main())
+    with hang_report(HANG_SECONDS, loops):
+        return asyncio.run(main())
+
+
+@contextmanager
+def hang_report(seconds: float, loops: Sequence[asyncio.AbstractEventLoop] = ()) -> Iterator[None]:
+    """Fail the body if it takes over ``seconds``, with where it hung in the message's first
+    words: the tasks of ``loops`` where they wait, the main thread's innermost frames, then
+    the other live threads' own."""
+    hung: list[str] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        if done.wait(seconds):
+            return
+        hung.append(_where(loops))
+        # A real signal, which ends a blocking wait; asyncio's runner takes the first to
+        # cancel its task, and raises at the second.
+        while not done.wait(5.0):
+            signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)
+
+    watcher = threading.Thread(target=watch, name="hang-report", daemon=True)
+    watcher.start()
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not hung:
+            raise
+        raise AssertionError(f"hung {seconds:.0f} s at {hung[0]}") from None
+    finally:
+        done.set()
+
+
+def _awaiting(coro: Any) -> list[str]:
+    """A coroutine and those it awaits, down to the innermost, where each stands."""
+    chain = []
+    while coro is not None and getattr(coro, "cr_frame", None) is not None:
+        frame = coro.cr_frame
+        chain.append(
+            f"{coro.__qualname__} ({Path(frame.f_code.co_filename).name}:{frame.f_lineno})"
+        )
+        coro = coro.cr_await
+    return chain
+
+
+def _where(loops: Sequence[asyncio.AbstractEventLoop]) -> str:
+    """The loops' tasks and every thread's innermost frames (the main thread's first), on
+    one line."""
+    parts = []
+    for loop in loops:
+        for task in list(asyncio.all_tasks(loop)):
+            parts.append("task " + " > ".join(_awaiting(task.get_coro())[-3:]))
+    frames = sys._current_frames()  # noqa: SLF001 - the stacks of a hung test, to report
+    names = {t.ident: t.name for t in threading.enumerate()}
+    main = threading.main_thread().ident
+    order = [main, *[i for i in frames if i != main]]
+    for ident in order:
+        if ident in frames and names.get(ident) != "hang-report":
+            stack = traceback.extract_stack(frames[ident])[-3:]
+            where = " < ".join(
+                f"{f.name} ({Path(f.filename).name}:{f.lineno})" for f in reversed(stack)
+            )
+            parts.append(f"[{names.get(ident, ident)}] {where}")
+    return "; ".join(parts)
 
 
 def grpc_serving(grpc_port: int) -> bool:
