@@ -33,3 +33,9 @@ def jars(module: str) -> list[Path]:
             f"or set {JARS_DIR_ENV} to a folder holding the resolved jars"
         )
     return found
+
+
+def session_jars() -> list[Path]:
+    """The jars every Spark session's driver loads: Spark's Kafka source, Delta and Avro, and
+    the real-time path's writer. Its class data archive is made for exactly these."""
+    return jars("spark") + jars("live")

@@ -24,7 +24,7 @@ import yaml
 from materializer.contract.redis_layout import meta_key
 from materializer.contract.watermark import Watermark
 from materializer.errors import SetupError
-from materializer.jvm import jars
+from materializer.jvm import session_jars
 from materializer.spark.class_archive import TRAINING_ENV, archive_path
 from materializer.testing import KafkaBroker, RedisServer, create_topic, produce
 from materializer.testing.process import ManagedProcess
@@ -125,7 +125,7 @@ def _exit_in_full(proc: ManagedProcess) -> None:
 def build_archive(say: Callable[[str], None], force: bool = False) -> Path:
     """Write the archive for this java and these jars (``class_archive.archive_path``);
     one already there is kept unless ``force``."""
-    target = archive_path(jars("spark"))
+    target = archive_path(session_jars())
     if target is None:
         raise SetupError("no java found (JAVA_HOME or PATH): the archive is made by one")
     if target.exists() and not force:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from materializer.clients.logs import spark_log4j2
 from materializer.clients.object_store import hadoop_conf
 from materializer.config import ObjectStoreConfig, SparkConfig
-from materializer.jvm import jars
+from materializer.jvm import jars, session_jars
 from materializer.spark.class_archive import java_options
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ def spark_conf(
     With ``object_store``, hadoop-aws and its AWS SDK join the jars (only then: a session
     without one has no use for them) and the S3A client gets its endpoint and credentials.
     """
-    local_jars = jars("spark") + jars("live") + (jars("s3") if object_store is not None else [])
+    local_jars = session_jars() + (jars("s3") if object_store is not None else [])
     conf = {
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from materializer.jvm import jars
+from materializer.jvm import session_jars
 from materializer.spark.class_archive import TRAINING_ENV, archive_path, java_options
 
 SESSION = """
@@ -23,9 +23,9 @@ spark.stop()
 
 
 def test_setup_wrote_the_archive_for_this_java_and_these_jars():
-    path = archive_path(jars("spark"))
+    path = archive_path(session_jars())
     assert path is not None and path.exists(), "make setup runs `materializer jvm-archive`"
-    assert java_options(jars("spark")) == [f"-XX:SharedArchiveFile={path}"]
+    assert java_options(session_jars()) == [f"-XX:SharedArchiveFile={path}"]
 
 
 def test_a_session_maps_the_archive():
