@@ -153,22 +153,29 @@ def freshness(
         profile = batch_profile(queries.fold)
     finally:
         queries.stop()
-    ms = sorted(x * 1000 for x in follower.latencies)
-    q = statistics.quantiles(ms, n=100) if len(ms) >= 2 else [float("nan")] * 99
     return {
         "offered_events_per_s": rate,
         "achieved_events_per_s": achieved,
         "seconds": seconds,
         "events": sent,
         "sample_every": sample_every,
-        "samples": len(ms),
+        **latency_fields(follower.latencies),
         "unresolved": unresolved,
+        "target_p99_ms": 1000,
+    }, profile
+
+
+def latency_fields(latencies: Sequence[float]) -> dict[str, Any]:
+    """A line's samples and their percentiles in milliseconds, from latencies in seconds."""
+    ms = sorted(x * 1000 for x in latencies)
+    q = statistics.quantiles(ms, n=100) if len(ms) >= 2 else [float("nan")] * 99
+    return {
+        "samples": len(ms),
         "p50_ms": round(q[49], 1),
         "p90_ms": round(q[89], 1),
         "p99_ms": round(q[98], 1),
         "max_ms": round(ms[-1], 1) if ms else None,
-        "target_p99_ms": 1000,
-    }, profile
+    }
 
 
 def produce_at_rate(

@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import os
 import random
-import statistics
 import tempfile
 import time
 from collections.abc import Iterator
@@ -38,7 +37,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 from cpu_window import CpuWindow
-from freshness import Follower, produce_at_rate, topic_of
+from freshness import Follower, latency_fields, produce_at_rate, topic_of
 from harness import PARTITIONS, SCHEMA, emit, event, machine, services
 
 from materializer import job
@@ -144,8 +143,6 @@ def _measure(
         achieved = produce_at_rate(prod, topics, rate, args.seconds, args.keys, 10**9, sampled, rng)
         cores = window.end()
         unresolved = follower.finish(drain_seconds=60)
-    ms = sorted(x * 1000 for x in follower.latencies)
-    q = statistics.quantiles(ms, n=100) if len(ms) >= 2 else [float("nan")] * 99
     return {
         "name": f"live_path_{path}",
         "path": path,
@@ -153,12 +150,8 @@ def _measure(
         "offered_events_per_s": rate,
         "achieved_events_per_s": achieved,
         "seconds": args.seconds,
-        "samples": len(ms),
+        **latency_fields(follower.latencies),
         "unresolved": unresolved,
-        "p50_ms": round(q[49], 1),
-        "p90_ms": round(q[89], 1),
-        "p99_ms": round(q[98], 1),
-        "max_ms": round(ms[-1], 1) if ms else None,
         **cores,
         "master": cfg.spark.master,
         "target_p99_ms": 100 if maps == 1 else 150,
