@@ -43,7 +43,7 @@ from harness import PARTITIONS, SCHEMA, emit, event, machine, services
 from materializer import job
 from materializer.config import AppConfig, parse_config
 from materializer.delta.query import start_delta_query
-from materializer.live.query import start_live
+from materializer.live.query import LiveMap, start_live
 from materializer.spark.session import build_spark_session
 from materializer.testing import create_topic
 
@@ -83,7 +83,8 @@ def folding(spark: Any, cfg: AppConfig, path: str, work: Path) -> Iterator[None]
     if path == "microbatch":
         stops = [job.start_map(spark, cfg, name) for name in names]
     else:
-        stops.append(start_live(spark, cfg, names, str(work / "live-checkpoint")))
+        maps = [LiveMap(name) for name in names]
+        stops.append(start_live(spark, cfg, maps, str(work / "live-checkpoint")))
         for name in names:
             entity = job.map_fold(cfg, name).entity_type(job.records(spark, cfg, name))
             stops.append(start_delta_query(spark, cfg, name, entity, None, 0))

@@ -194,6 +194,7 @@ def start_map(
     owner: Ownership | None = None,
     opening: bool = False,
     pace: CatchUpPace | None = None,
+    starting_offsets: str | None = None,
 ) -> QueryGroup:
     """Start the fold query of one map and its side queries.
 
@@ -212,6 +213,8 @@ def start_map(
     (``QueryGroup.opening``); its owner then starts the map's queries as usual.
     ``pace``: the map catches up beside live maps (``runtime.pacing``): at most
     ``catch_up.max_records_per_batch`` records a batch, in the catch-up pool, at that pace.
+    ``starting_offsets``: the fold starts there, on a new checkpoint, where the real-time
+    path left the map (``live.positions.handed_back``).
     """
 
     map_config = config.map(map_name)
@@ -219,8 +222,10 @@ def start_map(
     max_records = OPENING_RECORDS if opening else None
     if pace is not None:
         max_records = map_config.catch_up.max_records_per_batch
-    keyed = records(spark, config, map_name, until, max_records)
+    keyed = records(spark, config, map_name, until, max_records, starting_offsets)
     checkpoint = Checkpoint(spark, checkpoint_path(config, physical, "fold"))
+    if starting_offsets is not None:
+        checkpoint.discard()
     checkpoint.drop_unfinished_writes()
     redis_fold = map_fold(config, map_name, generation, side_outputs, owner)
     with map_key_paths(map_name):

@@ -57,6 +57,16 @@ class Checkpoint:
         finally:
             stream.close()
 
+    def discard(self) -> None:
+        """Delete the whole folder (if any), wherever it is: a query that must start where
+        its caller says, not where the folder's last batch ended."""
+        jvm = self._spark.sparkContext._jvm
+        if jvm is None:
+            raise RuntimeError("the Spark session is stopped")
+        path = jvm.org.apache.hadoop.fs.Path(self.location)
+        fs = path.getFileSystem(self._spark.sparkContext._jsc.hadoopConfiguration())
+        fs.delete(path, True)
+
     def drop_unfinished_writes(self) -> int:
         """Delete what a stop or a crash left of a log entry Spark was writing (its temporary
         ``offsets/.<n>.<uuid>.tmp``, ``commits/...``), before the query starts on the

@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -41,9 +41,6 @@ from materializer.config import AppConfig
 from materializer.config.names import checkpoint_path
 from materializer.contract.redis_layout import physical_name
 from materializer.errors import MaterializerError
-
-if TYPE_CHECKING:
-    from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger(__name__)
 
@@ -238,13 +235,12 @@ def check_source(config: AppConfig, map_name: str, generation: int) -> None:
 
 
 def explain_failure(
-    config: AppConfig, map_name: str, generation: int, query: StreamingQuery
+    config: AppConfig, map_name: str, generation: int, error: str, query_name: str
 ) -> str:
-    """A failed query's error; for a map's fold that Spark failed over missing records,
+    """A failed query's ``error``; for a map's fold that Spark failed over missing records,
     ``SourceDataLoss``'s message instead (Spark's own when nothing is found missing)."""
-    error = str(query.exception())
     fold = f"{physical_name(map_name, generation)}.fold"
-    if map_name not in config.maps or query.name != fold:
+    if map_name not in config.maps or query_name != fold:
         return error
     if not any(marker in error for marker in DATA_LOSS_MARKERS):
         return error

@@ -10,7 +10,7 @@ The models live in modules by section; this package re-exports every public name
 from __future__ import annotations
 
 from materializer.config.app import AppConfig
-from materializer.config.base import INTERNAL_PREFIX, KAFKA_KEY, MAP_NAME
+from materializer.config.base import INTERNAL_PREFIX, KAFKA_KEY, MAP_NAME, FoldPath
 from materializer.config.catalog import CatalogConfig
 from materializer.config.connections import (
     OBJECT_STORE_SCHEMES,
@@ -52,6 +52,7 @@ from materializer.config.maps import (
     TtlConfig,
     inferred_problems,
     is_inferred,
+    realtime_problems,
 )
 from materializer.config.query_service import (
     AuthConfig,
@@ -142,6 +143,8 @@ __all__ = [
     "ValueToKeyTransform",
     "config_problems",
     "inferred_problems",
+    "realtime_problems",
+    "FoldPath",
     "is_inferred",
     "load_config",
     "parse_config",

@@ -11,7 +11,7 @@ from pydantic import (
     model_validator,
 )
 
-from materializer.config.base import MAP_NAME, _Model
+from materializer.config.base import MAP_NAME, FoldPath, _Model
 from materializer.config.catalog import CatalogConfig
 from materializer.config.connections import (
     OBJECT_STORE_SCHEMES,
@@ -22,7 +22,7 @@ from materializer.config.connections import (
     SparkConfig,
 )
 from materializer.config.enrichments import EnrichmentConfig
-from materializer.config.maps import MapConfig
+from materializer.config.maps import MapConfig, realtime_problems
 from materializer.config.query_service import MetricsConfig, QueryConfig
 from materializer.config.worker import WorkerConfig
 from materializer.errors import ConfigError
@@ -136,6 +136,29 @@ class AppConfig(_Model):
         ]
         if problems:
             raise ValueError("\n".join(problems))
+        return self
+
+    def fold_path(self, name: str) -> FoldPath:
+        """How the map folds once caught up: its ``path``, else ``spark.path``; a map the
+        real-time path cannot fold (``realtime_problems``, a Redis cluster) stays on
+        micro-batches when the run's default asks for it."""
+        map_config = self.map(name)
+        if map_config.path is not None:
+            return map_config.path
+        if self.redis.cluster or realtime_problems(map_config):
+            return "microbatch"
+        return self.spark.path
+
+    @model_validator(mode="after")
+    def _realtime_on_one_server(self) -> AppConfig:
+        """The real-time writer calls one Redis server; a map that asks for it needs one."""
+        if self.redis.cluster:
+            asking = [n for n, m in self.maps.items() if m.path == "realtime"]
+            if asking:
+                raise ValueError(
+                    f"maps.{asking[0]}.path: realtime folds into one Redis server, "
+                    "not a cluster (redis.cluster)"
+                )
         return self
 
     def map(self, name: str) -> MapConfig:

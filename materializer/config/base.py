@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Literal
 
 from pydantic import (
     BaseModel,
@@ -14,6 +15,10 @@ INTERNAL_PREFIX = "__"
 
 
 KAFKA_KEY = "$kafka_key"
+
+
+FoldPath = Literal["microbatch", "realtime"]
+"""How a caught-up map folds (``spark.path``, a map's ``path``)."""
 
 
 MAP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

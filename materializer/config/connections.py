@@ -16,7 +16,7 @@ from pydantic import (
     model_validator,
 )
 
-from materializer.config.base import _Model
+from materializer.config.base import FoldPath, _Model
 from materializer.config.durations import NonNegativeDuration
 from materializer.errors import ConfigError
 
@@ -218,6 +218,16 @@ class SparkConfig(_Model):
     20 s); what the timeout cuts short is logged, and the next start replays it. In a
     worker group a stopping worker leaves the group after it."""
     max_offsets_per_trigger: Annotated[int, Field(ge=1)] | None = None
+    path: FoldPath = "microbatch"
+    """How the run's maps fold once caught up (a map's own ``path`` wins): ``microbatch``,
+    each map's query folds a batch per trigger; ``realtime``, the caught-up maps share one
+    query in Spark's Real-time Mode whose writer folds each record as it arrives
+    (docs/decisions/0032-the-live-path-in-real-time-mode.md). A map catches up in
+    micro-batches on either path."""
+    live_slots: Annotated[int, Field(ge=1)] = 128
+    """On a ``local[*]`` master, the task slots added for the real-time query, which holds
+    one per source partition of its maps the whole time (a slot is a thread that waits on
+    Kafka, not a core); a map whose partitions would not fit stays on micro-batches."""
     jars: Literal["shipped", "installed"] = "shipped"
     """How executors get the Kafka, Delta (and S3) jars: ``shipped``, Spark copies them from
     the driver to each executor as it starts (about 700 MB with the S3 jars); ``installed``,

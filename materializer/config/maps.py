@@ -12,7 +12,7 @@ from pydantic import (
     model_validator,
 )
 
-from materializer.config.base import INTERNAL_PREFIX, KAFKA_KEY, _Model
+from materializer.config.base import INTERNAL_PREFIX, KAFKA_KEY, FoldPath, _Model
 from materializer.config.durations import NonNegativeDuration, PositiveDuration
 from materializer.config.transforms import Transform, ValueToKeyTransform
 
@@ -237,6 +237,17 @@ class MapConfig(_Model):
     """Expire entities not updated for a while, in Redis and/or the Delta table."""
     catch_up: CatchUpConfig = CatchUpConfig()
     """When the map counts as catching up (not ready for read-your-writes callers)."""
+    path: FoldPath | None = None
+    """How the map folds once caught up (None: the run's ``spark.path``). ``realtime`` folds
+    ``latest`` maps without ``history`` whose errors go to dead letters or are skipped, on
+    one Redis server; a map that asks for it otherwise is refused, by key path."""
+
+    @model_validator(mode="after")
+    def _realtime_folds_it(self) -> MapConfig:
+        """A map that asks for the real-time path is one it can fold."""
+        if self.path == "realtime" and (problems := realtime_problems(self)):
+            raise ValueError(realtime_refusal(problems))
+        return self
 
     @model_validator(mode="after")
     def _record_key_used(self) -> MapConfig:
@@ -282,3 +293,21 @@ def inferred_problems(map_config: MapConfig) -> list[str]:
     elif map_config.key != KAFKA_KEY and "'" in map_config.key and '"' in map_config.key:
         problems.append("key: a field name may hold either quote character, not both")
     return problems
+
+
+def realtime_problems(map_config: MapConfig) -> list[str]:
+    """Why the real-time path cannot fold the map (empty: it can). A map that asks for it
+    is refused; with ``spark.path: realtime`` such a map stays on micro-batches."""
+    problems = []
+    if map_config.fold.mode != "latest":
+        problems.append(f"it folds `latest` maps only, not fold.mode {map_config.fold.mode}")
+    if map_config.history:
+        problems.append("it writes no history (history: true)")
+    if map_config.on_error == "fail":
+        problems.append("it sends failed records to dead letters or skips them (on_error: fail)")
+    return problems
+
+
+def realtime_refusal(problems: list[str]) -> str:
+    """The message that refuses ``path: realtime`` for ``problems`` (``realtime_problems``)."""
+    return "path: realtime cannot fold this map: " + "; ".join(problems)

@@ -33,6 +33,7 @@ from materializer.clients.kafka_offsets import (
 )
 from materializer.clients.redis import client_for
 from materializer.config import AppConfig
+from materializer.config.names import LIVE_GROUP
 from materializer.contract.redis_layout import meta_key
 from materializer.contract.watermark import Watermark
 
@@ -43,19 +44,51 @@ LIVE_APP = "live"
 """The app id the real-time writer puts in the watermark: the real-time path wrote it."""
 
 
-def starting_offsets(
-    config: AppConfig, map_name: str, physical: str, group: str, transactional_id: str
-) -> str:
-    """The map's ``startingOffsets`` JSON (see the module's docstring), once the writers of
-    the map's last query are fenced (``fence``)."""
-    map_config = config.map(map_name)
-    topics = partition_ids(admin_client(config.kafka), map_config.source.topics)
-    fence(config, transactional_id, topics)
+def live_group(map_name: str) -> str:
+    """The consumer group the real-time writer commits the map's positions to."""
+    return LIVE_GROUP.replace("{map}", map_name)
+
+
+def transactional_prefix(physical: str) -> str:
+    """What the ``transactional.id`` of each of the map copy's real-time writers starts with."""
+    return f"materializer.live.{physical}"
+
+
+def starting_offsets(config: AppConfig, map_name: str, physical: str) -> str:
+    """Where the map's real-time source starts, as Spark's ``startingOffsets`` JSON (see the
+    module's docstring), once the writers of the map's last query are fenced (``fence``)."""
+    topics = partition_ids(admin_client(config.kafka), config.map(map_name).source.topics)
+    fence(config, transactional_prefix(physical), topics)
     watermark = Watermark.from_hash(client_for(config.redis).hgetall(meta_key(physical)))
     if watermark is not None and watermark.app_id != LIVE_APP:
-        hand_over(config, group, watermark.offsets)
-    reached = committed(config, group, topics)
-    unread = EARLIEST if map_config.source.starting_offsets == "earliest" else LATEST
+        hand_over(config, live_group(map_name), watermark.offsets)
+    return _positions(config, map_name, topics)
+
+
+def handed_back(config: AppConfig, map_name: str, physical: str) -> str | None:
+    """Where the map's micro-batch fold starts when the real-time path folded it last (its
+    watermark's app id is the real-time writer's), as ``startingOffsets`` JSON; None when
+    the micro-batch path folded it last, whose checkpoint then says where it stands.
+
+    The real-time path's committed positions, once its writers are fenced: the records
+    past them were applied to Redis, but their changelog and dead letters never committed,
+    so the micro-batch fold takes them again (Redis changes nothing twice, the changelog
+    and the dead letters get them once).
+    """
+    watermark = Watermark.from_hash(client_for(config.redis).hgetall(meta_key(physical)))
+    if watermark is None or watermark.app_id != LIVE_APP:
+        return None
+    topics = partition_ids(admin_client(config.kafka), config.map(map_name).source.topics)
+    fence(config, transactional_prefix(physical), topics)
+    return _positions(config, map_name, topics)
+
+
+def _positions(config: AppConfig, map_name: str, topics: dict[str, list[int]]) -> str:
+    """The committed real-time positions of every partition of ``topics``, as
+    ``startingOffsets`` JSON; a partition with none starts where ``source.starting_offsets``
+    says."""
+    reached = committed(config, live_group(map_name), topics)
+    unread = EARLIEST if config.map(map_name).source.starting_offsets == "earliest" else LATEST
     offsets = {
         topic: {str(p): reached.get(topic, {}).get(p, unread) for p in partitions}
         for topic, partitions in topics.items()

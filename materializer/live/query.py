@@ -5,20 +5,28 @@ JVM writer (``FoldWriter``)."""
 from __future__ import annotations
 
 import functools
-import shutil
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from materializer.checkpoints.running import Checkpoint
 from materializer.clients.kafka import java
 from materializer.config import AppConfig
-from materializer.config.names import LIVE_GROUP
+from materializer.config.maps import realtime_problems, realtime_refusal
 from materializer.contract.redis_layout import meta_key, physical_name
 from materializer.errors import ConfigError
+from materializer.group.fencing import Ownership
 from materializer.job import map_fold, map_key_paths, records
 from materializer.live.columns import writer_columns
-from materializer.live.positions import LIVE_APP, starting_offsets
+from materializer.live.positions import (
+    LIVE_APP,
+    live_group,
+    starting_offsets,
+    transactional_prefix,
+)
 from materializer.redis.functions import LIVE, load_library
 from materializer.redis.writer import Writer
 from materializer.restore.automatic import ensure_whole
@@ -33,46 +41,59 @@ which is one Redis call behind its records. A shorter one only repeats the query
 planning; a crash replays nothing twice either way (the watermark holds the positions)."""
 
 WRITER = "io.materializer.live.FoldWriter"
+QUERY_NAME = "live"
+
+
+@dataclass(frozen=True)
+class LiveMap:
+    """A map the real-time query folds: its copy (``generation``) and, in a worker group,
+    the ownership its writes carry (``group.fencing``)."""
+
+    name: str
+    generation: int = 0
+    owner: Ownership | None = None
+    config: AppConfig | None = None
+    """The config the map runs on (None: the query's): a rebuild pins a map's old one."""
 
 
 def start_live(
     spark: SparkSession,
     config: AppConfig,
-    map_names: Sequence[str],
+    maps: Sequence[LiveMap],
     checkpoint: str,
     batch_duration: str = BATCH_DURATION,
 ) -> StreamingQuery:
-    """Start the real-time query of ``map_names``, each from its watermark.
+    """Start the real-time query of ``maps``, each from its position (``live.positions``).
 
     ``checkpoint`` is the query's own folder, emptied first: the positions that count are
-    the watermarks in Redis, so a query of another set of maps starts afresh.
+    the maps' own, so a query of another set of maps starts afresh.
     """
     if config.redis.cluster:
         raise ConfigError("", ["redis.cluster: the real-time path runs on one Redis server"])
     load_library(config.redis)
     parts: list[DataFrame] = []
-    maps: list[dict[str, Any]] = []
-    for index, name in enumerate(map_names):
-        part, spec = _map_part(spark, config, name, index)
+    specs: list[dict[str, Any]] = []
+    for index, member in enumerate(maps):
+        part, spec = _map_part(spark, config, member, index)
         parts.append(part)
-        maps.append(spec)
+        specs.append(spec)
     union = functools.reduce(lambda a, b: a.unionByName(b), parts)
     spec_json = orjson.dumps(
         {
             "redisUrl": config.redis.url,
             "appId": LIVE_APP,
             "producer": java(config.kafka),
-            "maps": maps,
+            "maps": specs,
         }
     ).decode()
-    shutil.rmtree(checkpoint, ignore_errors=True)
+    Checkpoint(spark, checkpoint).discard()
     jvm = spark._jvm
     assert jvm is not None, "a classic Spark session (py4j), not Spark Connect"
     writer = getattr(jvm, WRITER)(spec_json)
     trigger = jvm.org.apache.spark.sql.streaming.Trigger.RealTime(batch_duration)
     started = (
         union._jdf.writeStream()
-        .queryName("live")
+        .queryName(QUERY_NAME)
         .option("checkpointLocation", checkpoint)
         .outputMode("update")
         .foreach(writer)
@@ -85,20 +106,18 @@ def start_live(
 
 
 def _map_part(
-    spark: SparkSession, config: AppConfig, name: str, index: int
+    spark: SparkSession, config: AppConfig, member: LiveMap, index: int
 ) -> tuple[DataFrame, dict[str, Any]]:
     """One map's records as the writer reads them, and its place in the writer's spec."""
-    map_config = config.map(name)
-    if map_config.fold.mode != "latest":
-        raise ConfigError(
-            "", [f"maps.{name}.fold.mode: the real-time path folds `latest` maps only so far"]
-        )
-    physical = physical_name(name, 0)
-    fold = map_fold(config, name)
-    ensure_whole(config, name, 0)
-    group = LIVE_GROUP.replace("{map}", name)
-    transactional_id = f"materializer.live.{physical}"
-    starting = starting_offsets(config, name, physical, group, transactional_id)
+    name = member.name
+    config = member.config or config
+    problems = realtime_problems(config.map(name))
+    if problems:
+        raise ConfigError("", [f"maps.{name}.{realtime_refusal(problems)}"])
+    physical = physical_name(name, member.generation)
+    fold = map_fold(config, name, member.generation, owner=member.owner)
+    ensure_whole(config, name, member.generation)
+    starting = starting_offsets(config, name, physical)
     keyed = records(spark, config, name, starting_offsets=starting)
     with map_key_paths(name):
         events = fold.events(keyed)
@@ -110,7 +129,29 @@ def _map_part(
         "meta": meta_key(physical),
         "changelog": fold.target.changelog_topic,
         "deadLetters": fold.target.dead_letter_topic,
-        "group": group,
-        "transactionalId": transactional_id,
+        "group": live_group(name),
+        "transactionalId": transactional_prefix(physical),
     }
     return writer_columns(fold, events, index, physical), spec
+
+
+WRITERS_DRAIN_S = 75.0
+"""How long a stop waits for the writers of the stopped query (each waits up to a minute
+for its calls and transactions, ``FoldWriter.DRAIN_MS``)."""
+
+
+def stop_live(spark: SparkSession, query: StreamingQuery) -> bool:
+    """Stop the real-time query, then wait until its writers have committed what they
+    applied: Spark ends a stopped query before its tasks, and the next query's fencing
+    would abort their last transactions (the next start would fold those records again,
+    once, but a stop is meant to leave nothing behind). False when the wait ran out."""
+    query.stop()
+    jvm = spark._jvm
+    assert jvm is not None, "a classic Spark session (py4j), not Spark Connect"
+    writers = getattr(jvm, WRITER)
+    deadline = time.monotonic() + WRITERS_DRAIN_S
+    while writers.openWriters() > 0:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

@@ -29,6 +29,7 @@ from materializer.enrichment.job import start_enrichment
 from materializer.errors import MaterializerError
 from materializer.group.fencing import take_over
 from materializer.job import start_map
+from materializer.live.positions import handed_back
 from materializer.redis.functions import CopyLost, Fenced
 from materializer.restore.automatic import ensure_whole
 from materializer.run.rebuilds import Rebuilds
@@ -117,6 +118,7 @@ class MapLifecycle:
                 m.generation = self._generation(m.name)
                 config = self._rebuilds.config_for(m)
                 check_source(config, m.name, m.generation)
+                starting = handed_back(config, m.name, physical_name(m.name, m.generation))
                 m.queries = start_map(
                     self._spark,
                     config,
@@ -127,6 +129,7 @@ class MapLifecycle:
                     owner=m.owner,
                     opening=opening,
                     pace=pace,
+                    starting_offsets=starting,
                 )
                 m.pace = pace
         except Fenced as exc:  # another worker claimed it meanwhile
@@ -290,7 +293,9 @@ class MapLifecycle:
         broken = [q for q in m.queries.queries if not q.isActive]
         if not broken:
             return Trouble("restore", "Redis lost its copy") if self.lost(m) else None
-        error = explain_failure(self._run.config, m.name, m.generation, broken[0])
+        error = explain_failure(
+            self._run.config, m.name, m.generation, str(broken[0].exception()), broken[0].name
+        )
         if FENCED_ERROR in error:
             return Trouble("fenced", error)
         if any(name in error for name in RECOVERABLE):

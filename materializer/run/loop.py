@@ -154,6 +154,7 @@ class RunLoop:
         requests = self.channel.requests()
         for m in self.maps.values():
             self.supervisor.step(m, requests[m.name])
+        self.supervisor.live.settle()
         # Operations asked of the maps this run holds (in a group: the maps it owns).
         self.operations.step(
             m.name
@@ -181,6 +182,7 @@ class RunLoop:
         else:
             for m in running:
                 self.supervisor.lifecycle.stop(m, "stopped")
+        self.supervisor.live.close()
         self.channel.report(self._reports())
         self.operations.close()
         if self.worker is not None:  # drained: the others take the maps over at once

@@ -55,6 +55,9 @@ class SupervisedMap:
                 float(progress.get("processedRowsPerSecond") or 0.0),
             )
         figures = self.catch_up if self.state == "running" else None
+        if rates == (0.0, 0.0) and figures is not None and not figures.catching_up:
+            # A real-time fold reports no batches: a map caught up folds what comes in.
+            rates = (figures.input_rate, figures.input_rate)
         size = self.state_size
         return MapReport(
             state="catching_up" if figures is not None and figures.catching_up else self.state,

@@ -1,8 +1,10 @@
 """The supervisor: one step of each map per loop, tying its rooms together (the map's
-lifecycle, its catch-up pacing, the rebuilds under way) and obeying operators."""
+lifecycle, its catch-up pacing, the rebuilds under way, the real-time path) and obeying
+operators."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -11,6 +13,7 @@ from materializer.contract.control import Control
 from materializer.contract.status import MapReport
 from materializer.group.worker import Worker
 from materializer.run.lifecycle import MapLifecycle
+from materializer.run.live import LivePath
 from materializer.run.pacing import CatchUpPacing
 from materializer.run.rebuilds import Rebuilds
 from materializer.run.supervised import InForce, SupervisedMap
@@ -20,6 +23,8 @@ from materializer.runtime.progress import BatchLog
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+log = logging.getLogger(__name__)
 
 
 class Supervisor:
@@ -55,6 +60,8 @@ class Supervisor:
             in_group=worker is not None,
         )
         self.pacing = CatchUpPacing(self.run, self.lifecycle, self.rebuilds, metrics)
+        worker_id = config.worker.worker_id() if worker is None else worker.id
+        self.live = LivePath(spark, self.run, self.rebuilds.config_for, worker_id)
 
     @property
     def config(self) -> AppConfig:
@@ -116,3 +123,11 @@ class Supervisor:
         if trouble is not None:
             self.lifecycle.fail(m, trouble.why)
         self.lifecycle.obey(m, request)
+        if self.live.far_behind(m):
+            log.info(
+                "map %s: far behind on the real-time path, catching up in micro-batches", m.name
+            )
+            self.lifecycle.stop(m, "stopped")
+            self.lifecycle.start(m, opening=False)
+        elif self.live.wants(m):
+            self.live.join(m)

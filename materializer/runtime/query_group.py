@@ -9,12 +9,43 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from materializer.runtime.projector import Projector
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.query import StreamingQuery
+
+
+class FoldQuery(Protocol):
+    """What a map's fold is to those who watch and stop it: its own micro-batch query, or
+    its place in the run's real-time query (``run.live.SharedFold``)."""
+
+    @property
+    def name(self) -> str:
+        """The query's name."""
+
+    @property
+    def isActive(self) -> bool:  # noqa: N802 - StreamingQuery's names
+        """False once it failed or stopped."""
+
+    @property
+    def lastProgress(self) -> Any:  # noqa: N802
+        """Its last batch's progress (None before the first)."""
+
+    @property
+    def status(self) -> dict[str, Any]:
+        """Whether a batch is running, and why not."""
+
+    def exception(self) -> Any:
+        """Its failure, if it failed."""
+
+    def stop(self) -> None:
+        """Stop it."""
+
+    def processAllAvailable(self) -> None:  # noqa: N802
+        """Wait until it has taken in what its sources hold now."""
+
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +62,7 @@ class QueryGroup:
     """
 
     name: str
-    fold: StreamingQuery
+    fold: FoldQuery
     side: list[StreamingQuery] = field(default_factory=list)
     projectors: list[Projector] = field(default_factory=list)
     """Closed once the queries stop, releasing the clients their sinks keep."""
@@ -57,7 +88,7 @@ class QueryGroup:
         )
 
     @property
-    def queries(self) -> list[StreamingQuery]:
+    def queries(self) -> list[FoldQuery]:
         """The map's queries, fold first."""
         return [self.fold, *self.side]
 
@@ -122,7 +153,7 @@ class QueryGroup:
         self._close()
 
 
-def _await_batch_end(query: StreamingQuery, deadline: float) -> None:
+def _await_batch_end(query: FoldQuery, deadline: float) -> None:
     """Return once the query's batch in flight (if any) has committed, or at ``deadline``.
 
     Under a steady stream batches run back to back and an idle trigger is
@@ -137,6 +168,6 @@ def _await_batch_end(query: StreamingQuery, deadline: float) -> None:
         time.sleep(0.05)
 
 
-def _last_batch_id(query: StreamingQuery) -> int | None:
+def _last_batch_id(query: FoldQuery) -> int | None:
     progress = query.lastProgress
     return None if progress is None else int(progress["batchId"])

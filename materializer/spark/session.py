@@ -136,8 +136,15 @@ def build_spark_session(
     # Python workers must import the same packages as the driver (redis for the
     # Redis sink), so they run this interpreter unless the deployment says otherwise.
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(config.master).appName(app_name)
-    for key, value in spark_conf(config, object_store).items():
+    conf = spark_conf(config, object_store)
+    master = config.master
+    if master == "local[*]":
+        # Slots for the real-time query's tasks; every other job keeps the cores' parallelism.
+        cores = os.cpu_count() or 1
+        master = f"local[{cores + config.live_slots}]"
+        conf.setdefault("spark.default.parallelism", str(cores))
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in conf.items():
         builder = builder.config(key, value)
     session = builder.getOrCreate()
     session.sparkContext.setLogLevel("WARN")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from materializer.config import load_config
-from materializer.live.query import start_live
+from materializer.live.query import LiveMap, start_live
 from materializer.spark.session import build_spark_session
 
 CHECKPOINT_EVERY = "5 seconds"
@@ -18,7 +18,8 @@ def main(argv: list[str]) -> None:
     config_path, checkpoint, *maps = argv
     config = load_config(Path(config_path))
     spark = build_spark_session(config.spark)
-    query = start_live(spark, config, maps, checkpoint, batch_duration=CHECKPOINT_EVERY)
+    members = [LiveMap(name) for name in maps]
+    query = start_live(spark, config, members, checkpoint, batch_duration=CHECKPOINT_EVERY)
     print("live query started", flush=True)
     query.awaitTermination()
 

@@ -90,27 +90,38 @@ def folded_to(client: redis.Redis, name: str, ends: dict[int, int], topic: str) 
     return all(reached.get(p, 0) >= end for p, end in ends.items())
 
 
-def test_maps_sharing_a_live_query_equal_the_reference_across_a_kill(
-    kafka_bootstrap: str, redis_url: str, redis_client: redis.Redis, tmp_path: Path
-) -> None:
+def two_maps(
+    prefix: str, bootstrap: str, redis_url: str, tmp_path: Path, spark: dict[str, Any]
+) -> tuple[list[str], dict[str, str], Path]:
+    """Two maps named from ``prefix``, each of a topic of its own (two partitions) holding
+    ``records``' JSON, in a configuration file with ``spark``'s settings: their names, their
+    topics and the file."""
     suffix = uuid.uuid4().hex[:8]
-    names = [f"live_a_{suffix}", f"live_b_{suffix}"]
-    topics = {name: create_topic(kafka_bootstrap, 2) for name in names}
-    doc: dict[str, Any] = {
-        "kafka": {"bootstrap_servers": kafka_bootstrap},
+    names = [f"{prefix}_a_{suffix}", f"{prefix}_b_{suffix}"]
+    topics = {name: create_topic(bootstrap, 2) for name in names}
+    doc = {
+        "kafka": {"bootstrap_servers": bootstrap},
         "redis": {"url": redis_url},
         "delta": {"root": str(tmp_path / "warehouse")},
-        "spark": {"master": "local[6]", "checkpoint_root": str(tmp_path / "checkpoints")},
+        "spark": {**spark, "checkpoint_root": str(tmp_path / "checkpoints")},
+        "metrics": {"port": 0},
         "maps": {
             name: {
-                "source": {"topics": [topics[name]], "format": "json", "schema": SCHEMA},
+                "source": {"topics": [topic], "format": "json", "schema": SCHEMA},
                 "key": "id",
                 "on_error": "dead_letter",
             }
-            for name in names
+            for name, topic in topics.items()
         },
     }
-    path = config_file(doc, tmp_path)
+    return names, topics, config_file(doc, tmp_path)
+
+
+def test_maps_sharing_a_live_query_equal_the_reference_across_a_kill(
+    kafka_bootstrap: str, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    spark = {"master": "local[6]"}
+    names, topics, path = two_maps("live", kafka_bootstrap, redis_url, tmp_path, spark)
     rng = random.Random(11)
     produced: dict[str, list[Event]] = {name: [] for name in names}
     ends: dict[str, dict[int, int]] = {name: {} for name in names}

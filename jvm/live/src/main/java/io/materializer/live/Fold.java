@@ -82,8 +82,13 @@ final class Fold {
     if (route == null) {
       route = map.meta.getBytes(StandardCharsets.UTF_8);
     }
-    List<?> answers = (List<?>) redis.fcall(map.function.getBytes(StandardCharsets.UTF_8),
-        List.of(route), args);
+    List<?> answers;
+    try {
+      answers = (List<?>) redis.fcall(map.function.getBytes(StandardCharsets.UTF_8),
+          List.of(route), args);
+    } catch (RuntimeException e) {
+      throw new MapFailure(map.name, e);
+    }
     for (int i = 0; i < chunk.size(); i++) {
       Record r = chunk.get(i);
       Object answer = answers.get(i);

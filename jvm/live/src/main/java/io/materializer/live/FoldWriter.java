@@ -5,6 +5,7 @@ import java.util.ArrayList;
 import java.util.List;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicInteger;
 import org.apache.spark.sql.ForeachWriter;
 import org.apache.spark.sql.Row;
 import redis.clients.jedis.Jedis;
@@ -30,6 +31,12 @@ public final class FoldWriter extends ForeachWriter<Row> {
   /** The most records one round of calls takes: a few Redis calls' worth. */
   static final int MOST = 2000;
 
+  /** How long a task's end waits for its queued records' calls and transactions. */
+  static final long DRAIN_MS = 60_000;
+
+  /** The writers of this JVM between their open and the end of their close. */
+  private static final AtomicInteger OPEN = new AtomicInteger();
+
   private final String specJson;
   private transient Spec spec;
   private transient Jedis redis;
@@ -39,6 +46,7 @@ public final class FoldWriter extends ForeachWriter<Row> {
   private transient Thread applier;
   private transient volatile boolean closing;
   private transient volatile Throwable failure;
+  private transient boolean counted;
 
   public FoldWriter(String specJson) {
     this.specJson = specJson;
@@ -57,6 +65,8 @@ public final class FoldWriter extends ForeachWriter<Row> {
     applier = new Thread(this::apply, "materializer-live-" + partitionId);
     applier.setDaemon(true);
     applier.start();
+    counted = true;
+    OPEN.incrementAndGet();
     return true;
   }
 
@@ -95,28 +105,65 @@ public final class FoldWriter extends ForeachWriter<Row> {
 
   @Override
   public void close(Throwable error) {
+    // A stop of the query interrupts the task's thread: the records already queued were
+    // applied to Redis, or are about to be, so their Kafka transactions are committed all
+    // the same before the task ends (a graceful stop leaves nothing to the next start).
     closing = true;
+    long deadline = System.currentTimeMillis() + DRAIN_MS;
+    boolean interrupted = Thread.interrupted();
     try {
-      if (applier != null) {
-        applier.join();
-      }
+      interrupted |= joinUntil(applier, deadline);
       if (transactions != null) {
-        transactions.close();
+        interrupted |= transactions.close(deadline);
         transactions.check();
       }
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
-      failure = e;
     } catch (RuntimeException e) {
       failure = e;
     } finally {
       if (redis != null) {
         redis.close();
       }
+      if (counted) {
+        counted = false;
+        OPEN.decrementAndGet();
+      }
+      if (interrupted) {
+        Thread.currentThread().interrupt();
+      }
     }
     Throwable failed = failure;
     if (failed != null && error == null) {
       throw new IllegalStateException("the live fold failed: " + failed.getMessage(), failed);
     }
+  }
+
+  /**
+   * How many writers of this JVM are open: a stopped query's tasks end after the query does,
+   * and its writers commit what they applied meanwhile, so whoever starts the next query of
+   * the same maps waits for none to be open first (its fencing would abort their last
+   * transactions).
+   */
+  public static int openWriters() {
+    return OPEN.get();
+  }
+
+  /**
+   * Waits for {@code thread} to end, or until {@code deadline} (epoch ms), through any
+   * interrupt; whether one came (the caller then interrupts itself again).
+   */
+  static boolean joinUntil(Thread thread, long deadline) {
+    boolean interrupted = false;
+    while (thread != null && thread.isAlive()) {
+      long left = deadline - System.currentTimeMillis();
+      if (left <= 0) {
+        break;
+      }
+      try {
+        thread.join(left);
+      } catch (InterruptedException e) {
+        interrupted = true;
+      }
+    }
+    return interrupted;
   }
 }

@@ -25,7 +25,7 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  * partition (after a crash, or on another worker) fences the one before it, whose open
  * transaction Kafka aborts.
  */
-final class Transactions implements AutoCloseable {
+final class Transactions {
   /** Rounds queued at most: past it, the Redis side waits for Kafka to catch up. */
   static final int MOST_QUEUED = 64;
 
@@ -61,16 +61,17 @@ final class Transactions implements AutoCloseable {
     }
   }
 
-  /** Waits until every queued round is committed, then releases the producer. */
-  @Override
-  public void close() {
+  /**
+   * Waits until every queued round is committed (or {@code deadline}, epoch ms), then
+   * releases the producer; whether an interrupt came meanwhile.
+   */
+  boolean close(long deadline) {
     closing = true;
-    try {
-      committer.join();
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
+    boolean interrupted = FoldWriter.joinUntil(committer, deadline);
+    if (!committer.isAlive()) {
+      release();
     }
-    release();
+    return interrupted;
   }
 
   private void commitAll() {
@@ -94,7 +95,11 @@ final class Transactions implements AutoCloseable {
           });
         }
         for (Effects e : byMap.values()) {
-          commit(e);
+          try {
+            commit(e);
+          } catch (RuntimeException failed) {
+            throw new MapFailure(e.map.name, failed);
+          }
         }
         taken.clear();
       }

@@ -1,0 +1,166 @@
+"""The real-time path through ``materializer run``, as users start it: maps with
+``spark.path: realtime`` open and catch up in micro-batches, then fold in one shared
+real-time query; a kill -9 of the whole process group mid-stream, a pause and a resume
+(a switch back to micro-batches and forth again) while records stream in, and a stop by
+SIGTERM leave Redis, the changelog, the dead letters and the Delta tables equal to the
+plain-Python reference, with nothing folded twice."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import orjson
+import pytest
+import redis
+
+from materializer.config import load_config
+from materializer.config.names import changelog_topic, dead_letter_topic
+from materializer.contract.redis_layout import meta_key
+from materializer.contract.watermark import Watermark
+from materializer.live.positions import committed, live_group
+from materializer.testing import produce
+from materializer.testing.process import ManagedProcess
+from materializer.testing.reference import Event, fold_latest
+from materializer.testing.waiting import wait_until
+from tests.helpers.slices import delta_map_rs, read_committed, redis_map
+from tests.integration.test_live_path import FIELDS, failing, records, two_maps
+
+pytestmark = pytest.mark.integration
+
+BOTH_LIVE = "for 2 maps"
+
+
+class Streams:
+    """The records produced to each map's topic, and where each partition ends."""
+
+    def __init__(self, bootstrap: str, topics: dict[str, str]) -> None:
+        self.bootstrap = bootstrap
+        self.topics = topics
+        self.rng = random.Random(7)
+        self.produced: dict[str, list[Event]] = {name: [] for name in topics}
+        self.ends: dict[str, dict[int, int]] = {name: {} for name in topics}
+        self.next_seq = 0
+
+    def round(self, n: int) -> None:
+        for name, topic in self.topics.items():
+            batch = records(self.rng, n, self.next_seq)
+            for (partition, offset), (key, value) in zip(
+                produce(self.bootstrap, topic, batch), batch, strict=True
+            ):
+                self.produced[name].append((partition, offset, key, value))
+                self.ends[name][partition] = max(self.ends[name].get(partition, 0), offset + 1)
+        self.next_seq += n
+
+    def stream(self, rounds: int, n: int) -> threading.Thread:
+        """``rounds`` rounds of ``n`` records a map, one every 20 ms, on a thread."""
+
+        def run() -> None:
+            for _ in range(rounds):
+                self.round(n)
+                time.sleep(0.02)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+
+def test_realtime_maps_through_materializer_run_equal_the_reference(
+    kafka_bootstrap: str, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    names, topics, path = two_maps("rt", kafka_bootstrap, redis_url, tmp_path, {"path": "realtime"})
+    config = load_config(path)
+    streams = Streams(kafka_bootstrap, topics)
+    log = tmp_path / "run.log"
+    args = [sys.executable, "-m", "materializer", "run", "-c", str(path)]
+    proc: ManagedProcess | None = None
+
+    def both_live() -> int:
+        """How many times a real-time query of both maps started."""
+        return log.read_text(errors="replace").count(BOTH_LIVE)
+
+    def alive() -> bool:
+        return proc is not None and proc.alive()
+
+    def settled() -> bool:
+        """Every record in Redis, and its changelog and dead letters committed: each map's
+        watermark, and the real-time path's committed position, past the last record."""
+        for name in names:
+            watermark = Watermark.from_hash(redis_client.hgetall(meta_key(name)))
+            ends = streams.ends[name]
+            if watermark is None:
+                return False
+            reached = watermark.offsets.get(topics[name], {})
+            if any(reached.get(p, 0) < end for p, end in ends.items()):
+                return False
+        return True
+
+    def control(verb: str, name: str) -> None:
+        subprocess.run(
+            [sys.executable, "-m", "materializer", verb, "-c", str(path), name],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+
+    streams.round(400)  # a backlog: each map opens and catches up in micro-batches first
+    try:
+        proc = ManagedProcess(args, log)
+        wait_until("both maps on the real-time path", lambda: both_live() >= 1, 300, alive)
+        # Records stream in while the whole process group is killed.
+        streaming = streams.stream(40, 10)
+        time.sleep(0.3)
+        proc.kill()
+        streaming.join()
+        streams.round(200)
+        proc = ManagedProcess(args, log)  # the log goes on: two more joins after the restart
+        wait_until("both maps back on the real-time path", lambda: both_live() >= 2, 300, alive)
+        # A pause and a resume while records stream in: the map leaves the shared query,
+        # stops, and starts again in micro-batches from where the real-time path left it,
+        # then joins again; the other map folds on.
+        streaming = streams.stream(60, 10)
+        control("pause", names[0])
+        control("resume", names[0])
+        streaming.join()
+        wait_until("the map on the real-time path again", lambda: both_live() >= 3, 300, alive)
+        streams.round(100)
+        wait_until("every record folded", settled, 240, alive)
+        streaming = streams.stream(20, 10)
+        time.sleep(0.2)
+        proc.stop()  # SIGTERM to the process group, mid-stream: a drain, then the end
+        assert proc.proc.returncode == 0, proc.tail(60)
+        streaming.join()
+    except BaseException:
+        if proc is not None:
+            print(proc.tail(120), file=sys.stderr)
+        raise
+    finally:
+        if proc is not None:
+            proc.stop()
+
+    for name in names:
+        topic = topics[name]
+        # The run ended with its drain: the real-time path's committed position equals the
+        # watermark (no transaction left open), and the Delta table holds what Redis holds.
+        watermark = Watermark.from_hash(redis_client.hgetall(meta_key(name)))
+        assert watermark is not None
+        reached = watermark.offsets[topic]
+        positions = committed(config, live_group(name), {topic: sorted(reached)})
+        assert watermark.app_id == "live", name
+        assert positions == {topic: reached}, name
+        produced = [e for e in streams.produced[name] if e[1] < reached.get(e[0], 0)]
+        expected = fold_latest(produced, "id", FIELDS)
+        assert redis_map(redis_client, name) == expected, name
+        assert delta_map_rs(tmp_path / "warehouse" / name) == expected, name
+        last: dict[str, bytes | None] = {}
+        for msg in read_committed(kafka_bootstrap, changelog_topic(config, name, 0)):
+            last[msg.key().decode()] = msg.value()
+        assert {k: orjson.loads(v) for k, v in last.items() if v is not None} == expected
+        # Every record that cannot be folded is a dead letter once: none lost, none twice.
+        letters = read_committed(kafka_bootstrap, dead_letter_topic(config, name))
+        sent = sorted((k, v) for _, _, k, v in produced if failing(v))
+        assert sorted((m.key(), m.value()) for m in letters) == sent, name

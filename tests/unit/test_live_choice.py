@@ -1,0 +1,105 @@
+"""Which maps fold on the real-time path, and how its failures reach a map's lifecycle."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from materializer.config import parse_config
+from materializer.errors import ConfigError
+from materializer.redis.functions import CopyLost
+from materializer.run.lifecycle import FENCED_ERROR, RECOVERABLE
+from materializer.run.live import _live_slots, in_lifecycle_terms
+
+
+def config(spark: dict[str, Any] | None = None, **maps: dict[str, Any]) -> Any:
+    doc: dict[str, Any] = {"maps": {}}
+    if spark is not None:
+        doc["spark"] = spark
+    for name, extra in maps.items():
+        doc["maps"][name] = {
+            "source": {"topics": [f"{name}-events"], "format": "json", "schema": "id STRING"},
+            "key": "id",
+            **extra,
+        }
+    return parse_config(doc)
+
+
+def test_the_run_path_is_micro_batches_unless_asked() -> None:
+    cfg = config(plain={}, own={"path": "realtime"})
+    assert cfg.fold_path("plain") == "microbatch"
+    assert cfg.fold_path("own") == "realtime"
+
+
+def test_the_run_default_takes_the_maps_the_real_time_path_can_fold() -> None:
+    cfg = config(
+        {"path": "realtime"},
+        latest={},
+        merged={"fold": {"mode": "merge"}},
+        kept={"history": True},
+        strict={"on_error": "fail"},
+        opted_out={"path": "microbatch"},
+    )
+    paths = {name: cfg.fold_path(name) for name in cfg.maps}
+    assert paths == {
+        "latest": "realtime",
+        "merged": "microbatch",
+        "kept": "microbatch",
+        "strict": "microbatch",
+        "opted_out": "microbatch",
+    }
+
+
+def test_a_map_that_asks_for_what_the_real_time_path_cannot_fold_is_refused() -> None:
+    with pytest.raises(ConfigError) as bad:
+        config(m={"path": "realtime", "fold": {"mode": "merge"}, "history": True})
+    assert bad.value.problems == [
+        "maps.m.path: realtime cannot fold this map: it folds `latest` maps only, not "
+        "fold.mode merge; it writes no history (history: true)"
+    ]
+
+
+def test_a_map_on_a_redis_cluster_stays_on_micro_batches() -> None:
+    with pytest.raises(ConfigError, match=r"maps.m.path: realtime folds into one Redis server"):
+        parse_config(
+            {
+                "redis": {"cluster": True},
+                "maps": {
+                    "m": {
+                        "source": {"topics": ["t"], "format": "json", "schema": "id STRING"},
+                        "key": "id",
+                        "path": "realtime",
+                    }
+                },
+            }
+        )
+    cfg = parse_config(
+        {**config({"path": "realtime"}, m={}).model_dump(), "redis": {"cluster": True}}
+    )
+    assert cfg.fold_path("m") == "microbatch"
+
+
+def test_the_writers_failures_are_mended_as_the_micro_batch_folds_are() -> None:
+    fenced = "MATERIALIZER_LIVE_MAP m : MATERIALIZER_FENCED epoch 5 is no longer the map's owner"
+    assert in_lifecycle_terms(fenced).startswith(FENCED_ERROR)
+    producer = (
+        "Kafka did not commit a transaction: org.apache.kafka.common.errors.ProducerFencedException"
+    )
+    assert in_lifecycle_terms(producer).startswith(FENCED_ERROR)
+    lost = "MATERIALIZER_LIVE_MAP m : MATERIALIZER_LOST this server has no marker of the map"
+    assert in_lifecycle_terms(lost).startswith(f"{CopyLost.__module__}.{CopyLost.__name__}")
+    away = "redis.clients.jedis.exceptions.JedisConnectionException: Unexpected end of stream."
+    assert any(name in in_lifecycle_terms(away) for name in RECOVERABLE)
+    other = "MATERIALIZER_LIVE_MAP m : ERR unknown function"
+    assert in_lifecycle_terms(other) == other
+
+
+def test_a_local_master_leaves_the_real_time_query_its_slots_beyond_the_cores() -> None:
+    import os
+
+    cores = os.cpu_count() or 1
+    assert _live_slots(f"local[{cores + 10}]") == 10
+    assert _live_slots("local[1]") == max(0, 1 - cores)
+    assert _live_slots("local") == 0
+    assert _live_slots("spark://host:7077") is None
