@@ -56,3 +56,34 @@ class CpuWindow:
 
 def loadavg() -> float:
     return round(os.getloadavg()[0], 2)
+
+
+def process_tree(root: int) -> list[int]:
+    """``root`` and every process below it now (its JVM, Python workers, ...)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def rss_bytes(pids: Sequence[int]) -> int:
+    """The resident memory of the processes, summed (``VmRSS``)."""
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1]) * 1024
+        except OSError:
+            continue
+    return total

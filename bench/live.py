@@ -37,6 +37,7 @@ from typing import Any
 import redis
 import yaml
 from confluent_kafka import Producer
+from cpu_window import CpuWindow, process_tree, rss_bytes
 from deltalake import DeltaTable
 from freshness import Follower, produce_at_rate
 from harness import PARTITIONS, SCHEMA, emit, produce_bulk, services, setup_line
@@ -168,6 +169,7 @@ def write_config(
     spark_conf: dict[str, str] | None = None,
     *,
     catalog: dict[str, Any] | None = None,
+    path: str = "microbatch",
 ) -> Path:
     """The run's YAML: one map named ``mode`` over ``topic``, and the ``catalog`` section
     if given (maps created at runtime)."""
@@ -181,15 +183,19 @@ def write_config(
         "redis": {"url": redis_url},
         # Every cadence at its default, as users run it, unless --delta-* says.
         "delta": delta,
-        "spark": {"checkpoint_root": str(work / "checkpoints"), "conf": spark_conf or {}},
+        "spark": {
+            "checkpoint_root": str(work / "checkpoints"),
+            "conf": spark_conf or {},
+            "path": path,
+        },
         "metrics": {"port": 0},
         "maps": {mode: map_section(topic, mode)},
     }
     if catalog is not None:
         doc["catalog"] = catalog
-    path = work / f"{mode}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    file = work / f"{mode}.yaml"
+    file.write_text(yaml.safe_dump(doc))
+    return file
 
 
 def add_spark_conf(parser: argparse.ArgumentParser) -> None:
@@ -277,6 +283,7 @@ def follow(
     seq0: int,
     args: argparse.Namespace,
     jit: JitMeter,
+    run_pid: int,
 ) -> tuple[dict[str, Any] | None, dict[str, Any]]:
     """Feed ``rate`` events/s for ``--warmup-seconds`` then ``--seconds`` without a pause,
     and follow the samples into Redis and Delta. The warm-up's percentiles on their own
@@ -287,8 +294,15 @@ def follow(
     delta = DeltaFollower(str(run_dir / "warehouse" / mode))
     delta.thread.start()
     jit_samples = [jit.sample()]
+    cpu = CpuWindow({"run": process_tree(run_pid)})
+
+    def at_warm_end() -> None:
+        jit_samples.append(jit.sample())
+        cpu.groups = {"run": process_tree(run_pid)}  # the Python workers of the moment
+        cpu.begin()
+
     # The end of the warm-up, sampled while the feed goes on.
-    at_warm = threading.Timer(args.warmup_seconds, lambda: jit_samples.append(jit.sample()))
+    at_warm = threading.Timer(args.warmup_seconds, at_warm_end)
     at_warm.start()
     achieved = feed(
         bootstrap,
@@ -304,6 +318,8 @@ def follow(
     )
     at_warm.join()
     jit_samples.append(jit.sample())
+    cores = cpu.end()
+    rss = rss_bytes(process_tree(run_pid))
     unresolved = follower.finish(drain_seconds=120)
     measured_from = seq0 + int(rate * args.warmup_seconds)
     timed = sorted(zip(follower.sequences, follower.latencies, strict=True))
@@ -354,6 +370,9 @@ def follow(
         "delta_trails_redis_p50_ms": round(nearest_rank(trail, 50)) if trail else None,
         "delta_trails_redis_p99_ms": round(nearest_rank(trail, 99)) if trail else None,
         "jit_compile_cores": JitMeter.cores(jit_samples[1], jit_samples[2]),
+        **cores,
+        "run_cpu_s_per_1000_events": round((cores["run_cpu_cores"] or 0) / achieved * 1000, 3),
+        "run_rss_gib": round(rss / 2**30, 2),
     }
 
 
@@ -381,6 +400,11 @@ def main() -> None:
         help="run each mode once per Delta MERGE engine, e.g. 'delta_rs,spark' "
         "(default: the config's, once)",
     )
+    parser.add_argument(
+        "--paths",
+        default="microbatch",
+        help="run each mode once per fold path (spark.path), e.g. 'microbatch,realtime'",
+    )
     add_spark_conf(parser)
     args = parser.parse_args()
     spark_conf = spark_settings(args)
@@ -395,16 +419,28 @@ def main() -> None:
         bootstrap, redis_url = stack.enter_context(services())
         setup_line("local[*]", 0, args.keys)
         client = redis.Redis.from_url(redis_url)
-        for mode, engine in [(m, e) for m in args.modes.split(",") for e in engines]:
-            run_dir = work / f"{mode}-{engine or 'default'}"
+        runs = [
+            (m, e, p) for m in args.modes.split(",") for e in engines for p in args.paths.split(",")
+        ]
+        for mode, engine, path in runs:
+            run_dir = work / f"{mode}-{engine or 'default'}-{path}"
             run_dir.mkdir()
             client.flushall()  # each run starts from an empty map
             topic = create_topic(bootstrap, PARTITIONS)
             # Every key once, so the map starts with all its entities.
             produce_bulk(bootstrap, topic, args.keys, args.keys)
             config = write_config(
-                run_dir, bootstrap, redis_url, topic, mode, args.delta_trigger, engine, spark_conf
+                run_dir,
+                bootstrap,
+                redis_url,
+                topic,
+                mode,
+                args.delta_trigger,
+                engine,
+                spark_conf,
+                path=path,
             )
+            line = f"live_{mode}" if path == "microbatch" else f"live_{mode}_{path}"
             started = time.perf_counter()
             proc = ManagedProcess(
                 [sys.executable, "-m", "materializer", "run", "-c", str(config)],
@@ -417,16 +453,26 @@ def main() -> None:
                 held_rates: list[int] = []
                 for rate in rates:
                     warmup, result = follow(
-                        bootstrap, redis_url, topic, mode, run_dir, rate, seq0, args, jit
+                        bootstrap,
+                        redis_url,
+                        topic,
+                        mode,
+                        run_dir,
+                        rate,
+                        seq0,
+                        args,
+                        jit,
+                        proc.proc.pid,
                     )
                     seq0 += int(rate * (args.warmup_seconds + args.seconds)) + 1
                     if warmup is not None:
-                        emit(name=f"live_{mode}_warmup", **warmup)
+                        emit(name=f"{line}_warmup", **warmup)
                     if result["held"]:
                         held_rates.append(rate)
                     emit(
-                        name=f"live_{mode}",
+                        name=line,
                         **result,
+                        path=path,
                         warmup_seconds=args.warmup_seconds,
                         delta_trigger=args.delta_trigger or "default",
                         delta_engine=engine or "default",
@@ -434,12 +480,12 @@ def main() -> None:
                         target_p99_ms=1000,
                     )
                 emit(
-                    name=f"live_{mode}_highest_held",
+                    name=f"{line}_highest_held",
                     units="events/s",
                     rates_tried=rates,
                     highest_held_events_per_s=max(held_rates, default=None),
                 )
-                emit(name=f"live_{mode}_start", units="s", **start)
+                emit(name=f"{line}_start", units="s", **start)
             finally:
                 proc.stop()
                 if args.keep_logs:

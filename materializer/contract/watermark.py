@@ -18,6 +18,10 @@ import orjson
 
 from materializer.contract.redis_layout import text_fields
 
+LIVE_APP = "live"
+"""The app id the real-time writer puts in the watermark: the real-time path wrote it last,
+and the map's position is the one committed to its group ``config.names.LIVE_GROUP``."""
+
 
 @dataclass(frozen=True)
 class Watermark:

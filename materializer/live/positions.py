@@ -17,31 +17,26 @@ Kafka.
 
 from __future__ import annotations
 
-import contextlib
-import time
-from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
-
 import orjson
 
-from materializer.clients.kafka import librdkafka
-from materializer.clients.kafka_offsets import (
-    KAFKA_TIMEOUT_SECONDS,
-    KafkaOffsetsError,
-    admin_client,
-    partition_ids,
+from materializer.clients.group_positions import (
+    COORDINATOR_WAIT_S,
+    committed,
+    group_consumer,
+    retried,
 )
+from materializer.clients.kafka import librdkafka
+from materializer.clients.kafka_offsets import admin_client, partition_ids
 from materializer.clients.redis import client_for
 from materializer.config import AppConfig
 from materializer.config.names import LIVE_GROUP
 from materializer.contract.redis_layout import meta_key
-from materializer.contract.watermark import Watermark
+from materializer.contract.watermark import LIVE_APP, Watermark
 
 EARLIEST, LATEST = -2, -1
 """Spark's ``startingOffsets`` JSON for a partition's first and next offset."""
 
-LIVE_APP = "live"
-"""The app id the real-time writer puts in the watermark: the real-time path wrote it."""
+__all__ = ["LIVE_APP", "committed", "handed_back", "live_group", "starting_offsets"]
 
 
 def live_group(map_name: str) -> str:
@@ -87,7 +82,7 @@ def _positions(config: AppConfig, map_name: str, topics: dict[str, list[int]]) -
     """The committed real-time positions of every partition of ``topics``, as
     ``startingOffsets`` JSON; a partition with none starts where ``source.starting_offsets``
     says."""
-    reached = committed(config, live_group(map_name), topics)
+    reached = committed(config.kafka, live_group(map_name), topics)
     unread = EARLIEST if config.map(map_name).source.starting_offsets == "earliest" else LATEST
     offsets = {
         topic: {str(p): reached.get(topic, {}).get(p, unread) for p in partitions}
@@ -124,67 +119,5 @@ def hand_over(config: AppConfig, group: str, offsets: dict[str, dict[int, int]])
     if not any(offsets.values()):
         return
     positions = [TopicPartition(t, p, o) for t, ps in offsets.items() for p, o in ps.items()]
-    with _group_consumer(config, group) as consumer:
-        _retried(group, lambda: consumer.commit(offsets=positions, asynchronous=False))
-
-
-def committed(
-    config: AppConfig, group: str, topics: dict[str, list[int]]
-) -> dict[str, dict[int, int]]:
-    """The positions the real-time writer committed to ``group``, per topic and partition."""
-    from confluent_kafka import TopicPartition
-
-    wanted = [TopicPartition(t, p) for t, ps in topics.items() for p in ps]
-    with _group_consumer(config, group) as consumer:
-        found = _retried(group, lambda: consumer.committed(wanted, timeout=KAFKA_TIMEOUT_SECONDS))
-    out: dict[str, dict[int, int]] = {}
-    for tp in found:
-        if tp.offset >= 0:
-            out.setdefault(tp.topic, {})[tp.partition] = tp.offset
-    return out
-
-
-@contextlib.contextmanager
-def _group_consumer(config: AppConfig, group: str) -> Iterator[Any]:
-    """A consumer of ``group`` that never subscribes: the group has no members, and the
-    broker takes its commits as it takes the admin API's (``runtime.group_offsets``)."""
-    from confluent_kafka import Consumer
-
-    consumer = Consumer(librdkafka(config.kafka, **{"group.id": group}))
-    try:
-        yield consumer
-    finally:
-        consumer.close()
-
-
-COORDINATOR_WAIT_S = 30.0
-"""How long a start waits for the group's coordinator: a broker that has just started, or
-moved the group, answers "not coordinator" or "loading" for a while."""
-
-_T = TypeVar("_T")
-
-
-def _retried(group: str, call: Callable[[], _T]) -> _T:
-    """``call``, again while the group's coordinator is not ready to answer."""
-    from confluent_kafka import KafkaError, KafkaException
-
-    waiting = {
-        KafkaError._TIMED_OUT,
-        KafkaError.NOT_COORDINATOR,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-        KafkaError.UNSTABLE_OFFSET_COMMIT,
-    }
-    deadline = time.monotonic() + COORDINATOR_WAIT_S
-    while True:
-        try:
-            return call()
-        except KafkaException as exc:
-            error = exc.args[0]
-            retry = error.retriable() or error.code() in waiting
-            if not retry or time.monotonic() > deadline:
-                raise KafkaOffsetsError(
-                    f"consumer group {group}: cannot read or commit the map's position: "
-                    f"{error.str()}"
-                ) from None
-            time.sleep(0.5)
+    with group_consumer(config.kafka, group) as consumer:
+        retried(group, lambda: consumer.commit(offsets=positions, asynchronous=False))

@@ -24,13 +24,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from materializer.checkpoints.files import CheckpointFiles
+from materializer.clients.group_positions import committed
+from materializer.clients.kafka_offsets import admin_client, partition_ids
 from materializer.clients.object_store import delta_rs_location
 from materializer.config import AppConfig
-from materializer.config.names import changelog_topic, checkpoint_path
+from materializer.config.names import LIVE_GROUP, changelog_topic, checkpoint_path
 from materializer.contract.entity_json import encode_columns
-from materializer.contract.redis_layout import physical_name
+from materializer.contract.redis_layout import logical_name, physical_name
 from materializer.contract.table_layout import TABLE_KEY, TABLE_UPDATED_AT, table_meta, table_path
-from materializer.contract.watermark import Watermark
+from materializer.contract.watermark import LIVE_APP, Watermark
 from materializer.errors import MaterializerError
 from materializer.redis.expiry import expiry_ms
 from materializer.restore.changelog_tail import Tail, read_tail
@@ -44,6 +46,37 @@ class TableError(MaterializerError):
 
 
 def fold_watermark(config: AppConfig, physical: str) -> Watermark | None:
+    """The watermark of what the map's changelog holds: where the real-time path's last
+    transaction left the map when it folded it last (``live_watermark``), else the
+    micro-batch fold's last committed batch (``batch_watermark``)."""
+    batch = batch_watermark(config, physical)
+    live = live_watermark(config, physical)
+    if live is not None and (batch is None or _ahead(live.offsets, batch.offsets)):
+        return live
+    return batch
+
+
+def live_watermark(config: AppConfig, physical: str) -> Watermark | None:
+    """Where the real-time path's last committed transaction left the map: its changelog
+    holds every record before those positions (None: the path never folded the map)."""
+    name = logical_name(physical)
+    topics = partition_ids(admin_client(config.kafka), config.map(name).source.topics)
+    positions = committed(config.kafka, LIVE_GROUP.replace("{map}", name), topics)
+    if not positions:
+        return None
+    return Watermark(
+        batch_id=0, offsets=positions, updated_at_ms=int(time.time() * 1000), app_id=LIVE_APP
+    )
+
+
+def _ahead(live: dict[str, dict[int, int]], batch: dict[str, dict[int, int]]) -> bool:
+    """Whether the real-time path's positions are past the micro-batch fold's: the path a
+    map moved to last starts where the other stopped, then only moves on."""
+    pairs = [(o, batch.get(t, {}).get(p, -1)) for t, ps in live.items() for p, o in ps.items()]
+    return any(a > b for a, b in pairs) and all(a >= b for a, b in pairs)
+
+
+def batch_watermark(config: AppConfig, physical: str) -> Watermark | None:
     """The watermark the fold's last committed batch wrote, as ``WatermarkSink`` wrote it.
 
     The time is when Spark planned the batch (the sink's own clock is gone);

@@ -150,7 +150,7 @@ def test_maps_sharing_a_live_query_equal_the_reference_across_a_kill(
 
     def committed_to(name: str, at: dict[int, int]) -> bool:
         group = LIVE_GROUP.replace("{map}", name)
-        reached = committed(_config(path), group, {topics[name]: sorted(at)})
+        reached = committed(_config(path).kafka, group, {topics[name]: sorted(at)})
         return all(reached.get(topics[name], {}).get(p, 0) >= end for p, end in at.items())
 
     live = LiveProcess(path, names)

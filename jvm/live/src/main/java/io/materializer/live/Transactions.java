@@ -16,9 +16,9 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 
 /**
  * A task's Kafka transactions, on a thread of their own so that Redis never waits for
- * Kafka: whatever rounds of {@link Effects} have queued meanwhile go out in one
- * transaction, with the source position after them committed to the map's group, as
- * Kafka's own exactly-once pipelines commit theirs.
+ * Kafka: the rounds of {@link Effects} that queue go out together, one transaction at most
+ * every {@link #COMMIT_EVERY_MS}, with the source position after them committed to the
+ * map's group, as Kafka's own exactly-once pipelines commit theirs.
  *
  * <p>One transactional producer per source partition a task reads, its {@code
  * transactional.id} the map's prefix and the partition: a task started again for the
@@ -28,6 +28,13 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 final class Transactions {
   /** Rounds queued at most: past it, the Redis side waits for Kafka to catch up. */
   static final int MOST_QUEUED = 64;
+
+  /**
+   * A transaction at most this often: what queues meanwhile goes into the next one, merged
+   * per key. It holds back the changelog and the dead letters, never Redis; Kafka Streams
+   * commits its exactly-once transactions at the same interval by default.
+   */
+  static final long COMMIT_EVERY_MS = 100;
 
   private final Spec spec;
   private final LinkedBlockingQueue<Effects> queue = new LinkedBlockingQueue<>(MOST_QUEUED);
@@ -76,32 +83,38 @@ final class Transactions {
 
   private void commitAll() {
     List<Effects> taken = new ArrayList<>();
+    Map<String, Effects> pending = new LinkedHashMap<>();
+    long due = 0;
     try {
       while (true) {
-        Effects first = queue.poll(50, TimeUnit.MILLISECONDS);
-        if (first == null) {
-          if (closing && queue.isEmpty()) {
-            return;
+        long wait = pending.isEmpty() ? 50 : Math.max(1, due - System.currentTimeMillis());
+        Effects first = queue.poll(wait, TimeUnit.MILLISECONDS);
+        if (first != null) {
+          taken.add(first);
+          queue.drainTo(taken);
+          for (Effects e : taken) {
+            pending.merge(e.map.name, e, (a, b) -> {
+              a.merge(b);
+              return a;
+            });
           }
-          continue;
+          taken.clear();
         }
-        taken.add(first);
-        queue.drainTo(taken);
-        Map<String, Effects> byMap = new LinkedHashMap<>();
-        for (Effects e : taken) {
-          byMap.merge(e.map.name, e, (a, b) -> {
-            a.merge(b);
-            return a;
-          });
-        }
-        for (Effects e : byMap.values()) {
-          try {
-            commit(e);
-          } catch (RuntimeException failed) {
-            throw new MapFailure(e.map.name, failed);
+        boolean last = closing && queue.isEmpty();
+        if (!pending.isEmpty() && (last || System.currentTimeMillis() >= due)) {
+          for (Effects e : pending.values()) {
+            try {
+              commit(e);
+            } catch (RuntimeException failed) {
+              throw new MapFailure(e.map.name, failed);
+            }
           }
+          pending.clear();
+          due = System.currentTimeMillis() + COMMIT_EVERY_MS;
         }
-        taken.clear();
+        if (last && pending.isEmpty()) {
+          return;
+        }
       }
     } catch (Throwable t) {
       failure = t;
