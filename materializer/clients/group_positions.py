@@ -49,8 +49,10 @@ def group_consumer(kafka: KafkaConfig, group: str) -> Iterator[Any]:
         consumer.close()
 
 
-def retried(group: str, call: Callable[[], _T]) -> _T:
-    """``call``, again while the group's coordinator is not ready to answer."""
+def retried(group: str, call: Callable[[], _T], timeout: float = COORDINATOR_WAIT_S) -> _T:
+    """``call``, again while the group's coordinator is not ready to answer (a broker just
+    restarted, a crashed run's group handed over, a transaction still open on its offsets),
+    up to ``timeout`` seconds."""
     from confluent_kafka import KafkaError, KafkaException
 
     waiting = {
@@ -60,7 +62,7 @@ def retried(group: str, call: Callable[[], _T]) -> _T:
         KafkaError.COORDINATOR_NOT_AVAILABLE,
         KafkaError.UNSTABLE_OFFSET_COMMIT,
     }
-    deadline = time.monotonic() + COORDINATOR_WAIT_S
+    deadline = time.monotonic() + timeout
     while True:
         try:
             return call()

@@ -21,11 +21,11 @@ which caps throughput at what one producer sends.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from materializer.batch import Batch, Sink
+from materializer.clients.group_positions import retried
 from materializer.clients.kafka import java
 from materializer.config import AppConfig
 from materializer.enrichment.partition_join import DEAD, OUT, TARGET
@@ -36,30 +36,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 COMMIT_TIMEOUT_S = 60.0
-
-_T = TypeVar("_T")
-
-
-def _with_coordinator(call: Callable[[], _T]) -> _T:
-    """``call``, again while the group's coordinator moves or loads (a broker just
-    restarted, or a crashed run's group handed over), up to ``COMMIT_TIMEOUT_S``."""
-    from confluent_kafka import KafkaError, KafkaException
-
-    moving = {
-        KafkaError.NOT_COORDINATOR,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-    }
-    deadline = time.monotonic() + COMMIT_TIMEOUT_S
-    while True:
-        try:
-            return call()
-        except KafkaException as exc:
-            error = exc.args[0]
-            if time.monotonic() > deadline or not (error.code() in moving or error.retriable()):
-                raise
-            log.info("waiting for the group coordinator: %s", error.str())
-            time.sleep(0.5)
 
 
 class KafkaOutput(Sink):
@@ -165,8 +141,10 @@ class TransactionalOutput(Sink):
         """Whether the group's committed offsets reach ``ends`` on every partition."""
         if not ends:
             return False
-        committed = _with_coordinator(
-            lambda: self._group_consumer().committed(ends, timeout=COMMIT_TIMEOUT_S)
+        committed = retried(
+            self.group,
+            lambda: self._group_consumer().committed(ends, timeout=COMMIT_TIMEOUT_S),
+            COMMIT_TIMEOUT_S,
         )
         held = {(tp.topic, tp.partition): tp.offset for tp in committed}
         return all(held.get((tp.topic, tp.partition), -1) >= tp.offset for tp in ends)
