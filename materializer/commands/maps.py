@@ -106,6 +106,12 @@ def _worker(view: MapView) -> str:
     return view.report.worker if view.report is not None and view.report.worker else "-"
 
 
+def _path(view: MapView) -> str:
+    """How the map's fold runs, as its last report says; "-" when it does not run."""
+    folding = view.report is not None and view.state in FOLDING and view.report.fold_path
+    return view.report.fold_path if folding and view.report is not None else "-"
+
+
 def _render(views: list[MapView]) -> None:
     maps = Table(title="maps", title_justify="left")
     columns = [
@@ -116,14 +122,19 @@ def _render(views: list[MapView]) -> None:
     grouped = any(_worker(v) != "-" for v in views)
     if grouped:
         columns.insert(2, "worker")
+    # A path column once a map folds on the real-time path: a micro-batch run's stays as it was.
+    paths = any(_path(v) == "realtime" for v in views)
+    if paths:
+        columns.insert(2, "path")
     for column in columns:
-        left = column in ("map", "state", "worker")
+        left = column in ("map", "state", "worker", "path")
         maps.add_column(column, justify="left" if left else "right")
     for v in views:
         style = _STATE_STYLE.get(v.state, "")
         maps.add_row(
             v.name,
             f"[{style}]{v.state}[/{style}]" if style else v.state,
+            *((_path(v),) if paths else ()),
             *((escape(_worker(v)),) if grouped else ()),  # a name of the operator's choosing
             str(v.generation),
             str(v.watermark.batch_id) if v.watermark else "-",

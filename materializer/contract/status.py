@@ -103,6 +103,9 @@ class MapReport:
     (catch_up_rate - input_rate)``, 0 with nothing left; -1: unknown."""
     catch_up_partitions: tuple[PartitionCatchUp, ...] = ()
     """The same figures per source partition."""
+    fold_path: str = ""
+    """How its fold runs now: ``microbatch``, or ``realtime`` in the run's shared real-time
+    query; ``""``: not folding (or a report of a materializer from before the paths)."""
 
     def to_hash(self) -> dict[str, str]:
         """The fields of ``<map>:__status__``."""
@@ -121,6 +124,7 @@ class MapReport:
             "input_rate": repr(self.input_rate),
             "eta_seconds": repr(self.eta_seconds),
             "catch_up_partitions": orjson.dumps(partitions).decode(),
+            "fold_path": self.fold_path,
         }
 
     @classmethod
@@ -146,6 +150,7 @@ class MapReport:
                 PartitionCatchUp.from_json(p)
                 for p in orjson.loads(fields.get("catch_up_partitions", "[]"))
             ),
+            fold_path=fields.get("fold_path", ""),
         )
 
 
@@ -276,6 +281,7 @@ class MapView:
             "state_keys": self.report.state_keys if self.report else -1,
             "state_bytes": self.report.state_bytes if self.report else -1,
             "worker_id": self.report.worker if self.report else "",
+            "fold_path": self.report.fold_path if self.report and self.state in FOLDING else "",
             "partitions": [p.to_json() for p in self.partitions],
         }
 

@@ -9,6 +9,7 @@ from typing import Any
 from materializer.config import AppConfig
 from materializer.contract.status import MapReport
 from materializer.group.fencing import Ownership
+from materializer.live.query import QUERY_NAME as LIVE_QUERY
 from materializer.redis.state_size import StateSize
 from materializer.runtime.catch_up import MapCatchUp
 from materializer.runtime.pacing import CatchUpPace
@@ -72,7 +73,14 @@ class SupervisedMap:
             input_rate=0.0 if figures is None else figures.input_rate,
             eta_seconds=-1.0 if figures is None else figures.eta_seconds,
             catch_up_partitions=() if figures is None else figures.partitions,
+            fold_path=self._fold_path(),
         )
+
+    def _fold_path(self) -> str:
+        """How its fold runs now (``MapReport.fold_path``)."""
+        if self.state != "running" or self.queries is None or self.queries.opening:
+            return ""
+        return "realtime" if self.queries.fold.name == LIVE_QUERY else "microbatch"
 
 
 @dataclass

@@ -100,6 +100,17 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
                 return False
         return True
 
+    def paths() -> dict[str, str]:
+        """Each map's fold path, as ``materializer status --json`` says."""
+        shown = subprocess.run(
+            [sys.executable, "-m", "materializer", "status", "--json", "-c", str(path)],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+        views = [orjson.loads(line) for line in shown.stdout.splitlines()]
+        return {v["map"]: v["fold_path"] for v in views}
+
     def control(verb: str, name: str) -> None:
         subprocess.run(
             [sys.executable, "-m", "materializer", verb, "-c", str(path), name],
@@ -112,6 +123,7 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
     try:
         proc = ManagedProcess(args, log)
         wait_until("both maps on the real-time path", lambda: both_live() >= 1, 300, alive)
+        wait_until("the status says so", lambda: paths() == {n: "realtime" for n in names}, 60)
         # Records stream in while the whole process group is killed.
         streaming = streams.stream(40, 10)
         time.sleep(0.3)

@@ -186,6 +186,7 @@ def test_status_and_control_hashes_are_the_contract():
         "input_rate": "0.0",
         "eta_seconds": "-1.0",
         "catch_up_partitions": "[]",
+        "fold_path": "",
     }
     raw = {k.encode(): v.encode() for k, v in report.to_hash().items()}
     assert MapReport.from_hash(raw) == report
