@@ -11,9 +11,10 @@ feeds it to the end; one event in ten is followed until Redis shows it. After
 records per second) beside them.
 
 Variants, one run each on the same topics: ``paced`` (the default
-``catch_up``), ``unpaced`` (``catch_up.max_records_per_batch: null``).
+``catch_up``), ``unpaced`` (``catch_up.max_records_per_batch: null``), ``realtime``
+(``paced``, with the live map on the real-time path: ``path: realtime``).
 
-    .venv/bin/python bench/isolation.py [--backlog 10000000] [--variants paced,unpaced]
+    .venv/bin/python bench/isolation.py [--backlog 10000000] [--variants paced,unpaced,realtime]
 """
 
 from __future__ import annotations
@@ -87,6 +88,8 @@ def run_variant(
     backlog = map_section(backlog_topic, "latest")
     if variant == "unpaced":
         backlog["catch_up"] = {"max_records_per_batch": None}
+    if variant == "realtime":  # the live map on the real-time path, the backlog paced
+        doc["maps"][args.mode]["path"] = "realtime"
     doc["maps"][BACKLOG_MAP] = backlog
     config.write_text(yaml.safe_dump(doc))
     # Paused before the run starts: it starts only when resumed.
