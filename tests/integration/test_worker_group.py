@@ -201,22 +201,13 @@ def assert_equal_to_reference(
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("path", ["microbatch", "realtime"])
 def test_two_workers_share_four_maps_through_a_kill_a_join_and_a_graceful_leave(
-    kafka_bootstrap,
-    redis_url,
-    redis_client: redis.Redis,
-    new_topic,
-    tmp_path: Path,
-    group_of,
-    path: str,
+    kafka_bootstrap, redis_url, redis_client: redis.Redis, new_topic, tmp_path: Path, group_of
 ):
     tag = uuid.uuid4().hex[:6]
     topics = {f"{n}{tag}": new_topic(2) for n in ("a", "b", "c_agg", "d_agg")}
     names = list(topics)
     doc = group_config(tmp_path, kafka_bootstrap, redis_url, topics, f"workers-{tag}")
-    if path == "realtime":  # the `latest` maps fold in each worker's real-time query
-        doc["spark"].update(path="realtime", master="local[8]")
     cfg = parse_config(doc)
     group = group_of(doc)
     with Stream(kafka_bootstrap, list(topics.values())) as stream:
@@ -261,9 +252,6 @@ def test_two_workers_share_four_maps_through_a_kill_a_join_and_a_graceful_leave(
     w3 = group.workers["w3"].log()
     assert w3.index("stopped") < w3.index("left group"), w3
     assert "assigned to this worker" in group.workers["w2"].log()
-    on_path = "folds on the real-time path"
-    joined = {n for n in names if f"map {n}: caught up, {on_path}" in group.workers["w2"].log()}
-    assert joined == ({n for n in names if not n.endswith("agg")} if path == "realtime" else set())
 
 
 @pytest.mark.timeout(900)
