@@ -38,10 +38,10 @@ from typing import Any
 from confluent_kafka import Producer
 from cpu_window import CpuWindow
 from freshness import Follower, latency_fields, produce_at_rate, topic_of
-from harness import PARTITIONS, SCHEMA, emit, event, machine, services
+from harness import PARTITIONS, emit, event, machine, map_config, services
 
 from materializer import job
-from materializer.config import AppConfig, parse_config
+from materializer.config import AppConfig
 from materializer.delta.query import start_delta_query
 from materializer.live.query import LiveMap, start_live
 from materializer.spark.session import build_spark_session
@@ -51,28 +51,12 @@ from materializer.testing import create_topic
 def config(
     bootstrap: str, redis_url: str, work: Path, names: list[str], topics: list[str], master: str
 ) -> AppConfig:
-    """The maps, each over its topic, in a session on ``master``."""
-    return parse_config(
-        {
-            "kafka": {"bootstrap_servers": bootstrap},
-            "redis": {"url": redis_url},
-            "delta": {"root": str(work / "warehouse")},
-            "spark": {
-                "master": master,
-                "checkpoint_root": str(work / "checkpoints"),
-                "trigger_interval": "0 seconds",
-                "shuffle_partitions": 4,
-            },
-            "maps": {
-                name: {
-                    "source": {"topics": [topic], "format": "json", "schema": SCHEMA},
-                    "key": "id",
-                    "on_error": "dead_letter",
-                }
-                for name, topic in zip(names, topics, strict=True)
-            },
-        }
-    )
+    """The maps, each over its topic, in a session on ``master`` (``harness.map_config``'s)."""
+    each = [
+        map_config(bootstrap, redis_url, work, master, topic, name)
+        for name, topic in zip(names, topics, strict=True)
+    ]
+    return each[0].model_copy(update={"maps": {n: c.maps[n] for c in each for n in c.maps}})
 
 
 @contextlib.contextmanager
