@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from materializer.checkpoints.running import Checkpoint
 from materializer.clients.kafka_offsets import admin_client, partition_ids
 from materializer.config import AppConfig
 from materializer.config.names import checkpoint_path
@@ -244,9 +245,12 @@ class LivePath:
                 )
 
     def close(self) -> None:
-        """The run's end: the shared query stops (its writer commits what it applied)."""
+        """The run's end: the shared query stops (its writer commits what it applied), and
+        its checkpoint goes, which names this process and holds nothing a start needs."""
         self._members.clear()
         self._stop_query()
+        if self._started_at:
+            Checkpoint(self._spark, self._checkpoint).discard()
 
 
 def _live_slots(master: str) -> int | None:

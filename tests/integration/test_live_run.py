@@ -166,6 +166,9 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
         if proc is not None:
             proc.stop()
 
+    # The shared query's checkpoint, named after its process, went with the stopped run;
+    # the killed run's alone is left.
+    assert len(list((tmp_path / "checkpoints" / "__live__").iterdir())) == 1
     for name in names:
         topic = topics[name]
         # The run ended with its drain: the real-time path's committed position equals the
