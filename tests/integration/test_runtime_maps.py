@@ -221,6 +221,11 @@ def test_a_map_created_changed_and_deleted_moves_alone_while_another_folds_a_liv
                     await eventually("the broken map to be reported failed", failed, timeout=60)
                     assert proc.alive()
                     await one.json("DELETE", f"/v1/maps/{added}x")
+
+                    async def dropped() -> bool:  # a failed map still held fails the run's exit
+                        return f"map {added}x deleted by anonymous" in proc.log()
+
+                    await eventually("the run to drop the deleted map", dropped, timeout=60)
                     assert fold_starts(proc, steady) == steady_starts
 
             asyncio.run(body())
