@@ -170,18 +170,18 @@ class RunLoop:
         return {m.name: m.report() for m in self.maps.values() if m.state != "fenced"}
 
     def close(self) -> None:
-        """Drain the maps (a worker of a group only stops them: their new owners take in the
-        rest of their changelogs) and close what this loop opened, in order (the catalog,
-        Spark and the metrics port are the caller's)."""
+        """Drain the maps and close what this loop opened, in order (the catalog, Spark and
+        the metrics port are the caller's).
+
+        A worker of a group drains too before it leaves: when the whole group stops
+        at once no next owner comes to take in the rest of its maps' changelogs, and
+        a data team would read tables behind Redis until the group starts again.
+        """
         self.figures.stop_sampling()
         # Operations end at their next step; one holding its map still sees it stopped below.
         self.operations.interrupt()
         running = [m for m in self.maps.values() if m.state == "running"]
-        if self.worker is None:
-            self.supervisor.lifecycle.stop_all(running)
-        else:
-            for m in running:
-                self.supervisor.lifecycle.stop(m, "stopped")
+        self.supervisor.lifecycle.stop_all(running)
         self.supervisor.live.close()
         self.channel.report(self._reports())
         self.operations.close()

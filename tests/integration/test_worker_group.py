@@ -11,6 +11,7 @@ import copy
 import os
 import random
 import re
+import signal
 import sys
 import threading
 import time
@@ -252,6 +253,52 @@ def test_two_workers_share_four_maps_through_a_kill_a_join_and_a_graceful_leave(
     w3 = group.workers["w3"].log()
     assert w3.index("stopped") < w3.index("left group"), w3
     assert "assigned to this worker" in group.workers["w2"].log()
+
+
+@pytest.mark.timeout(900)
+def test_a_whole_group_stopped_at_once_leaves_every_delta_table_equal_to_redis(
+    kafka_bootstrap, redis_url, redis_client: redis.Redis, new_topic, tmp_path: Path, group_of
+):
+    """Both workers get SIGTERM together, as a rollout's scale-to-zero sends it: no next owner
+    comes, so each worker must bring its maps' tables up to Redis before it leaves. The
+    tables' own trigger (ten minutes) would not have run again since their first batch."""
+    tag = uuid.uuid4().hex[:6]
+    topics = {f"{n}{tag}": new_topic(2) for n in ("a", "b", "c_agg", "d_agg")}
+    names = list(topics)
+    doc = group_config(tmp_path, kafka_bootstrap, redis_url, topics, f"workers-{tag}")
+    doc["delta"]["trigger_interval"] = "10 minutes"
+    cfg = parse_config(doc)
+    group = group_of(doc)
+    with Stream(kafka_bootstrap, list(topics.values())) as stream:
+        group.start("w1")
+        group.start("w2")
+        group.wait(
+            "both workers to run two maps each",
+            lambda: (
+                sorted(running_workers(redis_client, names).values()) == ["w1", "w1"] + ["w2", "w2"]
+            ),
+        )
+        stream.burst()
+    for name, topic in topics.items():
+        expected = reference(name, stream.events[topic])
+        group.wait(
+            f"map {name} to equal its reference in Redis",
+            lambda name=name, expected=expected: redis_map(redis_client, name) == expected,
+        )
+    workers = list(group.workers.values())
+    for worker in workers:  # at once: neither has left when the other is told
+        worker.proc.send_signal(signal.SIGTERM)
+    for worker in workers:
+        worker.proc.wait(120)
+        assert worker.proc.returncode == 0, worker.tail()
+    for name, topic in topics.items():
+        expected = reference(name, stream.events[topic])
+        assert redis_map(redis_client, name) == expected, name
+        assert delta_map_rs(Path(cfg.delta.root) / name) == expected, name
+        assert changelog(kafka_bootstrap, cfg.maps[name].changelog.topic) == expected, name
+    for worker in workers:  # each drained its own maps, then left
+        log = worker.log()
+        assert log.index("stopped") < log.index("left group"), log
 
 
 @pytest.mark.timeout(900)
