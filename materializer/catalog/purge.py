@@ -19,6 +19,7 @@ from materializer.config.names import LIVE_GROUP, MAP_GROUP, changelog_topic, ch
 from materializer.contract.redis_layout import (
     MAP_SUFFIXES,
     generation_key,
+    live_freshness_key,
     marker_key,
     parse_generation,
     physical_name,
@@ -123,6 +124,7 @@ def purge(config: AppConfig, map_name: str) -> list[str]:
                        history_path(config, map_name)):  # fmt: skip
             if _delete_folder(folder):
                 removed.append(folder)
+        client.unlink(live_freshness_key(map_name))  # figures the run had not taken yet
         keys = [f"{map_name}:{suffix}" for suffix in MAP_KEYS]
         if client.unlink(*keys):
             removed.append(f"Redis keys {', '.join(keys)}")

@@ -44,6 +44,9 @@ ever clashing, which is checked by reading this one page.
   watermark, with where the changelog ended after its batch, from which the Delta query
   learns the source offsets its commits reflect (``table_marks_key``;
   ``materializer.contract.table_marks.TableMark``);
+- ``<map>\\0f:`` hash, a map on the real-time path only: how fresh its records were when
+  Redis held them, as its writers counted them since the run last took the counts
+  (``live_freshness_key``; ``materializer.live.freshness``);
 - ``<map>\\0e:`` sorted set and ``<map>\\0x:`` set (tagged per master like the
   marker), a map with ``ttl.redis`` only: keys by when they expire, and keys
   expired whose changelog tombstone is not yet sent (``expiry_index_key``).
@@ -234,6 +237,20 @@ def marker_key(map_name: str, tag: str | None = None) -> str:
     """
     base = f"{map_name}{MARKER_MARK}"
     return base if tag is None else f"{base}{{{tag}}}"
+
+
+FRESHNESS_MARK = "\x00f:"
+
+
+def live_freshness_key(map_name: str) -> str:
+    """``<map>\\0f:``: the real-time path's freshness counts of the map (by its own name,
+    whatever generation it folds), which its writers add to and the run takes away.
+
+    The writers run in Spark's tasks, wherever the executors are, and a real-time
+    batch reports its progress only when it ends, minutes apart: Redis, which every
+    writer reaches, is where their counts meet the run's metrics.
+    """
+    return f"{map_name}{FRESHNESS_MARK}"
 
 
 EXPIRY_MARK = "\x00e:"

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING
 
 from materializer import record_columns as c
 from materializer.contract.redis_layout import STATE_MARK, entity_key
-from materializer.redis.prepare import LETTER_HEADERS, LETTER_KEY, LETTER_VALUE, ORDER, VALUE
+from materializer.redis.prepare import (
+    LETTER_HEADERS,
+    LETTER_KEY,
+    LETTER_VALUE,
+    ORDER,
+    TIMESTAMP_US,
+    VALUE,
+)
 from materializer.redis.sink import RedisFold
 
 if TYPE_CHECKING:
@@ -44,6 +51,7 @@ def writer_columns(fold: RedisFold, events: DataFrame, index: int, physical: str
         F.col(c.TOPIC).alias("topic"),
         F.col(c.PARTITION).alias("partition"),
         F.col(c.OFFSET).alias("offset"),
+        F.col(TIMESTAMP_US).alias("timestamp_us"),
         key.alias("key"),
         F.concat(F.lit(entity_key(physical, "")), key).alias("entity"),
         state_key_column(physical, key).alias("state"),

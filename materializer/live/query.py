@@ -16,11 +16,12 @@ from materializer.checkpoints.running import Checkpoint
 from materializer.clients.kafka import java
 from materializer.config import AppConfig
 from materializer.config.maps import realtime_problems, realtime_refusal
-from materializer.contract.redis_layout import meta_key, physical_name
+from materializer.contract.redis_layout import live_freshness_key, meta_key, physical_name
 from materializer.errors import ConfigError
 from materializer.group.fencing import Ownership
 from materializer.job import map_fold, map_key_paths, records
 from materializer.live.columns import writer_columns
+from materializer.live.freshness import writer_spec
 from materializer.live.positions import (
     LIVE_APP,
     live_group,
@@ -84,6 +85,7 @@ def start_live(
             "appId": LIVE_APP,
             "producer": java(config.kafka),
             "maps": specs,
+            **writer_spec(),
         }
     ).decode()
     Checkpoint(spark, checkpoint).discard()
@@ -131,6 +133,7 @@ def _map_part(
         "deadLetters": fold.target.dead_letter_topic,
         "group": live_group(name),
         "transactionalId": transactional_prefix(physical),
+        "freshness": live_freshness_key(name),
     }
     return writer_columns(fold, events, index, physical), spec
 

@@ -25,13 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 from materializer.checkpoints.running import Checkpoint
 from materializer.clients.kafka_offsets import admin_client, partition_ids
+from materializer.clients.redis import TRANSIENT_ERRORS, client_for
 from materializer.config import AppConfig
 from materializer.config.names import checkpoint_path
+from materializer.live.freshness import take
 from materializer.live.query import QUERY_NAME, LiveMap, start_live, stop_live
 from materializer.redis.functions import FENCED, LOST, CopyLost
 from materializer.run.lifecycle import FENCED_ERROR
 from materializer.run.supervised import InForce, SupervisedMap
-from materializer.runtime.metrics import records_behind
+from materializer.runtime.metrics import BatchMetrics, records_behind
 from materializer.runtime.query_group import FINISH_BATCH_TIMEOUT
 
 if TYPE_CHECKING:
@@ -102,10 +104,15 @@ class LivePath:
         run: InForce,
         config_for: Callable[[SupervisedMap], AppConfig],
         worker_id: str,
+        metrics: BatchMetrics | None = None,
     ) -> None:
         """``config_for``: the config a map runs on (a rebuild pins its old one);
-        ``worker_id``: names the query's checkpoint, one per worker of a group."""
+        ``worker_id``: names the query's checkpoint, one per worker of a group;
+        ``metrics``: where the writers' figures go (``take_figures``)."""
         self._spark = spark
+        self._metrics = metrics
+        self._left: set[str] = set()
+        """Maps that left since the last ``take_figures``: their writers' last figures."""
         self._run = run
         self._config_for = config_for
         self._checkpoint = checkpoint_path(run.config, "__live__", worker_id)
@@ -180,6 +187,7 @@ class LivePath:
             return
         self.failures.pop(name, None)
         self._stop_query()
+        self._left.add(name)
         self._changed = True
         log.info("map %s left the real-time path", name)
 
@@ -193,8 +201,9 @@ class LivePath:
         return figures.records_left > FAR_BEHIND * max(ready, 1)
 
     def settle(self) -> None:
-        """Once a loop: take in a failure of the shared query, and start it again when its
-        maps changed or it stopped."""
+        """Once a loop: take in a failure of the shared query, start it again when its
+        maps changed or it stopped, and take its writers' figures."""
+        self.take_figures()
         query = self._query
         if query is not None and not query.isActive:
             self._failed(str(query.exception()))
@@ -226,6 +235,24 @@ class LivePath:
             ", ".join(sorted(m.name for m in members)),
         )
 
+    def take_figures(self) -> None:
+        """Into the maps' metrics, what the writers counted since the last take: how fresh
+        each record was when Redis held it, the newest timestamp folded, the dead letters
+        (``live.freshness``). A Redis that does not answer now is asked again next loop."""
+        names = set(self._members) | self._left
+        if self._metrics is None or not names:
+            return
+        try:
+            taken = take(client_for(self._run.config.redis), sorted(names))
+        except TRANSIENT_ERRORS as exc:
+            log.debug("the real-time path's figures wait for Redis: %s", exc)
+            return
+        self._left.clear()
+        for name, folded in taken.items():
+            self._metrics.fold_applied(
+                name, folded.newest_timestamp_us, folded.dead_letters, folded.freshness
+            )
+
     def _failed(self, error: str) -> None:
         """The shared query failed: over the map its error names, or over every map."""
         named = _NAMED.search(error)
@@ -247,8 +274,10 @@ class LivePath:
     def close(self) -> None:
         """The run's end: the shared query stops (its writer commits what it applied), and
         its checkpoint goes, which names this process and holds nothing a start needs."""
+        self._left |= set(self._members)
         self._members.clear()
         self._stop_query()
+        self.take_figures()
         if self._started_at:
             Checkpoint(self._spark, self._checkpoint).discard()
 

@@ -61,7 +61,7 @@ class Supervisor:
         )
         self.pacing = CatchUpPacing(self.run, self.lifecycle, self.rebuilds, metrics)
         worker_id = config.worker.worker_id() if worker is None else worker.id
-        self.live = LivePath(spark, self.run, self.rebuilds.config_for, worker_id)
+        self.live = LivePath(spark, self.run, self.rebuilds.config_for, worker_id, metrics)
 
     @property
     def config(self) -> AppConfig:

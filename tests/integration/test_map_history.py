@@ -1,8 +1,8 @@
 """A map's history as ``materializer run`` keeps it: a real run folds a backlog (on the
-executors) and then live records (on the driver), samples the map every second into
-``<map>:__history__``, and exports every folded record's freshness as a Prometheus
-histogram. The stream stays within its cap, and a full day of samples costs what
-docs/operations.md says. Nothing here asserts how long anything took.
+executors) and then live records (on the driver, or on the real-time path's writers),
+samples the map every second into ``<map>:__history__``, and exports every folded
+record's freshness as a Prometheus histogram. The stream stays within its cap, and a full
+day of samples costs what docs/operations.md says. Nothing here asserts how long anything took.
 """
 
 from __future__ import annotations
@@ -82,8 +82,9 @@ def _scrape(port: int, name: str) -> dict[tuple[str, str | None], float]:
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.parametrize("path", ["microbatch", "realtime"])
 def test_a_run_keeps_each_maps_history_and_measures_every_records_freshness(
-    kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
+    kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path, path: str
 ):
     topic = new_topic(2)
     backlog = [_record(i) for i in range(BACKLOG)]
@@ -92,6 +93,9 @@ def test_a_run_keeps_each_maps_history_and_measures_every_records_freshness(
     name = f"hist{uuid.uuid4().hex[:8]}"
     metrics_port = free_port()
     doc = slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name=name)
+    doc["spark"]["path"] = path
+    if path == "realtime":  # room for the real-time query's tasks beside the cores' worth
+        doc["spark"]["master"] = "local[*]"
     doc["metrics"] = {
         "host": "127.0.0.1",
         "port": metrics_port,
@@ -119,6 +123,16 @@ def test_a_run_keeps_each_maps_history_and_measures_every_records_freshness(
             lambda: sampled(lambda s: s.input_rate > 0 and s.fold_rate > 0 and s.batch_ms > 0),
             120,
         )
+        if path == "realtime":  # records folded by the real-time path's writers too
+            wait_until(
+                "the real-time path to fold",
+                lambda: (w := watermark(redis_client, name)) is not None and w.app_id == "live",
+                300,
+            )
+        # Undecodable live records: dead letters the live side counts.
+        positions += produce(
+            kafka_bootstrap, topic, [(f"y{i}".encode(), b"[1") for i in range(UNDECODABLE)]
+        )
         producing.stop()
         ends = end_offsets(positions + producing.positions)
         wait_until(
@@ -135,7 +149,7 @@ def test_a_run_keeps_each_maps_history_and_measures_every_records_freshness(
         wait_until("a sample with nothing left and every key counted", lambda: sampled(caught_up))
         wait_until(
             "every dead letter in a sample",
-            lambda: sampled(bool) and sum(s.dead_letters for s in history) == UNDECODABLE,
+            lambda: sampled(bool) and sum(s.dead_letters for s in history) == 2 * UNDECODABLE,
         )
         metrics = _scrape(metrics_port, name)
     except Exception:

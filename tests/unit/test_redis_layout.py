@@ -19,6 +19,7 @@ from materializer.contract.redis_layout import (
     expired_key,
     expiry_index_key,
     generation_key,
+    live_freshness_key,
     logical_name,
     marker_key,
     meta_key,
@@ -91,6 +92,11 @@ def test_key_slot_is_the_cluster_specifications():
     keys += ["".join(rng.choice("ab{}é") for _ in range(rng.randrange(9))) for _ in range(5000)]
     for key in keys:
         assert key_slot(key) == key_slot(key.encode()) == reference(key.encode()), key
+
+
+def test_the_real_time_paths_figures_key_is_the_contract():
+    assert live_freshness_key("users") == "users\x00f:"
+    assert not live_freshness_key("users").startswith("users:")  # never an entity
 
 
 def test_expiry_keys_are_the_contract():

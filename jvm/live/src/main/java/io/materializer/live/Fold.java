@@ -4,6 +4,7 @@ import com.google.gson.JsonElement;
 import com.google.gson.JsonObject;
 import com.google.gson.JsonParser;
 import java.nio.charset.StandardCharsets;
+import java.time.Instant;
 import java.util.ArrayList;
 import java.util.Base64;
 import java.util.LinkedHashMap;
@@ -28,11 +29,13 @@ final class Fold {
 
   private final Spec spec;
   private final Jedis redis;
+  private final Figures figures;
   private final byte[] batch;
 
-  Fold(Spec spec, Jedis redis, long batchId) {
+  Fold(Spec spec, Jedis redis, Figures figures, long batchId) {
     this.spec = spec;
     this.redis = redis;
+    this.figures = figures;
     this.batch = Long.toString(batchId).getBytes(StandardCharsets.UTF_8);
   }
 
@@ -50,15 +53,18 @@ final class Fold {
       Effects effects = new Effects(spec.maps.get(e.getKey()));
       List<Record> mine = e.getValue();
       for (int from = 0; from < mine.size(); from += CHUNK) {
-        call(effects, mine.subList(from, Math.min(mine.size(), from + CHUNK)));
+        call(e.getKey(), effects, mine.subList(from, Math.min(mine.size(), from + CHUNK)));
       }
       out.add(effects);
     }
     return out;
   }
 
-  /** One call for a chunk of a map's records, what it owes Kafka into {@code effects}. */
-  private void call(Effects effects, List<Record> chunk) {
+  /**
+   * One call for a chunk of the records of map {@code index}, what it owes Kafka into
+   * {@code effects}, how fresh they were into the figures.
+   */
+  private void call(int index, Effects effects, List<Record> chunk) {
     Spec.MapSpec map = effects.map;
     List<byte[]> args = new ArrayList<>(12 + 7 * chunk.size());
     for (int i = 0; i < map.fixed.size(); i++) {
@@ -89,10 +95,15 @@ final class Fold {
     } catch (RuntimeException e) {
       throw new MapFailure(map.name, e);
     }
+    Instant landed = Instant.now();
+    long landedUs = landed.getEpochSecond() * 1_000_000L + landed.getNano() / 1_000;
     for (int i = 0; i < chunk.size(); i++) {
       Record r = chunk.get(i);
       Object answer = answers.get(i);
       effects.passed(r);
+      if (!r.failed()) {
+        figures.folded(index, r.timestampUs, landedUs);
+      }
       if (answer instanceof Long code) {
         if (code == 1L) {
           effects.states.put(r.key, changed(map, r, r.value));
@@ -100,6 +111,7 @@ final class Fold {
           // New (0), or applied before (-1) and read again after a crash: the transaction
           // that sent its dead letter then never committed (the query starts after the last).
           effects.letters.add(deadLetter(map, r));
+          figures.deadLetter(index);
         }
       } else {
         // The state as it stands: the record was applied before, or a newer one was.

@@ -41,6 +41,7 @@ public final class FoldWriter extends ForeachWriter<Row> {
   private transient Spec spec;
   private transient Jedis redis;
   private transient Fold fold;
+  private transient Figures figures;
   private transient Transactions transactions;
   private transient LinkedBlockingQueue<Record> queue;
   private transient Thread applier;
@@ -58,7 +59,8 @@ public final class FoldWriter extends ForeachWriter<Row> {
     spec = Spec.parse(specJson);
     redis = new Jedis(URI.create(spec.redisUrl));
     transactions = new Transactions(spec, partitionId);
-    fold = new Fold(spec, redis, epochId);
+    figures = new Figures(spec);
+    fold = new Fold(spec, redis, figures, epochId);
     queue = new LinkedBlockingQueue<>();
     closing = false;
     failure = null;
@@ -77,8 +79,10 @@ public final class FoldWriter extends ForeachWriter<Row> {
         Record first = queue.poll(50, TimeUnit.MILLISECONDS);
         if (first == null) {
           if (closing && queue.isEmpty()) {
+            figures.flush(redis, true);
             return;
           }
+          figures.flush(redis, false);
           continue;
         }
         taken.add(first);
@@ -87,6 +91,7 @@ public final class FoldWriter extends ForeachWriter<Row> {
           transactions.submit(effects);
         }
         taken.clear();
+        figures.flush(redis, false);
       }
     } catch (Throwable t) {
       failure = t;

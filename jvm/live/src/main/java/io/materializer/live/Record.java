@@ -9,6 +9,8 @@ final class Record {
   final String topic;
   final int partition;
   final long offset;
+  /** The Kafka timestamp, microseconds since the epoch. */
+  final long timestampUs;
   final String key;
   final byte[] entity;
   final byte[] state;
@@ -23,6 +25,7 @@ final class Record {
     topic = row.getAs("topic");
     partition = row.<Integer>getAs("partition");
     offset = row.<Long>getAs("offset");
+    timestampUs = row.<Long>getAs("timestamp_us");
     key = row.getAs("key");
     entity = bytes(row.<String>getAs("entity"));
     state = row.getAs("state");

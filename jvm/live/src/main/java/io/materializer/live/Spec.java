@@ -19,6 +19,12 @@ final class Spec implements Serializable {
   String appId;
   Map<String, String> producer;
   List<MapSpec> maps;
+  /** The script that adds a writer's figures to a map's hash ({@code live.freshness.ADD}). */
+  String freshnessScript;
+  /** The upper bounds of the freshness buckets, microseconds ({@code runtime.freshness}). */
+  long[] freshnessBounds;
+  /** How often a writer adds its figures at most. */
+  long freshnessEveryMs;
 
   /** One map's calls. {@code fixed} are the function's first ten arguments; the third, the
    * batch id, is left empty and filled in with the real-time batch's id. */
@@ -34,20 +40,23 @@ final class Spec implements Serializable {
     String group;
     /** The prefix of its producers' transactional ids, the source partition after it. */
     String transactionalId;
+    /** The map's figures hash ({@code redis_layout.live_freshness_key}). */
+    String freshness;
   }
 
   static Spec parse(String json) {
     Spec spec = new Gson().fromJson(json, Spec.class);
     if (spec.redisUrl == null || spec.maps == null || spec.maps.isEmpty() || spec.producer == null
-        || spec.appId == null) {
+        || spec.appId == null || spec.freshnessScript == null || spec.freshnessBounds == null) {
       throw new IllegalArgumentException(
-          "a live writer's spec needs redisUrl, appId, producer and maps");
+          "a live writer's spec needs redisUrl, appId, producer, maps and the freshness ones");
     }
     for (MapSpec m : spec.maps) {
       if (m.fixed == null || m.fixed.size() != 10 || m.function == null || m.meta == null
-          || m.group == null || m.transactionalId == null || m.changelog == null) {
-        throw new IllegalArgumentException(
-            "map " + m.name + ": function, meta, changelog, group, transactionalId and 10 fixed arguments");
+          || m.group == null || m.transactionalId == null || m.changelog == null
+          || m.freshness == null) {
+        throw new IllegalArgumentException("map " + m.name + ": function, meta, changelog, "
+            + "group, transactionalId, freshness and 10 fixed arguments");
       }
     }
     return spec;
