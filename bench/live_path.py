@@ -32,6 +32,7 @@ import random
 import tempfile
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -80,7 +81,9 @@ def folding(spark: Any, cfg: AppConfig, path: str, work: Path) -> Iterator[None]
                 query.stop()
 
 
-def measure(bootstrap: str, redis_url: str, path: str, maps: int, rate: int, args: Any) -> Any:
+def measure(
+    bootstrap: str, redis_url: str, path: str, maps: int, rate: int, commit_every_ms: int, args: Any
+) -> Any:
     """One path at one load: produce-to-visible percentiles and cores. The micro-batch path
     runs on ``local[*]`` as ``materializer run`` does by default; a real-time query needs a
     task slot for each partition it reads."""
@@ -90,6 +93,16 @@ def measure(bootstrap: str, redis_url: str, path: str, maps: int, rate: int, arg
     topics = [create_topic(bootstrap, PARTITIONS) for _ in names]
     master = "local[*]" if path == "microbatch" else f"local[{maps * PARTITIONS + 2}]"
     cfg = config(bootstrap, redis_url, work, names, topics, master)
+    if args.delta_trigger_s is not None:
+        every = timedelta(seconds=args.delta_trigger_s)
+        cfg = cfg.model_copy(
+            update={"delta": cfg.delta.model_copy(update={"trigger_interval": every})}
+        )
+    if commit_every_ms:
+        every = timedelta(milliseconds=commit_every_ms)
+        cfg = cfg.model_copy(
+            update={"spark": cfg.spark.model_copy(update={"live_commit_interval": every})}
+        )
     spark = build_spark_session(cfg.spark)
     try:
         return _measure(spark, cfg, bootstrap, redis_url, path, rate, args)
@@ -98,7 +111,13 @@ def measure(bootstrap: str, redis_url: str, path: str, maps: int, rate: int, arg
 
 
 def _measure(
-    spark: Any, cfg: AppConfig, bootstrap: str, redis_url: str, path: str, rate: int, args: Any
+    spark: Any,
+    cfg: AppConfig,
+    bootstrap: str,
+    redis_url: str,
+    path: str,
+    rate: int,
+    args: Any,
 ) -> dict[str, Any]:
     names = list(cfg.maps)
     maps = len(names)
@@ -123,7 +142,9 @@ def _measure(
             if seq % args.sample_every == 0:
                 follower.samples.put((key, seq, sent_at))
 
-        window = CpuWindow({"driver": [os.getpid()], "spark_jvm": _spark_jvm()})
+        window = CpuWindow(
+            {"driver": [os.getpid()], "spark_jvm": _spark_jvm(), "broker": _broker()}
+        )
         window.begin()
         achieved = produce_at_rate(prod, topics, rate, args.seconds, args.keys, 10**9, sampled, rng)
         cores = window.end()
@@ -139,6 +160,12 @@ def _measure(
         "unresolved": unresolved,
         **cores,
         "master": cfg.spark.master,
+        "delta_trigger_s": cfg.delta.trigger_interval.total_seconds(),
+        **(
+            {"commit_every_ms": round(cfg.spark.live_commit_interval.total_seconds() * 1000)}
+            if path == "realtime"
+            else {}
+        ),
         "target_p99_ms": 100 if maps == 1 else 150,
     }
 
@@ -161,6 +188,17 @@ def _spark_jvm() -> list[int]:
     return found
 
 
+def _broker() -> list[int]:
+    """The Kafka broker's JVM: the real-time path's transactions cost it most of all."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if "kafka.Kafka" in (entry / "cmdline").read_text():
+                    found.append(int(entry.name))
+    return found
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--loads", default="one,many")
@@ -172,6 +210,17 @@ def main() -> None:
     ap.add_argument("--warmup-seconds", type=float, default=60)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--sample-every", type=int, default=10)
+    ap.add_argument(
+        "--commit-every-ms",
+        default="1000",
+        help="spark.live_commit_interval in ms; several (100,1000): a real-time run each",
+    )
+    ap.add_argument(
+        "--delta-trigger-s",
+        type=float,
+        default=None,
+        help="the Delta queries' trigger interval (default: delta.trigger_interval's)",
+    )
     args = ap.parse_args()
     loads = {"one": (1, args.rate_one), "many": (args.maps, args.rate_many)}
     wanted = [loads[name] for name in args.loads.split(",")]
@@ -179,9 +228,11 @@ def main() -> None:
         emit(name="setup", **machine(), partitions=PARTITIONS, keys=args.keys)
         for maps, rate in wanted:
             for path in args.paths.split(","):
-                started = time.monotonic()
-                line = measure(bootstrap, redis_url, path, maps, rate, args)
-                emit(**line, wall_s=round(time.monotonic() - started, 1))
+                intervals = args.commit_every_ms.split(",") if path == "realtime" else ["0"]
+                for every in intervals:
+                    started = time.monotonic()
+                    line = measure(bootstrap, redis_url, path, maps, rate, int(every), args)
+                    emit(**line, wall_s=round(time.monotonic() - started, 1))
 
 
 if __name__ == "__main__":

@@ -85,6 +85,7 @@ def start_live(
             "appId": LIVE_APP,
             "producer": java(config.kafka),
             "maps": specs,
+            "commitEveryMs": round(config.spark.live_commit_interval.total_seconds() * 1000),
             **writer_spec(),
         }
     ).decode()

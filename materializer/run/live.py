@@ -29,6 +29,7 @@ from materializer.clients.redis import TRANSIENT_ERRORS, client_for
 from materializer.config import AppConfig
 from materializer.config.names import checkpoint_path
 from materializer.live.freshness import take
+from materializer.live.marks import LiveMarks
 from materializer.live.query import QUERY_NAME, LiveMap, start_live, stop_live
 from materializer.redis.functions import FENCED, LOST, CopyLost
 from materializer.run.lifecycle import FENCED_ERROR
@@ -111,6 +112,8 @@ class LivePath:
         ``metrics``: where the writers' figures go (``take_figures``)."""
         self._spark = spark
         self._metrics = metrics
+        self._marks: LiveMarks | None = None
+        """The table marks of the maps on the path (``live.marks``), once a query started."""
         self._left: set[str] = set()
         """Maps that left since the last ``take_figures``: their writers' last figures."""
         self._run = run
@@ -187,6 +190,8 @@ class LivePath:
             return
         self.failures.pop(name, None)
         self._stop_query()
+        if self._marks is not None:
+            self._marks.leave([name])
         self._left.add(name)
         self._changed = True
         log.info("map %s left the real-time path", name)
@@ -228,6 +233,9 @@ class LivePath:
             self._failed(f"could not start the real-time query: {exc}")
             return
         self._started_at = time.monotonic()
+        if self._marks is None:
+            self._marks = LiveMarks(self._run.config)
+        self._marks.hold({m.name: (m.generation, self._config_for(m)) for m in members})
         log.info(
             "real-time query started in %.1f s for %d maps: %s",
             self._started_at - started,
@@ -277,6 +285,9 @@ class LivePath:
         self._left |= set(self._members)
         self._members.clear()
         self._stop_query()
+        if self._marks is not None:
+            self._marks.leave(sorted(self._left))
+            self._marks.close()
         self.take_figures()
         if self._started_at:
             Checkpoint(self._spark, self._checkpoint).discard()

@@ -18,10 +18,12 @@ from pathlib import Path
 import orjson
 import pytest
 import redis
+from deltalake import DeltaTable
 
 from materializer.config import load_config
 from materializer.config.names import changelog_topic, dead_letter_topic
 from materializer.contract.redis_layout import meta_key
+from materializer.contract.table_marks import table_watermark
 from materializer.contract.watermark import Watermark
 from materializer.live.positions import committed, live_group
 from materializer.testing import produce
@@ -111,6 +113,11 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
         views = [orjson.loads(line) for line in shown.stdout.splitlines()]
         return {v["map"]: v["fold_path"] for v in views}
 
+    def table_offsets(name: str) -> dict[int, int] | None:
+        """The source offsets the map's Delta table's newest commit says it holds."""
+        watermark = table_watermark(DeltaTable(str(tmp_path / "warehouse" / name)))
+        return None if watermark is None else watermark.offsets.get(topics[name])
+
     def control(verb: str, name: str) -> None:
         subprocess.run(
             [sys.executable, "-m", "materializer", verb, "-c", str(path), name],
@@ -153,6 +160,15 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
         assert f"map {names[1]} left" not in log.read_text()
         streams.round(100)
         wait_until("every record folded", settled, 240, alive)
+        # While the maps fold on the real-time path, their tables' commits come to say they
+        # hold every record (the run's marks of the path's committed positions).
+        for name in names:
+            wait_until(
+                f"map {name}'s table to say it holds every record",
+                lambda name=name: table_offsets(name) == streams.ends[name],
+                120,
+                alive,
+            )
         streaming = streams.stream(20, 10)
         time.sleep(0.2)
         proc.stop()  # SIGTERM to the process group, mid-stream: a drain, then the end
@@ -183,6 +199,7 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
         expected = fold_latest(produced, "id", FIELDS)
         assert redis_map(redis_client, name) == expected, name
         assert delta_map_rs(tmp_path / "warehouse" / name) == expected, name
+        assert table_offsets(name) == reached, name  # the last mark, once its writers stopped
         last: dict[str, bytes | None] = {}
         for msg in read_committed(kafka_bootstrap, changelog_topic(config, name, 0)):
             last[msg.key().decode()] = msg.value()

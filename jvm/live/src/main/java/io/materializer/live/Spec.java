@@ -23,6 +23,12 @@ final class Spec implements Serializable {
   String freshnessScript;
   /** The upper bounds of the freshness buckets, microseconds ({@code runtime.freshness}). */
   long[] freshnessBounds;
+  /**
+   * A task's Kafka transaction at most this often ({@code live.query.COMMIT_EVERY}): what
+   * queues meanwhile goes into the next one, merged per key. It holds back the changelog
+   * and the dead letters, never Redis.
+   */
+  long commitEveryMs;
   /** How often a writer adds its figures at most. */
   long freshnessEveryMs;
 
@@ -47,7 +53,8 @@ final class Spec implements Serializable {
   static Spec parse(String json) {
     Spec spec = new Gson().fromJson(json, Spec.class);
     if (spec.redisUrl == null || spec.maps == null || spec.maps.isEmpty() || spec.producer == null
-        || spec.appId == null || spec.freshnessScript == null || spec.freshnessBounds == null) {
+        || spec.appId == null || spec.freshnessScript == null || spec.freshnessBounds == null
+        || spec.commitEveryMs <= 0) {
       throw new IllegalArgumentException(
           "a live writer's spec needs redisUrl, appId, producer, maps and the freshness ones");
     }

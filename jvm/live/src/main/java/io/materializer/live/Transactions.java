@@ -17,7 +17,7 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 /**
  * A task's Kafka transactions, on a thread of their own so that Redis never waits for
  * Kafka: the rounds of {@link Effects} that queue go out together, one transaction at most
- * every {@link #COMMIT_EVERY_MS}, with the source position after them committed to the
+ * every {@code commitEveryMs} of the spec, with the source position after them committed to the
  * map's group, as Kafka's own exactly-once pipelines commit theirs.
  *
  * <p>One transactional producer per source partition a task reads, its {@code
@@ -28,13 +28,6 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 final class Transactions {
   /** Rounds queued at most: past it, the Redis side waits for Kafka to catch up. */
   static final int MOST_QUEUED = 64;
-
-  /**
-   * A transaction at most this often: what queues meanwhile goes into the next one, merged
-   * per key. It holds back the changelog and the dead letters, never Redis; Kafka Streams
-   * commits its exactly-once transactions at the same interval by default.
-   */
-  static final long COMMIT_EVERY_MS = 100;
 
   private final Spec spec;
   private final LinkedBlockingQueue<Effects> queue = new LinkedBlockingQueue<>(MOST_QUEUED);
@@ -110,7 +103,7 @@ final class Transactions {
             }
           }
           pending.clear();
-          due = System.currentTimeMillis() + COMMIT_EVERY_MS;
+          due = System.currentTimeMillis() + spec.commitEveryMs;
         }
         if (last && pending.isEmpty()) {
           return;

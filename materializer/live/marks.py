@@ -1,0 +1,171 @@
+"""Table marks for the maps on the real-time path: what their Delta tables' commits can say
+they hold (``contract.table_marks``), and so what a ``Query``, SQL or ``min_offsets`` wait
+sees of them.
+
+A micro-batch fold appends a mark beside each watermark it commits. The real-time path's
+writers commit Kafka transactions instead, each with the map's positions in its live
+group, and no watermark in Redis says which of its records are committed. So the run
+appends their marks (``LiveMarks``): every ``MARK_EVERY_S``, per map, the positions its
+live group has committed, *then* the changelog's log ends (high watermarks). In that
+order the ends lie past every record of each transaction that committed those positions,
+since it committed before they were read; records of transactions still open may lie
+below them too, so a table waits a little longer for the mark, never claims too much.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Any
+
+from materializer.clients.group_positions import group_consumer
+from materializer.clients.kafka_offsets import (
+    KAFKA_TIMEOUT_SECONDS,
+    admin_client,
+    offsets_of,
+    partition_ids,
+)
+from materializer.clients.redis import client_for
+from materializer.config import AppConfig
+from materializer.config.names import changelog_topic
+from materializer.contract.redis_layout import (
+    TABLE_MARKS_MAX_LEN,
+    physical_name,
+    table_marks_key,
+)
+from materializer.contract.table_marks import TableMark
+from materializer.contract.watermark import Watermark
+from materializer.live.positions import LIVE_APP, live_group
+
+log = logging.getLogger(__name__)
+
+MARK_EVERY_S = 1.0
+"""How often a mark of each map on the path: its writers commit every
+``spark.live_commit_interval`` (1 s), its Delta table every ``delta.trigger_interval`` (5 s)."""
+
+
+@dataclass
+class _Marked:
+    """One map's marking: its copy, its partitions, its live group's consumer, the last mark."""
+
+    physical: str
+    sources: dict[str, list[int]]
+    changelog: dict[str, list[int]]
+    consumer: Any
+    closing: ExitStack = field(default_factory=ExitStack)
+    last: dict[str, dict[int, int]] | None = None
+    failing: bool = False
+
+
+class LiveMarks:
+    """The marks of the maps on the real-time path, on a thread of their own."""
+
+    def __init__(self, config: AppConfig) -> None:
+        self._config = config
+        self._maps: dict[str, _Marked] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._admin: Any = None
+        self._thread = threading.Thread(target=self._run, name="live-marks", daemon=True)
+        self._thread.start()
+
+    def hold(self, maps: dict[str, tuple[int, AppConfig]]) -> None:
+        """Mark these maps (name to the generation it folds and the config it runs on) from
+        now on; the others no more."""
+        with self._lock:
+            for name in set(self._maps) - set(maps):
+                self._drop(name)
+            for name, (generation, config) in maps.items():
+                held = self._maps.get(name)
+                if held is None or held.physical != physical_name(name, generation):
+                    if held is not None:
+                        self._drop(name)
+                    try:
+                        self._maps[name] = self._open(name, generation, config)
+                    except Exception as exc:  # noqa: BLE001 - a mark is an extra; next start
+                        log.warning("map %s: no table marks on the real-time path: %s", name, exc)
+
+    def leave(self, names: list[str]) -> None:
+        """The maps left the path, their writers stopped: a last mark of each now (the one
+        their Delta tables' next commits record), then no more, since their micro-batch
+        folds append marks of their own from here on."""
+        with self._lock:
+            for name in names:
+                if name in self._maps:
+                    self._mark(name, self._maps[name])
+                    self._drop(name)
+
+    def close(self) -> None:
+        """Stop marking; close the consumers."""
+        self._stop.set()
+        self._thread.join(KAFKA_TIMEOUT_SECONDS * 2)
+        with self._lock:
+            for name in list(self._maps):
+                self._drop(name)
+
+    def _run(self) -> None:
+        while not self._stop.wait(MARK_EVERY_S):
+            with self._lock:
+                for name, marked in self._maps.items():
+                    if self._stop.is_set():
+                        return
+                    self._mark(name, marked)
+
+    def _open(self, name: str, generation: int, config: AppConfig) -> _Marked:
+        if self._admin is None:
+            self._admin = admin_client(self._config.kafka)
+        changelog = changelog_topic(config, name, generation)
+        closing = ExitStack()
+        return _Marked(
+            physical=physical_name(name, generation),
+            sources=partition_ids(self._admin, config.map(name).source.topics),
+            changelog=partition_ids(self._admin, [changelog]),
+            consumer=closing.enter_context(group_consumer(self._config.kafka, live_group(name))),
+            closing=closing,
+        )
+
+    def _drop(self, name: str) -> None:
+        marked = self._maps.pop(name)
+        try:
+            marked.closing.close()
+        except Exception as exc:  # noqa: BLE001 - closing: nothing more to do with it
+            log.debug("map %s: its marks' consumer did not close cleanly: %s", name, exc)
+
+    def _mark(self, name: str, marked: _Marked) -> None:
+        """Committed positions first, the log ends after (the module's docstring)."""
+        from confluent_kafka import TopicPartition
+
+        try:
+            wanted = [TopicPartition(t, p) for t, ps in marked.sources.items() for p in ps]
+            found = marked.consumer.committed(wanted, timeout=KAFKA_TIMEOUT_SECONDS)
+            positions: dict[str, dict[int, int]] = {}
+            for tp in found:
+                if tp.offset >= 0:
+                    positions.setdefault(tp.topic, {})[tp.partition] = tp.offset
+            if not positions or positions == marked.last:
+                return
+            ((_, ends),) = offsets_of(self._admin, marked.changelog, "latest").items()
+            watermark = Watermark(
+                batch_id=0,
+                offsets=positions,
+                updated_at_ms=int(time.time() * 1000),
+                app_id=LIVE_APP,
+            )
+            client_for(self._config.redis).xadd(
+                table_marks_key(marked.physical),
+                TableMark(watermark, ends).to_entry(),  # type: ignore[arg-type]
+                maxlen=TABLE_MARKS_MAX_LEN,
+                approximate=True,
+            )
+            marked.last, marked.failing = positions, False
+        except Exception as exc:  # noqa: BLE001 - a mark is an extra: the next one comes
+            log.log(
+                logging.DEBUG if marked.failing else logging.WARNING,
+                "map %s: no table marks while Kafka or Redis does not answer: %s",
+                name,
+                exc,
+            )
+            marked.failing = True
