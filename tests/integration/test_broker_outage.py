@@ -3,7 +3,9 @@ port, same data), or stalled by SIGSTOP and let go by SIGCONT.
 
 Nobody steps in: the run must keep going (or start its queries again by
 itself), catch up, and have folded every event exactly once into Redis and
-Delta, as an aggregate's counts and sums against a plain-Python fold show.
+Delta, as an aggregate's counts and sums against a plain-Python fold show. On the
+real-time path (which folds ``latest`` maps) the map must fold on there, or go back
+to micro-batches and come back, never fail.
 """
 
 from __future__ import annotations
@@ -14,19 +16,21 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
 import redis
 import yaml
 
-from materializer.contract.redis_layout import status_key
+from materializer.contract.redis_layout import meta_key, status_key
 from materializer.contract.status import MapReport
+from materializer.live.positions import live_group
 from materializer.testing import KafkaBroker, create_topic, produce
 from materializer.testing.process import ManagedProcess
-from materializer.testing.reference import fold_aggregate
+from materializer.testing.reference import fold_aggregate, fold_latest
 from materializer.testing.waiting import wait_until
-from tests.helpers.slices import delta_map_rs, group_offsets, redis_map, slice_config
+from tests.helpers.slices import FIELDS, delta_map_rs, group_offsets, redis_map, slice_config
 
 AGGREGATES = {"events": {"fn": "count"}, "age_total": {"fn": "sum", "field": "age"}}
 REFERENCE = {name: (a["fn"], a.get("field")) for name, a in AGGREGATES.items()}
@@ -42,7 +46,12 @@ class LiveRun:
     Redis."""
 
     def __init__(
-        self, broker: KafkaBroker, redis_url: str, client: redis.Redis, tmp_path: Path
+        self,
+        broker: KafkaBroker,
+        redis_url: str,
+        client: redis.Redis,
+        tmp_path: Path,
+        path: str = "microbatch",
     ) -> None:
         self.name = f"outage{uuid.uuid4().hex[:8]}"
         self.broker = broker
@@ -50,14 +59,16 @@ class LiveRun:
         self.topic = create_topic(self.bootstrap, 2)
         self.client = client
         self.tmp_path = tmp_path
+        self.path = path
+        fold = {"mode": "aggregate", "aggregates": AGGREGATES}
+        if path == "realtime":
+            fold = {"mode": "latest"}
         doc = slice_config(
-            tmp_path,
-            self.bootstrap,
-            redis_url,
-            self.topic,
-            map_name=self.name,
-            fold={"mode": "aggregate", "aggregates": AGGREGATES},
+            tmp_path, self.bootstrap, redis_url, self.topic, map_name=self.name, fold=fold
         )
+        doc["spark"]["path"] = path
+        if path == "realtime":  # room for the real-time query's tasks beside the cores' worth
+            doc["spark"]["master"] = "local[*]"
         config_file = tmp_path / "maps.yaml"
         config_file.write_text(yaml.safe_dump(doc))
         self.rng = random.Random(3)
@@ -90,22 +101,49 @@ class LiveRun:
             during.result()
 
     def settled(self) -> bool:
-        """Whether the run's last batch is wholly done: its consumer group, written last,
-        holds the end offsets of every event produced."""
+        """Whether the run's last batch is wholly done: its consumer group, written last (or
+        on the real-time path, committed with the changelog), holds the end offsets of every
+        event produced."""
         ends: dict[int, int] = {}
         for partition, offset, _, _ in self.produced:
             ends[partition] = max(ends.get(partition, 0), offset + 1)
-        group = f"materializer.{self.name}"
-        return group_offsets(self.bootstrap, group, self.topic) == {self.topic: ends}
+        groups = [f"materializer.{self.name}"]
+        if self.path == "realtime":
+            groups.append(live_group(self.name))
+        return any(
+            group_offsets(self.bootstrap, group, self.topic) == {self.topic: ends}
+            for group in groups
+        )
+
+    def reference(self) -> dict[str, Any]:
+        """The plain-Python fold of every event produced."""
+        if self.path == "realtime":
+            return fold_latest(self.produced, "id", FIELDS)
+        return fold_aggregate(self.produced, "id", REFERENCE)
 
     def folded(self) -> bool:
         """Whether Redis holds the fold of every event produced, each once."""
-        return redis_map(self.client, self.name) == fold_aggregate(self.produced, "id", REFERENCE)
+        return redis_map(self.client, self.name) == self.reference()
+
+    def on_the_real_time_path(self) -> bool:
+        """Whether the map folds on the real-time path, as its status says."""
+        report = MapReport.from_hash(self.client.hgetall(status_key(self.name)))
+        return report is not None and report.fold_path == "realtime"
+
+    def live_if_realtime(self) -> None:
+        """On the real-time path, wait until the map folds there and records it folded show
+        (the outage then meets the path's writers)."""
+        if self.path == "realtime":
+            wait_until("the map on the real-time path", self.on_the_real_time_path, 300)
+            self.send(20)
+            wait_until("its records in Redis", self.folded)
+            assert self.client.hget(meta_key(self.name), "app_id") == b"live"
 
     def check_every_event_folded_once(self) -> None:
-        """Redis and Delta catch up with the reference fold; the run still runs the map."""
+        """Redis and Delta catch up with the reference fold; the run still runs the map (on
+        the real-time path again, if that is its path)."""
         wait_until("every event in Redis, once", self.folded, timeout=300)
-        reference = fold_aggregate(self.produced, "id", REFERENCE)
+        reference = self.reference()
         table = self.tmp_path / "warehouse" / self.name
         # The table is made by the Delta query, which starts after the map's opening batch.
         wait_until(
@@ -116,17 +154,21 @@ class LiveRun:
         assert self.proc.alive(), self.proc.tail()
         report = MapReport.from_hash(self.client.hgetall(status_key(self.name)))
         assert report is not None and report.state == "running", self.proc.tail()
+        if self.path == "realtime":
+            self.live_if_realtime()
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("path", ["microbatch", "realtime"])
 def test_a_broker_restarted_under_a_live_run_loses_and_repeats_nothing(
-    redis_url, redis_client, tmp_path: Path
+    redis_url, redis_client, tmp_path: Path, path: str
 ):
     with KafkaBroker(workdir=tmp_path / "kafka") as broker:
-        run = LiveRun(broker, redis_url, redis_client, tmp_path)
+        run = LiveRun(broker, redis_url, redis_client, tmp_path, path)
         try:
             run.send(200)
             wait_until("the first events in Redis", run.folded)
+            run.live_if_realtime()
             broker.restart()
             run.send(200)
             run.check_every_event_folded_once()
@@ -135,14 +177,16 @@ def test_a_broker_restarted_under_a_live_run_loses_and_repeats_nothing(
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("path", ["microbatch", "realtime"])
 def test_a_broker_stalled_under_a_live_run_loses_and_repeats_nothing(
-    redis_url, redis_client, tmp_path: Path
+    redis_url, redis_client, tmp_path: Path, path: str
 ):
     with KafkaBroker(workdir=tmp_path / "kafka") as broker:
-        run = LiveRun(broker, redis_url, redis_client, tmp_path)
+        run = LiveRun(broker, redis_url, redis_client, tmp_path, path)
         try:
             run.send(200)
             wait_until("the first events in Redis", run.folded)
+            run.live_if_realtime()
             # Most often the first batch is still on its way: its changelog and its consumer
             # group's first commit (a client not connected yet) meet a broker that does not
             # answer.
