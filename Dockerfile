@@ -50,7 +50,7 @@ COPY jvm/s3proxy/pom.xml jvm/s3proxy/
 COPY jvm/live jvm/live
 # The S3 server (jvm/s3proxy) serves the tests only; the schema registry (jvm/registry)
 # the tests and `materializer demo --schema-registry` in a checkout.
-RUN --mount=type=cache,target=/root/.m2 make jars JVM_MODULES=spark,kafka,s3,live
+RUN --mount=type=cache,target=/root/.m2 make jars JVM_MODULES=spark,kafka,s3,live,localfs
 
 # Then the dependencies, from pyproject.toml alone, so a change of code reuses this layer.
 # grpcio-tools (pinned like the dev extra) compiles .proto schemas that a schema registry

@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 JARS := jvm/lib/.resolved
 # The jvm/ modules `make jars` resolves; an image leaves out the tests' registry.
-JVM_MODULES ?= spark,kafka,registry,s3,s3proxy,live
+JVM_MODULES ?= spark,kafka,registry,s3,s3proxy,live,localfs
 PYTEST_ARGS ?=
 # Test files spread over this many workers, each with its own broker, Redis and Spark.
 TEST_WORKERS ?= 2
@@ -28,7 +28,7 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 venv: $(VENV)/.installed ## create .venv and install the package with its dev extra
 
-$(JARS): jvm/pom.xml $(wildcard jvm/*/pom.xml) $(shell find jvm/live/src -name '*.java')
+$(JARS): jvm/pom.xml $(wildcard jvm/*/pom.xml) $(shell find jvm/live/src jvm/localfs/src -name '*.java')
 	@command -v mvn >/dev/null || { echo "Maven (mvn) is needed to resolve the JVM jars: install it (Debian: apt-get install maven)"; exit 1; }
 	rm -rf jvm/lib
 	mvn -q -B -s jvm/settings.xml -f jvm/pom.xml -pl $(JVM_MODULES) -am package

@@ -36,6 +36,7 @@ def jars(module: str) -> list[Path]:
 
 
 def session_jars() -> list[Path]:
-    """The jars every Spark session's driver loads: Spark's Kafka source, Delta and Avro, and
-    the real-time path's writer. Its class data archive is made for exactly these."""
-    return jars("spark") + jars("live")
+    """The jars every Spark session's driver loads: Spark's Kafka source, Delta and Avro, the
+    real-time path's writer and the local file system (``spark.session``). Its class data
+    archive is made for exactly these."""
+    return jars("spark") + jars("live") + jars("localfs")

@@ -54,6 +54,15 @@ def conf_file(name: str, content: str) -> Path:
     return path
 
 
+LOCAL_FS = {
+    "spark.hadoop.fs.file.impl": "io.materializer.localfs.NioLocalFileSystem",
+    "spark.hadoop.fs.AbstractFileSystem.file.impl": "io.materializer.localfs.NioRawLocalFs",
+}
+"""Hadoop's local file systems (``jvm/localfs``) with permissions set in the JVM: Hadoop's own
+set those of each file and folder they create by running chmod in a child process, which a
+stop signal to the run's whole process group kills under a checkpoint or a Delta commit
+(the write fails, and the run with it), and a fork a file on every batch."""
+
 CLASS_PATHS = ("spark.driver.extraClassPath", "spark.executor.extraClassPath")
 """The class paths ``spark.jars: installed`` sets, which a config's own entries extend."""
 
@@ -94,6 +103,9 @@ def spark_conf(
         # Writes must stay readable by delta-rs in the query service: no deletion vectors.
         "spark.databricks.delta.properties.defaults.enableDeletionVectors": "false",
     }
+    if config.jars == "installed" or config.master.startswith("local"):
+        # Where the jars are on the class path as Hadoop starts (shipped ones come later).
+        conf.update(LOCAL_FS)
     classpath = ":".join(str(p) for p in local_jars)
     # The driver always has the jars: on its class path they are read as its JVM starts,
     # where its class data archive can hold them (``class_archive``). A local master's

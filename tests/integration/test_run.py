@@ -134,6 +134,45 @@ def test_a_stop_right_after_redis_shows_every_entity_leaves_delta_equal_to_it(
     wait_until("the JVM to end with the run", lambda: _gone(jvm))
 
 
+def test_a_run_writes_its_checkpoints_and_tables_without_a_chmod_process(
+    kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
+):
+    """Hadoop, without its native library, sets each file's permissions by running chmod; a
+    stop signal to the run's process group then kills that child under a checkpoint or a
+    Delta commit. The run's local file system sets them itself: a ``chmod`` first on the
+    PATH that fails (as a killed one does) and leaves a trace is never run."""
+    topic = new_topic(2)
+    name = "no_chmod"
+    doc = slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name=name)
+    config_file = tmp_path / "maps.yaml"
+    config_file.write_text(yaml.safe_dump(doc))
+    stubs, trace = tmp_path / "bin", tmp_path / "chmod-ran"
+    stubs.mkdir()
+    (stubs / "chmod").write_text(f'#!/bin/sh\necho "$@" >> {trace}\nexit 143\n')
+    (stubs / "chmod").chmod(0o755)
+    env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}"}
+    records = [
+        (f"c{i % 30}".encode(), orjson.dumps({"id": f"c{i % 30}", "age": i})) for i in range(200)
+    ]
+    args = [sys.executable, "-m", "materializer", "run", "-c", str(config_file)]
+    proc = ManagedProcess(args, tmp_path / "run.log", env=env)
+    try:
+        positions = produce(kafka_bootstrap, topic, records)
+        events = [(p, o, k, v) for (p, o), (k, v) in zip(positions, records, strict=True)]
+        reference = fold_latest(events, "id", FIELDS)
+        wait_until("Redis to hold every entity", lambda: redis_map(redis_client, name) == reference)
+        proc.proc.send_signal(signal.SIGTERM)
+        proc.proc.wait(150)
+    finally:
+        proc.stop()
+    log = proc.log_path.read_text()
+    assert proc.proc.returncode == 0, log[-3000:]
+    assert delta_map_rs(tmp_path / "warehouse" / name) == reference
+    assert not trace.exists(), trace.read_text()
+    checkpoint = next((tmp_path / "checkpoints").rglob("commits/0"))
+    assert checkpoint.stat().st_mode & 0o777 == 0o644  # Hadoop's default, its umask 022 applied
+
+
 def test_json_logs_give_one_object_per_line_with_batch_fields_spark_included(
     kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
 ):
