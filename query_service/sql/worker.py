@@ -70,7 +70,7 @@ class Engine:
         try:
             frame = self._dataframe(request)
         except Exception as exc:  # noqa: BLE001 - every engine error is the caller's answer
-            frames.write_error(out, *_classify(exc))
+            self._failed(out, exc)
             return
         try:
             schema = portable(frame.schema())
@@ -80,9 +80,19 @@ class Engine:
                 if record.num_rows:
                     frames.write(out, frames.BATCH, record.serialize().to_pybytes())
         except Exception as exc:  # noqa: BLE001
-            frames.write_error(out, *_classify(exc))
+            self._failed(out, exc)
             return
         frames.write(out, frames.DONE, b"")
+
+    def _failed(self, out: BinaryIO, exc: Exception) -> None:
+        """The statement's error to the caller. One past the memory pool leaves its session
+        behind: the engine's tasks of the stopped plan give their share of the pool back
+        only as they end, which the next statement in this process must not wait for (it
+        would be refused for memory it never asked for)."""
+        kind, message = _classify(exc)
+        if kind == frames.MEMORY:
+            self._context, self._settings, self._registered = None, None, {}
+        frames.write_error(out, kind, message)
 
     def _dataframe(self, request: dict[str, Any]) -> Any:
         """The statement's plan, in the session kept for it (which must outlive the plan's
