@@ -48,6 +48,7 @@ COPY jvm/registry/pom.xml jvm/registry/
 COPY jvm/s3/pom.xml jvm/s3/
 COPY jvm/s3proxy/pom.xml jvm/s3proxy/
 COPY jvm/live jvm/live
+COPY jvm/localfs jvm/localfs
 # The S3 server (jvm/s3proxy) serves the tests only; the schema registry (jvm/registry)
 # the tests and `materializer demo --schema-registry` in a checkout.
 RUN --mount=type=cache,target=/root/.m2 make jars JVM_MODULES=spark,kafka,s3,live,localfs
