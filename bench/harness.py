@@ -307,6 +307,18 @@ def services() -> Iterator[tuple[str, str]]:
         yield bootstrap, redis_url
 
 
+def broker_pids() -> list[int]:
+    """The Kafka broker's JVM, whichever process started it: what the readers and the
+    real-time path's transactions ask of it is part of what a run costs."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if "kafka.Kafka" in (entry / "cmdline").read_text():
+                    found.append(int(entry.name))
+    return found
+
+
 def machine() -> dict[str, Any]:
     """What every setup line says of the machine: figures compare only within a run."""
     return {

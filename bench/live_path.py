@@ -39,7 +39,7 @@ from typing import Any
 from confluent_kafka import Producer
 from cpu_window import CpuWindow
 from freshness import Follower, latency_fields, produce_at_rate, topic_of
-from harness import PARTITIONS, emit, event, machine, map_config, services
+from harness import PARTITIONS, broker_pids, emit, event, machine, map_config, services
 
 from materializer import job
 from materializer.config import AppConfig
@@ -143,7 +143,7 @@ def _measure(
                 follower.samples.put((key, seq, sent_at))
 
         window = CpuWindow(
-            {"driver": [os.getpid()], "spark_jvm": _spark_jvm(), "broker": _broker()}
+            {"driver": [os.getpid()], "spark_jvm": _spark_jvm(), "broker": broker_pids()}
         )
         window.begin()
         achieved = produce_at_rate(prod, topics, rate, args.seconds, args.keys, 10**9, sampled, rng)
@@ -184,17 +184,6 @@ def _spark_jvm() -> list[int]:
                 stat = (entry / "stat").read_text().rpartition(")")[2].split()
                 command = (entry / "cmdline").read_text()
                 if int(stat[1]) == os.getpid() and "SparkSubmit" in command:
-                    found.append(int(entry.name))
-    return found
-
-
-def _broker() -> list[int]:
-    """The Kafka broker's JVM: the real-time path's transactions cost it most of all."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if "kafka.Kafka" in (entry / "cmdline").read_text():
                     found.append(int(entry.name))
     return found
 
