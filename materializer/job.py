@@ -66,7 +66,7 @@ from materializer.runtime.projector import CATCH_UP_POOL, FOLD_POOL, Projector, 
 from materializer.runtime.query_group import QueryGroup
 from materializer.runtime.topics import ensure_changelog_topic, ensure_dead_letter_topic
 from materializer.source.decode import decode
-from materializer.source.kafka import read_source
+from materializer.source.kafka import FETCH_MAX_WAIT_MS, read_source
 from materializer.source.keys import assign_keys
 from materializer.source.transforms import apply_transforms
 
@@ -90,16 +90,20 @@ def records(
     until: dict[str, dict[int, int]] | None = None,
     max_records: int | None = None,
     starting_offsets: str | None = None,
+    fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS,
 ) -> DataFrame:
     """The map's records decoded and keyed, errors marked but not yet removed.
 
     With ``until`` (next offsets per topic and partition), only the records
     before it: a replay that must end exactly where another copy stands.
     ``max_records``: at most that many a batch, whatever ``spark.max_offsets_per_trigger``.
-    ``starting_offsets``: where the query starts instead of ``source.starting_offsets``.
+    ``starting_offsets``: where the query starts instead of ``source.starting_offsets``;
+    ``fetch_max_wait_ms``: how long the broker may hold its readers' empty fetches.
     """
     map_config = config.map(map_name)
-    source = read_source(spark, config, map_config, max_records, starting_offsets)
+    source = read_source(
+        spark, config, map_config, max_records, starting_offsets, fetch_max_wait_ms
+    )
     if until is not None:
         source = source.where(before_offsets(until))
     with map_key_paths(map_name):

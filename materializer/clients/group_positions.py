@@ -25,11 +25,19 @@ def committed(
     kafka: KafkaConfig, group: str, topics: dict[str, list[int]]
 ) -> dict[str, dict[int, int]]:
     """The positions committed to ``group``, per topic and partition (none: left out)."""
+    with group_consumer(kafka, group) as consumer:
+        return committed_by(consumer, group, topics)
+
+
+def committed_by(
+    consumer: Any, group: str, topics: dict[str, list[int]], wait: float = COORDINATOR_WAIT_S
+) -> dict[str, dict[int, int]]:
+    """``committed``, asked through an open ``group_consumer`` of ``group``, waiting up to
+    ``wait`` seconds for a coordinator not ready to answer (``retried``)."""
     from confluent_kafka import TopicPartition
 
     wanted = [TopicPartition(t, p) for t, ps in topics.items() for p in ps]
-    with group_consumer(kafka, group) as consumer:
-        found = retried(group, lambda: consumer.committed(wanted, timeout=KAFKA_TIMEOUT_SECONDS))
+    found = retried(group, lambda: consumer.committed(wanted, timeout=KAFKA_TIMEOUT_SECONDS), wait)
     out: dict[str, dict[int, int]] = {}
     for tp in found:
         if tp.offset >= 0:

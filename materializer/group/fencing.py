@@ -23,12 +23,9 @@ rows of changelog records that were committed (the same ones the new owner merge
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from confluent_kafka import Producer
-
-from materializer.clients.kafka import librdkafka
+from materializer.clients.kafka import fence_transactional_ids, librdkafka
 from materializer.clients.redis import client_for, masters, on, per_master
 from materializer.config import AppConfig
 from materializer.contract.redis_layout import epoch_key, owner_key
@@ -92,7 +89,7 @@ def take_over(config: AppConfig, map_name: str) -> Ownership:
     epoch = claim(config, map_name)
     topics = config.map(map_name).source.topics
     tasks = max(config.spark.shuffle_partitions, _partitions(config, topics))
-    fence_producers(config, map_name, librdkafka(config.kafka), tasks)
+    fence_producers(config, map_name, tasks)
     prefix = transactional_prefix(config, map_name)
     return Ownership(epoch, prefix, OwnerCheck(config, map_name, epoch))
 
@@ -111,19 +108,10 @@ def transactional_prefix(config: AppConfig, map_name: str) -> str:
     return f"materializer.{config.worker.group}.{map_name}"
 
 
-def fence_producers(
-    config: AppConfig, map_name: str, producer: dict[str, object], tasks: int
-) -> None:
+def fence_producers(config: AppConfig, map_name: str, tasks: int) -> None:
     """Fence every producer a former owner of the map may still hold: the driver's and those
     of tasks ``0 .. tasks - 1``, each by an ``init_transactions`` of its id."""
     prefix = transactional_prefix(config, map_name)
     ids = [transactional_id(prefix, task) for task in (None, *range(tasks))]
-
-    def fence(tid: str) -> None:
-        fencer = Producer({**producer, "transactional.id": tid})
-        fencer.init_transactions(TRANSACTION_TIMEOUT_S)
-        fencer.flush(0)
-
-    with ThreadPoolExecutor(max_workers=min(8, len(ids))) as pool:
-        list(pool.map(fence, ids))
+    fence_transactional_ids(config.kafka, ids, TRANSACTION_TIMEOUT_S)
     log.debug("map %s: %d producers fenced", map_name, len(ids))

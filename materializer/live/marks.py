@@ -21,7 +21,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from materializer.clients.group_positions import group_consumer
+from materializer.clients.group_positions import committed_by, group_consumer
 from materializer.clients.kafka_offsets import (
     KAFKA_TIMEOUT_SECONDS,
     admin_client,
@@ -52,6 +52,7 @@ class _Marked:
     """One map's marking: its copy, its partitions, its live group's consumer, the last mark."""
 
     physical: str
+    group: str
     sources: dict[str, list[int]]
     changelog: dict[str, list[int]]
     consumer: Any
@@ -61,11 +62,16 @@ class _Marked:
 
 
 class LiveMarks:
-    """The marks of the maps on the real-time path, on a thread of their own."""
+    """The marks of the maps on the real-time path, on a thread of their own, which also
+    opens each map's consumer: a hundred maps joining take the run's loop no time."""
 
     def __init__(self, config: AppConfig) -> None:
         self._config = config
         self._maps: dict[str, _Marked] = {}
+        self._wanted: dict[str, tuple[int, AppConfig]] = {}
+        """The maps to mark (name to the generation it folds and the config it runs on)."""
+        self._refused: set[str] = set()
+        """Maps whose marking could not open, said once."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._admin: Any = None
@@ -76,17 +82,10 @@ class LiveMarks:
         """Mark these maps (name to the generation it folds and the config it runs on) from
         now on; the others no more."""
         with self._lock:
-            for name in set(self._maps) - set(maps):
-                self._drop(name)
-            for name, (generation, config) in maps.items():
-                held = self._maps.get(name)
-                if held is None or held.physical != physical_name(name, generation):
-                    if held is not None:
-                        self._drop(name)
-                    try:
-                        self._maps[name] = self._open(name, generation, config)
-                    except Exception as exc:  # noqa: BLE001 - a mark is an extra; next start
-                        log.warning("map %s: no table marks on the real-time path: %s", name, exc)
+            self._wanted = dict(maps)
+            for name in list(self._maps):
+                if self._maps[name].physical != self._physical(name):
+                    self._drop(name)
 
     def leave(self, names: list[str]) -> None:
         """The maps left the path, their writers stopped: a last mark of each now (the one
@@ -94,6 +93,9 @@ class LiveMarks:
         folds append marks of their own from here on."""
         with self._lock:
             for name in names:
+                wanted = self._wanted.pop(name, None)
+                if name not in self._maps and wanted is not None:
+                    self._open_or_say(name, *wanted)
                 if name in self._maps:
                     self._mark(name, self._maps[name])
                     self._drop(name)
@@ -103,16 +105,34 @@ class LiveMarks:
         self._stop.set()
         self._thread.join(KAFKA_TIMEOUT_SECONDS * 2)
         with self._lock:
+            self._wanted.clear()
             for name in list(self._maps):
                 self._drop(name)
 
     def _run(self) -> None:
         while not self._stop.wait(MARK_EVERY_S):
             with self._lock:
+                for name in [n for n in self._wanted if n not in self._maps]:
+                    if self._stop.is_set():
+                        return
+                    self._open_or_say(name, *self._wanted[name])
                 for name, marked in self._maps.items():
                     if self._stop.is_set():
                         return
                     self._mark(name, marked)
+
+    def _physical(self, name: str) -> str | None:
+        wanted = self._wanted.get(name)
+        return None if wanted is None else physical_name(name, wanted[0])
+
+    def _open_or_say(self, name: str, generation: int, config: AppConfig) -> None:
+        try:
+            self._maps[name] = self._open(name, generation, config)
+            self._refused.discard(name)
+        except Exception as exc:  # noqa: BLE001 - a mark is an extra: tried again next time
+            if name not in self._refused:
+                log.warning("map %s: no table marks on the real-time path yet: %s", name, exc)
+            self._refused.add(name)
 
     def _open(self, name: str, generation: int, config: AppConfig) -> _Marked:
         if self._admin is None:
@@ -121,6 +141,7 @@ class LiveMarks:
         closing = ExitStack()
         return _Marked(
             physical=physical_name(name, generation),
+            group=live_group(name),
             sources=partition_ids(self._admin, config.map(name).source.topics),
             changelog=partition_ids(self._admin, [changelog]),
             consumer=closing.enter_context(group_consumer(self._config.kafka, live_group(name))),
@@ -136,15 +157,8 @@ class LiveMarks:
 
     def _mark(self, name: str, marked: _Marked) -> None:
         """Committed positions first, the log ends after (the module's docstring)."""
-        from confluent_kafka import TopicPartition
-
         try:
-            wanted = [TopicPartition(t, p) for t, ps in marked.sources.items() for p in ps]
-            found = marked.consumer.committed(wanted, timeout=KAFKA_TIMEOUT_SECONDS)
-            positions: dict[str, dict[int, int]] = {}
-            for tp in found:
-                if tp.offset >= 0:
-                    positions.setdefault(tp.topic, {})[tp.partition] = tp.offset
+            positions = committed_by(marked.consumer, marked.group, marked.sources, wait=0)
             if not positions or positions == marked.last:
                 return
             ((_, ends),) = offsets_of(self._admin, marked.changelog, "latest").items()

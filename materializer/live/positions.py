@@ -25,7 +25,7 @@ from materializer.clients.group_positions import (
     group_consumer,
     retried,
 )
-from materializer.clients.kafka import librdkafka
+from materializer.clients.kafka import fence_transactional_ids
 from materializer.clients.kafka_offsets import admin_client, partition_ids
 from materializer.clients.redis import client_for
 from materializer.config import AppConfig
@@ -49,11 +49,19 @@ def transactional_prefix(physical: str) -> str:
     return f"materializer.live.{physical}"
 
 
-def starting_offsets(config: AppConfig, map_name: str, physical: str) -> str:
+def starting_offsets(
+    config: AppConfig,
+    map_name: str,
+    physical: str,
+    topics: dict[str, list[int]],
+    *,
+    fenced: bool = False,
+) -> str:
     """Where the map's real-time source starts, as Spark's ``startingOffsets`` JSON (see the
-    module's docstring), once the writers of the map's last query are fenced (``fence``)."""
-    topics = partition_ids(admin_client(config.kafka), config.map(map_name).source.topics)
-    fence(config, transactional_prefix(physical), topics)
+    module's docstring), once the writers of the map's last query are fenced: here, unless
+    ``fenced`` says they were already (or ended cleanly). ``topics``: its partitions."""
+    if not fenced:
+        fence(config, transactional_prefix(physical), topics)
     watermark = Watermark.from_hash(client_for(config.redis).hgetall(meta_key(physical)))
     if watermark is not None and watermark.app_id != LIVE_APP:
         hand_over(config, live_group(map_name), watermark.offsets)
@@ -102,14 +110,7 @@ def fence(config: AppConfig, prefix: str, topics: dict[str, list[int]]) -> None:
     Kafka aborts their open transactions, whose offset commits would otherwise hold the
     group's positions unreadable until the transactions time out, and their producers can
     commit nothing after."""
-    from confluent_kafka import Producer
-
-    for transactional_id in transactional_ids(prefix, topics):
-        producer = Producer(librdkafka(config.kafka, **{"transactional.id": transactional_id}))
-        try:
-            producer.init_transactions(COORDINATOR_WAIT_S)
-        finally:
-            producer.flush(0)
+    fence_transactional_ids(config.kafka, transactional_ids(prefix, topics), COORDINATOR_WAIT_S)
 
 
 def hand_over(config: AppConfig, group: str, offsets: dict[str, dict[int, int]]) -> None:

@@ -4,16 +4,17 @@ JVM writer (``FoldWriter``)."""
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from materializer.checkpoints.running import Checkpoint
-from materializer.clients.kafka import java
+from materializer.clients.group_positions import COORDINATOR_WAIT_S
+from materializer.clients.kafka import fence_transactional_ids, java
+from materializer.clients.kafka_offsets import admin_client, partition_ids
 from materializer.config import AppConfig
 from materializer.config.maps import realtime_problems, realtime_refusal
 from materializer.contract.redis_layout import live_freshness_key, meta_key, physical_name
@@ -26,11 +27,14 @@ from materializer.live.positions import (
     LIVE_APP,
     live_group,
     starting_offsets,
+    transactional_ids,
     transactional_prefix,
 )
 from materializer.redis.functions import LIVE, load_library
+from materializer.redis.sink import RedisFold
 from materializer.redis.writer import Writer
 from materializer.restore.automatic import ensure_whole
+from materializer.source.kafka import LIVE_FETCH_MAX_WAIT_MS
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -55,6 +59,8 @@ class LiveMap:
     owner: Ownership | None = None
     config: AppConfig | None = None
     """The config the map runs on (None: the query's): a rebuild pins a map's old one."""
+    fold: RedisFold | None = None
+    """Its fold (``job.map_fold``) when built already: its topics are ready then."""
 
 
 def start_live(
@@ -63,22 +69,39 @@ def start_live(
     maps: Sequence[LiveMap],
     checkpoint: str,
     batch_duration: str = BATCH_DURATION,
+    ended: Collection[str] = (),
 ) -> StreamingQuery:
     """Start the real-time query of ``maps``, each from its position (``live.positions``).
 
     ``checkpoint`` is the query's own folder, emptied first: the positions that count are
-    the maps' own, so a query of another set of maps starts afresh.
+    the maps' own, so a query of another set of maps starts afresh. ``ended``: maps whose
+    writers of this process's last query ended cleanly (``stop_live``), so that nothing of
+    theirs is left to fence; the others' writers are fenced first, all at once.
     """
     if config.redis.cluster:
         raise ConfigError("", ["redis.cluster: the real-time path runs on one Redis server"])
     load_library(config.redis)
+    sources = {m.name: (m.config or config).map(m.name).source.topics for m in maps}
+    partitions = partition_ids(admin_client(config.kafka), sorted(set().union(*sources.values())))
+    topics = {name: {t: partitions[t] for t in ts} for name, ts in sources.items()}
+    fence_transactional_ids(
+        config.kafka,
+        [
+            tid
+            for m in maps
+            if m.name not in ended
+            for tid in transactional_ids(
+                transactional_prefix(physical_name(m.name, m.generation)), topics[m.name]
+            )
+        ],
+        COORDINATOR_WAIT_S,
+    )
     parts: list[DataFrame] = []
     specs: list[dict[str, Any]] = []
     for index, member in enumerate(maps):
-        part, spec = _map_part(spark, config, member, index)
+        part, spec = _map_part(spark, config, member, index, topics[member.name])
         parts.append(part)
         specs.append(spec)
-    union = functools.reduce(lambda a, b: a.unionByName(b), parts)
     spec_json = orjson.dumps(
         {
             "redisUrl": config.redis.url,
@@ -95,7 +118,8 @@ def start_live(
     writer = getattr(jvm, WRITER)(spec_json)
     trigger = jvm.org.apache.spark.sql.streaming.Trigger.RealTime(batch_duration)
     started = (
-        union._jdf.writeStream()
+        _union(parts)
+        ._jdf.writeStream()
         .queryName(QUERY_NAME)
         .option("checkpointLocation", checkpoint)
         .outputMode("update")
@@ -108,20 +132,36 @@ def start_live(
     return StreamingQuery(started)
 
 
+def _union(parts: list[DataFrame]) -> DataFrame:
+    """The maps' parts as one, unioned in pairs: each union analyses the plans under it,
+    so a chain of a hundred would analyse its growing plan a hundred times over."""
+    while len(parts) > 1:
+        pairs = zip(parts[::2], parts[1::2], strict=False)
+        parts = [a.unionByName(b) for a, b in pairs] + parts[len(parts) - len(parts) % 2 :]
+    return parts[0]
+
+
 def _map_part(
-    spark: SparkSession, config: AppConfig, member: LiveMap, index: int
+    spark: SparkSession,
+    config: AppConfig,
+    member: LiveMap,
+    index: int,
+    topics: dict[str, list[int]],
 ) -> tuple[DataFrame, dict[str, Any]]:
-    """One map's records as the writer reads them, and its place in the writer's spec."""
+    """One map's records as the writer reads them, and its place in the writer's spec;
+    ``topics``: the partitions of its sources, whose writers are fenced already."""
     name = member.name
     config = member.config or config
     problems = realtime_problems(config.map(name))
     if problems:
         raise ConfigError("", [f"maps.{name}.{realtime_refusal(problems)}"])
     physical = physical_name(name, member.generation)
-    fold = map_fold(config, name, member.generation, owner=member.owner)
+    fold = member.fold or map_fold(config, name, member.generation, owner=member.owner)
     ensure_whole(config, name, member.generation)
-    starting = starting_offsets(config, name, physical)
-    keyed = records(spark, config, name, starting_offsets=starting)
+    starting = starting_offsets(config, name, physical, topics, fenced=True)
+    keyed = records(
+        spark, config, name, starting_offsets=starting, fetch_max_wait_ms=LIVE_FETCH_MAX_WAIT_MS
+    )
     with map_key_paths(name):
         events = fold.events(keyed)
     fixed = Writer(fold.target, 0).fixed_args()

@@ -21,6 +21,7 @@ import os
 import re
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from materializer.checkpoints.running import Checkpoint
@@ -28,6 +29,7 @@ from materializer.clients.kafka_offsets import admin_client, partition_ids
 from materializer.clients.redis import TRANSIENT_ERRORS, client_for
 from materializer.config import AppConfig
 from materializer.config.names import checkpoint_path
+from materializer.job import map_fold
 from materializer.live.freshness import take
 from materializer.live.marks import LiveMarks
 from materializer.live.query import QUERY_NAME, LiveMap, start_live, stop_live
@@ -35,11 +37,14 @@ from materializer.redis.functions import FENCED, LOST, CopyLost
 from materializer.run.lifecycle import FENCED_ERROR
 from materializer.run.supervised import InForce, SupervisedMap
 from materializer.runtime.metrics import BatchMetrics, records_behind
-from materializer.runtime.query_group import FINISH_BATCH_TIMEOUT
+from materializer.runtime.query_group import FINISH_BATCH_TIMEOUT, FoldQuery, stop_after_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+
+    from materializer.redis.sink import RedisFold
+    from materializer.runtime.projector import Projector
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +52,9 @@ FAR_BEHIND = 10
 """A map on the real-time path with more records left than this many times its
 ``catch_up.ready_lag`` goes back to micro-batches, which catch up faster
 (docs/decisions/0032-the-live-path-in-real-time-mode.md), and joins again once caught up."""
+
+JOINS_AT_ONCE = 8
+"""Joining maps' micro-batch folds stopped at once: each waits for its batch to end."""
 
 JOIN_EVERY_S = 5.0
 """Maps join a running shared query at most this often, so that maps catching up together
@@ -121,7 +129,16 @@ class LivePath:
         self._checkpoint = checkpoint_path(run.config, "__live__", worker_id)
         self._members: dict[str, SupervisedMap] = {}
         self._query: StreamingQuery | None = None
+        self._running: set[str] = set()
+        """The maps of the shared query now running."""
+        self._ended: set[str] = set()
+        """Maps whose writers of the last query ended cleanly: nothing of theirs to fence."""
         self._changed = False
+        self._stopping: dict[str, Future[None]] = {}
+        """The micro-batch folds of maps joining, stopping (``join``)."""
+        self._stops = ThreadPoolExecutor(max_workers=JOINS_AT_ONCE, thread_name_prefix="join")
+        self._folds: dict[str, RedisFold] = {}
+        """Each member's fold, built at its first start in the shared query."""
         self._started_at = 0.0
         self._slots = _live_slots(spark.sparkContext.master or "")
         self._partitions: dict[str, int] = {}
@@ -171,14 +188,14 @@ class LivePath:
         return held + self._partitions[name] <= self._slots
 
     def join(self, m: SupervisedMap) -> None:
-        """Stop the map's micro-batch fold after its batch; the next ``settle`` folds it in
-        the shared query. Its Delta query runs on, on the same changelog."""
+        """Stop the map's micro-batch fold after its batch, beside the other maps joining
+        (each stop waits for its batch); the next ``settle`` folds it in the shared query.
+        Its Delta query runs on, on the same changelog."""
         assert m.queries is not None
-        m.queries.stop_fold(time.monotonic() + FINISH_BATCH_TIMEOUT)
-        for projector in m.queries.projectors:
-            projector.close()
+        fold, projectors = m.queries.fold, m.queries.projectors
         m.queries.projectors = []
         m.queries.fold = SharedFold(self, m.name)
+        self._stopping[m.name] = self._stops.submit(_stop_fold, m.name, fold, projectors)
         self._members[m.name] = m
         self._changed = True
         log.info("map %s: caught up, folds on the real-time path", m.name)
@@ -188,8 +205,12 @@ class LivePath:
         first), and ``settle`` starts it again without the map."""
         if self._members.pop(name, None) is None:
             return
+        self._stopped(self._stopping.pop(name, None))
+        self._folds.pop(name, None)
         self.failures.pop(name, None)
         self._stop_query()
+        # Another worker may fold it before it comes back: then fenced again on its return.
+        self._ended.discard(name)
         if self._marks is not None:
             self._marks.leave([name])
         self._left.add(name)
@@ -213,11 +234,15 @@ class LivePath:
         if query is not None and not query.isActive:
             self._failed(str(query.exception()))
             self._query = None
+            self._running, self._ended = set(), set()
             self._changed = True
         if not self._changed:
             return
         self._changed = False
         self._stop_query()
+        for stopping in self._stopping.values():
+            self._stopped(stopping)
+        self._stopping.clear()
         members = [m for n, m in self._members.items() if n not in self.failures]
         if not members:
             return
@@ -226,13 +251,15 @@ class LivePath:
             self._query = start_live(
                 self._spark,
                 self._run.config,
-                [LiveMap(m.name, m.generation, m.owner, self._config_for(m)) for m in members],
+                [self._live_map(m) for m in members],
                 self._checkpoint,
+                ended=self._ended,
             )
         except Exception as exc:  # noqa: BLE001 - each map's lifecycle takes it from here
             self._failed(f"could not start the real-time query: {exc}")
             return
         self._started_at = time.monotonic()
+        self._running = {m.name for m in members}
         if self._marks is None:
             self._marks = LiveMarks(self._run.config)
         self._marks.hold({m.name: (m.generation, self._config_for(m)) for m in members})
@@ -242,6 +269,27 @@ class LivePath:
             len(members),
             ", ".join(sorted(m.name for m in members)),
         )
+
+    def _live_map(self, m: SupervisedMap) -> LiveMap:
+        """The map as the shared query takes it, with its fold built once while it stays:
+        building it makes its topics ready, several admin calls (a hundred maps' restart
+        spent a quarter of its time there)."""
+        config = self._config_for(m)
+        fold = self._folds.get(m.name)
+        if fold is None:
+            fold = self._folds[m.name] = map_fold(config, m.name, m.generation, owner=m.owner)
+        return LiveMap(m.name, m.generation, m.owner, config, fold)
+
+    @staticmethod
+    def _stopped(stopping: Future[None] | None) -> None:
+        """Wait until a joining map's micro-batch fold has stopped; a stop that failed is the
+        fold's to report (it stopped anyway)."""
+        if stopping is None:
+            return
+        try:
+            stopping.result()
+        except Exception as exc:  # noqa: BLE001 - the shared query takes the map from here
+            log.warning("a micro-batch fold did not stop cleanly on joining: %s", exc)
 
     def take_figures(self) -> None:
         """Into the maps' metrics, what the writers counted since the last take: how fresh
@@ -273,7 +321,11 @@ class LivePath:
     def _stop_query(self) -> None:
         if self._query is not None:
             query, self._query = self._query, None
-            if not stop_live(self._spark, query):
+            running, self._running = self._running, set()
+            clean = stop_live(self._spark, query)
+            # The writers counted are this JVM's: on a cluster they run on the executors.
+            self._ended = running if clean and self._slots is not None else set()
+            if not clean:
                 log.warning(
                     "the real-time query's writers did not end in time; the next start "
                     "folds their last records again (once)"
@@ -284,6 +336,10 @@ class LivePath:
         its checkpoint goes, which names this process and holds nothing a start needs."""
         self._left |= set(self._members)
         self._members.clear()
+        for stopping in self._stopping.values():
+            self._stopped(stopping)
+        self._stopping.clear()
+        self._stops.shutdown()
         self._stop_query()
         if self._marks is not None:
             self._marks.leave(sorted(self._left))
@@ -291,6 +347,14 @@ class LivePath:
         self.take_figures()
         if self._started_at:
             Checkpoint(self._spark, self._checkpoint).discard()
+
+
+def _stop_fold(name: str, fold: FoldQuery, projectors: list[Projector]) -> None:
+    """A joining map's micro-batch fold stopped after its batch, its projectors closed."""
+    stop_after_batch(fold, time.monotonic() + FINISH_BATCH_TIMEOUT)
+    for projector in projectors:
+        projector.close()
+    log.debug("map %s: its micro-batch fold stopped", name)
 
 
 def _live_slots(master: str) -> int | None:

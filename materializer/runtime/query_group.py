@@ -110,8 +110,7 @@ class QueryGroup:
     def stop_fold(self, deadline: float) -> None:
         """Stop the fold once its batch in flight is done (cut short only at ``deadline``,
         a ``time.monotonic()``)."""
-        _await_batch_end(self.fold, deadline)
-        self.fold.stop()
+        stop_after_batch(self.fold, deadline)
 
     def drain(self, deadline: float) -> bool:
         """After ``stop_fold``: stop the side queries after their batch, then let the Delta
@@ -151,6 +150,12 @@ class QueryGroup:
             _await_batch_end(query, deadline)
             query.stop()
         self._close()
+
+
+def stop_after_batch(query: FoldQuery, deadline: float) -> None:
+    """Stop ``query`` once its batch in flight is done (cut short only at ``deadline``)."""
+    _await_batch_end(query, deadline)
+    query.stop()
 
 
 def _await_batch_end(query: FoldQuery, deadline: float) -> None:

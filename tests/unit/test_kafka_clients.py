@@ -115,9 +115,13 @@ def test_a_secret_or_file_missing_where_the_client_starts_names_its_key_path(
             java(kafka(tmp_path, ca_file="/no/ca.pem"))
 
 
-def test_spark_readers_never_wait_out_kafkas_fetch_wait_and_properties_still_win():
+def test_spark_readers_never_wait_out_kafkas_fetch_wait_the_live_ones_do_and_properties_win():
     from materializer.config import AppConfig
-    from materializer.source.kafka import FETCH_MAX_WAIT_MS, kafka_options
+    from materializer.source.kafka import (
+        FETCH_MAX_WAIT_MS,
+        LIVE_FETCH_MAX_WAIT_MS,
+        kafka_options,
+    )
 
     plain = AppConfig(kafka=KafkaConfig(bootstrap_servers="b:9092"))
     options = kafka_options(plain, ["t"], "earliest")
@@ -126,3 +130,9 @@ def test_spark_readers_never_wait_out_kafkas_fetch_wait_and_properties_still_win
     own = KafkaConfig(bootstrap_servers="b:9092", properties={"fetch.max.wait.ms": "250"})
     options = kafka_options(AppConfig(kafka=own), ["t"], "earliest")
     assert options["kafka.fetch.max.wait.ms"] == "250"
+    # The real-time path's readers wait for records to come: the broker holds their fetches.
+    live = kafka_options(plain, ["t"], "earliest", fetch_max_wait_ms=LIVE_FETCH_MAX_WAIT_MS)
+    assert live["kafka.fetch.max.wait.ms"] == str(LIVE_FETCH_MAX_WAIT_MS)
+    assert LIVE_FETCH_MAX_WAIT_MS >= 500
+    live = kafka_options(AppConfig(kafka=own), ["t"], "earliest", fetch_max_wait_ms=500)
+    assert live["kafka.fetch.max.wait.ms"] == "250"
