@@ -27,6 +27,7 @@ import functools
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from materializer import record_columns as c
@@ -293,11 +294,12 @@ def start_map(
                 spark, config, map_name, entity, rows_out, generation, owner_check=check
             )
         )
-    return QueryGroup(
+    return MapQueries(
         name=map_name,
         fold=fold_query,
         side=side,
         projectors=[projector],
+        redis_fold=redis_fold if side_outputs else None,
         opening=opening,
         catch_up=functools.partial(
             start_delta_query,
@@ -311,6 +313,16 @@ def start_map(
             owner_check=check,
         ),
     )
+
+
+@dataclass
+class MapQueries(QueryGroup):
+    """A map's queries as ``start_map`` started them, with what its fold applies records
+    with."""
+
+    redis_fold: RedisFold | None = None
+    """The fold's Redis and Kafka side (``map_fold``), its topics made ready: the real-time
+    path folds the map with it once the map joins (``run.live``)."""
 
 
 def _report_applied(metrics: BatchMetrics, map_name: str, applied: Applied) -> None:

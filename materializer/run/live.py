@@ -29,7 +29,7 @@ from materializer.clients.kafka_offsets import admin_client, partition_ids
 from materializer.clients.redis import TRANSIENT_ERRORS, client_for
 from materializer.config import AppConfig
 from materializer.config.names import checkpoint_path
-from materializer.job import map_fold
+from materializer.job import MapQueries, map_fold
 from materializer.live.freshness import take
 from materializer.live.marks import LiveMarks
 from materializer.live.query import QUERY_NAME, LiveMap, start_live, stop_live
@@ -193,6 +193,8 @@ class LivePath:
         Its Delta query runs on, on the same changelog."""
         assert m.queries is not None
         fold, projectors = m.queries.fold, m.queries.projectors
+        if isinstance(m.queries, MapQueries) and m.queries.redis_fold is not None:
+            self._folds[m.name] = m.queries.redis_fold
         m.queries.projectors = []
         m.queries.fold = SharedFold(self, m.name)
         self._stopping[m.name] = self._stops.submit(_stop_fold, m.name, fold, projectors)
@@ -271,9 +273,9 @@ class LivePath:
         )
 
     def _live_map(self, m: SupervisedMap) -> LiveMap:
-        """The map as the shared query takes it, with its fold built once while it stays:
-        building it makes its topics ready, several admin calls (a hundred maps' restart
-        spent a quarter of its time there)."""
+        """The map as the shared query takes it, with its fold built once while it stays
+        (its micro-batch fold's, when it had one): building it makes its topics ready,
+        several admin calls (a hundred maps' start spent a quarter of its time there)."""
         config = self._config_for(m)
         fold = self._folds.get(m.name)
         if fold is None:
