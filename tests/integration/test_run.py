@@ -134,22 +134,24 @@ def test_a_stop_right_after_redis_shows_every_entity_leaves_delta_equal_to_it(
     wait_until("the JVM to end with the run", lambda: _gone(jvm))
 
 
-def test_a_run_writes_its_checkpoints_and_tables_without_a_chmod_process(
+def test_a_run_writes_its_checkpoints_and_tables_without_a_chmod_or_readlink_process(
     kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path
 ):
     """Hadoop, without its native library, sets each file's permissions by running chmod; a
     stop signal to the run's process group then kills that child under a checkpoint or a
-    Delta commit. The run's local file system sets them itself: a ``chmod`` first on the
-    PATH that fails (as a killed one does) and leaves a trace is never run."""
+    Delta commit. It also runs readlink on both sides of each rename, twice a checkpoint
+    file. The run's local file system does both itself: a ``chmod`` and a ``readlink``
+    first on the PATH that fail (as a killed one does) and leave a trace are never run."""
     topic = new_topic(2)
     name = "no_chmod"
     doc = slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name=name)
     config_file = tmp_path / "maps.yaml"
     config_file.write_text(yaml.safe_dump(doc))
-    stubs, trace = tmp_path / "bin", tmp_path / "chmod-ran"
+    stubs, trace = tmp_path / "bin", tmp_path / "children-ran"
     stubs.mkdir()
-    (stubs / "chmod").write_text(f'#!/bin/sh\necho "$@" >> {trace}\nexit 143\n')
-    (stubs / "chmod").chmod(0o755)
+    for command in ("chmod", "readlink"):
+        (stubs / command).write_text(f'#!/bin/sh\necho {command} "$@" >> {trace}\nexit 143\n')
+        (stubs / command).chmod(0o755)
     env = {**os.environ, "PATH": f"{stubs}:{os.environ['PATH']}"}
     records = [
         (f"c{i % 30}".encode(), orjson.dumps({"id": f"c{i % 30}", "age": i})) for i in range(200)
