@@ -74,7 +74,7 @@ class LiveMarks:
         """Maps whose marking could not open, said once."""
         self._lock = threading.Lock()
         self._stop = threading.Event()
-        self._admin: Any = None
+        self._admin = admin_client(config.kafka)
         self._thread = threading.Thread(target=self._run, name="live-marks", daemon=True)
         self._thread.start()
 
@@ -95,7 +95,10 @@ class LiveMarks:
             for name in names:
                 wanted = self._wanted.pop(name, None)
                 if name not in self._maps and wanted is not None:
-                    self._open_or_say(name, *wanted)
+                    self._refused.discard(name)  # its last mark: said if it cannot be made
+                    opened = self._open_or_say(name, *wanted)
+                    if opened is not None:
+                        self._maps[name] = opened
                 if name in self._maps:
                     self._mark(name, self._maps[name])
                     self._drop(name)
@@ -111,32 +114,47 @@ class LiveMarks:
 
     def _run(self) -> None:
         while not self._stop.wait(MARK_EVERY_S):
+            self._open_wanted()
             with self._lock:
-                for name in [n for n in self._wanted if n not in self._maps]:
-                    if self._stop.is_set():
-                        return
-                    self._open_or_say(name, *self._wanted[name])
                 for name, marked in self._maps.items():
                     if self._stop.is_set():
                         return
                     self._mark(name, marked)
 
+    def _open_wanted(self) -> None:
+        """Open the maps wanted and not open yet, outside the lock (admin calls, which a slow
+        Kafka makes long, would hold the run's loop in ``hold`` and ``leave``); keep each if
+        it is still wanted as it was."""
+        with self._lock:
+            pending = {n: w for n, w in self._wanted.items() if n not in self._maps}
+        for name, wanted in pending.items():
+            if self._stop.is_set():
+                return
+            opened = self._open_or_say(name, *wanted)
+            if opened is None:
+                continue
+            with self._lock:
+                if self._wanted.get(name) == wanted and name not in self._maps:
+                    self._maps[name] = opened
+                    continue
+            opened.closing.close()
+
     def _physical(self, name: str) -> str | None:
         wanted = self._wanted.get(name)
         return None if wanted is None else physical_name(name, wanted[0])
 
-    def _open_or_say(self, name: str, generation: int, config: AppConfig) -> None:
+    def _open_or_say(self, name: str, generation: int, config: AppConfig) -> _Marked | None:
         try:
-            self._maps[name] = self._open(name, generation, config)
-            self._refused.discard(name)
+            opened = self._open(name, generation, config)
         except Exception as exc:  # noqa: BLE001 - a mark is an extra: tried again next time
             if name not in self._refused:
                 log.warning("map %s: no table marks on the real-time path yet: %s", name, exc)
             self._refused.add(name)
+            return None
+        self._refused.discard(name)
+        return opened
 
     def _open(self, name: str, generation: int, config: AppConfig) -> _Marked:
-        if self._admin is None:
-            self._admin = admin_client(self._config.kafka)
         changelog = changelog_topic(config, name, generation)
         closing = ExitStack()
         return _Marked(

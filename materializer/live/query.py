@@ -5,7 +5,7 @@ JVM writer (``FoldWriter``)."""
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -69,14 +69,13 @@ def start_live(
     maps: Sequence[LiveMap],
     checkpoint: str,
     batch_duration: str = BATCH_DURATION,
-    ended: Collection[str] = (),
 ) -> StreamingQuery:
     """Start the real-time query of ``maps``, each from its position (``live.positions``).
 
     ``checkpoint`` is the query's own folder, emptied first: the positions that count are
-    the maps' own, so a query of another set of maps starts afresh. ``ended``: maps whose
-    writers of this process's last query ended cleanly (``stop_live``), so that nothing of
-    theirs is left to fence; the others' writers are fenced first, all at once.
+    the maps' own, so a query of another set of maps starts afresh. The writers any earlier
+    query of the maps may have left are fenced first, all at once: a writer counted as
+    ended may still hold a transaction its close gave up on.
     """
     if config.redis.cluster:
         raise ConfigError("", ["redis.cluster: the real-time path runs on one Redis server"])
@@ -89,7 +88,6 @@ def start_live(
         [
             tid
             for m in maps
-            if m.name not in ended
             for tid in transactional_ids(
                 transactional_prefix(physical_name(m.name, m.generation)), topics[m.name]
             )

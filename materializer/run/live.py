@@ -129,10 +129,6 @@ class LivePath:
         self._checkpoint = checkpoint_path(run.config, "__live__", worker_id)
         self._members: dict[str, SupervisedMap] = {}
         self._query: StreamingQuery | None = None
-        self._running: set[str] = set()
-        """The maps of the shared query now running."""
-        self._ended: set[str] = set()
-        """Maps whose writers of the last query ended cleanly: nothing of theirs to fence."""
         self._changed = False
         self._stopping: dict[str, Future[None]] = {}
         """The micro-batch folds of maps joining, stopping (``join``)."""
@@ -205,14 +201,14 @@ class LivePath:
     def leave(self, name: str) -> None:
         """The map leaves: the shared query stops now (what its writer applied is committed
         first), and ``settle`` starts it again without the map."""
-        if self._members.pop(name, None) is None:
+        if name not in self._members:
             return
-        self._stopped(self._stopping.pop(name, None))
+        self._noticed()  # a failure of the query is the members' before this one goes
+        del self._members[name]
+        self._stopped(name, self._stopping.pop(name, None))
         self._folds.pop(name, None)
         self.failures.pop(name, None)
         self._stop_query()
-        # Another worker may fold it before it comes back: then fenced again on its return.
-        self._ended.discard(name)
         if self._marks is not None:
             self._marks.leave([name])
         self._left.add(name)
@@ -232,18 +228,13 @@ class LivePath:
         """Once a loop: take in a failure of the shared query, start it again when its
         maps changed or it stopped, and take its writers' figures."""
         self.take_figures()
-        query = self._query
-        if query is not None and not query.isActive:
-            self._failed(str(query.exception()))
-            self._query = None
-            self._running, self._ended = set(), set()
-            self._changed = True
+        self._noticed()
         if not self._changed:
             return
         self._changed = False
         self._stop_query()
-        for stopping in self._stopping.values():
-            self._stopped(stopping)
+        for name, stopping in self._stopping.items():
+            self._stopped(name, stopping)
         self._stopping.clear()
         members = [m for n, m in self._members.items() if n not in self.failures]
         if not members:
@@ -255,13 +246,11 @@ class LivePath:
                 self._run.config,
                 [self._live_map(m) for m in members],
                 self._checkpoint,
-                ended=self._ended,
             )
         except Exception as exc:  # noqa: BLE001 - each map's lifecycle takes it from here
             self._failed(f"could not start the real-time query: {exc}")
             return
         self._started_at = time.monotonic()
-        self._running = {m.name for m in members}
         if self._marks is None:
             self._marks = LiveMarks(self._run.config)
         self._marks.hold({m.name: (m.generation, self._config_for(m)) for m in members})
@@ -282,16 +271,23 @@ class LivePath:
             fold = self._folds[m.name] = map_fold(config, m.name, m.generation, owner=m.owner)
         return LiveMap(m.name, m.generation, m.owner, config, fold)
 
-    @staticmethod
-    def _stopped(stopping: Future[None] | None) -> None:
-        """Wait until a joining map's micro-batch fold has stopped; a stop that failed is the
-        fold's to report (it stopped anyway)."""
+    def _noticed(self) -> None:
+        """Take in a failure of the shared query: over the map it names, or over all."""
+        query = self._query
+        if query is not None and not query.isActive:
+            self._failed(str(query.exception()))
+            self._query = None
+            self._changed = True
+
+    def _stopped(self, name: str, stopping: Future[None] | None) -> None:
+        """Wait until a joining map's micro-batch fold has stopped. One whose stop failed
+        fails the map (as the micro-batch fold's failure would): it does not join."""
         if stopping is None:
             return
         try:
             stopping.result()
-        except Exception as exc:  # noqa: BLE001 - the shared query takes the map from here
-            log.warning("a micro-batch fold did not stop cleanly on joining: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - the map's lifecycle takes it from here
+            self.failures[name] = f"its micro-batch fold did not stop on joining: {exc}"
 
     def take_figures(self) -> None:
         """Into the maps' metrics, what the writers counted since the last take: how fresh
@@ -323,11 +319,7 @@ class LivePath:
     def _stop_query(self) -> None:
         if self._query is not None:
             query, self._query = self._query, None
-            running, self._running = self._running, set()
-            clean = stop_live(self._spark, query)
-            # The writers counted are this JVM's: on a cluster they run on the executors.
-            self._ended = running if clean and self._slots is not None else set()
-            if not clean:
+            if not stop_live(self._spark, query):
                 log.warning(
                     "the real-time query's writers did not end in time; the next start "
                     "folds their last records again (once)"
@@ -338,8 +330,8 @@ class LivePath:
         its checkpoint goes, which names this process and holds nothing a start needs."""
         self._left |= set(self._members)
         self._members.clear()
-        for stopping in self._stopping.values():
-            self._stopped(stopping)
+        for name, stopping in self._stopping.items():
+            self._stopped(name, stopping)
         self._stopping.clear()
         self._stops.shutdown()
         self._stop_query()
@@ -352,10 +344,14 @@ class LivePath:
 
 
 def _stop_fold(name: str, fold: FoldQuery, projectors: list[Projector]) -> None:
-    """A joining map's micro-batch fold stopped after its batch, its projectors closed."""
-    stop_after_batch(fold, time.monotonic() + FINISH_BATCH_TIMEOUT)
-    for projector in projectors:
-        projector.close()
+    """A joining map's micro-batch fold stopped after its batch (stopped anyway when the wait
+    fails), its projectors closed."""
+    try:
+        stop_after_batch(fold, time.monotonic() + FINISH_BATCH_TIMEOUT)
+    finally:
+        fold.stop()
+        for projector in projectors:
+            projector.close()
     log.debug("map %s: its micro-batch fold stopped", name)
 
 
