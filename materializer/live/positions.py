@@ -50,18 +50,11 @@ def transactional_prefix(physical: str) -> str:
 
 
 def starting_offsets(
-    config: AppConfig,
-    map_name: str,
-    physical: str,
-    topics: dict[str, list[int]],
-    *,
-    fenced: bool = False,
+    config: AppConfig, map_name: str, physical: str, topics: dict[str, list[int]]
 ) -> str:
     """Where the map's real-time source starts, as Spark's ``startingOffsets`` JSON (see the
-    module's docstring), once the writers of the map's last query are fenced: here, unless
-    ``fenced`` says they were already (or ended cleanly). ``topics``: its partitions."""
-    if not fenced:
-        fence(config, transactional_prefix(physical), topics)
+    module's docstring); the writers of the map's last query fenced first by the caller
+    (``fence``), all maps' at once. ``topics``: its partitions."""
     watermark = Watermark.from_hash(client_for(config.redis).hgetall(meta_key(physical)))
     if watermark is not None and watermark.app_id != LIVE_APP:
         hand_over(config, live_group(map_name), watermark.offsets)

@@ -156,7 +156,7 @@ def _map_part(
     physical = physical_name(name, member.generation)
     fold = member.fold or map_fold(config, name, member.generation, owner=member.owner)
     ensure_whole(config, name, member.generation)
-    starting = starting_offsets(config, name, physical, topics, fenced=True)
+    starting = starting_offsets(config, name, physical, topics)
     keyed = records(
         spark, config, name, starting_offsets=starting, fetch_max_wait_ms=LIVE_FETCH_MAX_WAIT_MS
     )

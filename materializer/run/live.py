@@ -233,9 +233,7 @@ class LivePath:
             return
         self._changed = False
         self._stop_query()
-        for name, stopping in self._stopping.items():
-            self._stopped(name, stopping)
-        self._stopping.clear()
+        self._await_joins()
         members = [m for n, m in self._members.items() if n not in self.failures]
         if not members:
             return
@@ -278,6 +276,12 @@ class LivePath:
             self._failed(str(query.exception()))
             self._query = None
             self._changed = True
+
+    def _await_joins(self) -> None:
+        """Wait until every joining map's micro-batch fold has stopped (``_stopped``)."""
+        for name, stopping in self._stopping.items():
+            self._stopped(name, stopping)
+        self._stopping.clear()
 
     def _stopped(self, name: str, stopping: Future[None] | None) -> None:
         """Wait until a joining map's micro-batch fold has stopped. One whose stop failed
@@ -330,9 +334,7 @@ class LivePath:
         its checkpoint goes, which names this process and holds nothing a start needs."""
         self._left |= set(self._members)
         self._members.clear()
-        for name, stopping in self._stopping.items():
-            self._stopped(name, stopping)
-        self._stopping.clear()
+        self._await_joins()
         self._stops.shutdown()
         self._stop_query()
         if self._marks is not None:
