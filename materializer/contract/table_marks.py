@@ -18,7 +18,8 @@ key of delta-rs's ``DeltaTable.history()``), JSON of the form::
                    "offsets": {"orders": {"0": 1200, "1": 987}},
                    "updated_at_ms": 1767225600000}}
 
-``watermark`` is the Redis copy's watermark (``watermark.Watermark``) of
+``watermark`` (absent while the map's marks are unknown: a new table whose marks are not
+in Redis) is the Redis copy's watermark (``watermark.Watermark``) of
 a fold batch whose changelog records all precede the commit: every source
 record below those next offsets is in the version. It may under-claim (the
 version can hold later records too), never over-claim. ``batch_id`` and
@@ -26,7 +27,9 @@ version can hold later records too), never over-claim. ``batch_id`` and
 the version has merged the changelog (next offsets): a reader that sees a
 newer table mark in Redis (``TableMark``) reached by it may take that
 mark's watermark for the version, which the commit could not know when it
-was made.
+was made. Every MERGE records ``changelog``: it is also where the next writer of the
+table starts (``table_positions``), whichever query that is (the map's own Delta query or
+the one the real-time path's maps share), and below which it merges nothing again.
 
 Commits the materializer makes without a MERGE (retention DELETEs, added
 columns) and other writers' commits (OPTIMIZE, VACUUM) carry none: such a
@@ -106,24 +109,25 @@ class TableMark:
 class CommitMark:
     """What one commit's ``userMetadata`` records."""
 
-    watermark: Watermark
-    """Source offsets the version reflects."""
+    watermark: Watermark | None
+    """Source offsets the version reflects; None while none is known."""
     changelog: dict[str, dict[int, int]] = field(default_factory=dict)
     """How far the version has merged the changelog (next offsets); empty: not recorded."""
 
 
-def encode(watermark: Watermark, changelog: Mapping[str, Mapping[int, int]] | None = None) -> str:
-    """The ``userMetadata`` of a commit that reflects ``watermark`` and has merged
-    ``changelog``: compact JSON, keys sorted."""
-    doc = {
-        "format": FORMAT,
-        "watermark": {
+def encode(
+    watermark: Watermark | None, changelog: Mapping[str, Mapping[int, int]] | None = None
+) -> str:
+    """The ``userMetadata`` of a commit that reflects ``watermark`` (None: not known) and has
+    merged ``changelog``: compact JSON, keys sorted."""
+    doc: dict[str, Any] = {"format": FORMAT}
+    if watermark is not None:
+        doc["watermark"] = {
             "batch_id": watermark.batch_id,
             "offsets": _offsets_json(watermark.offsets),
             "updated_at_ms": watermark.updated_at_ms,
             "app_id": watermark.app_id,
-        },
-    }
+        }
     if changelog:
         doc["changelog"] = _offsets_json(changelog)
     return json.dumps(doc, separators=(",", ":"), sort_keys=True)
@@ -141,15 +145,17 @@ def decode(user_metadata: object) -> CommitMark | None:
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         return None
     mark = doc.get("watermark")
-    if not isinstance(mark, dict):
+    if not isinstance(mark, dict) and "changelog" not in doc:
         return None
     try:
-        watermark = Watermark(
-            batch_id=int(mark["batch_id"]),
-            offsets=_offsets(mark["offsets"]),
-            updated_at_ms=int(mark.get("updated_at_ms", 0)),
-            app_id=str(mark.get("app_id", "")),
-        )
+        watermark = None
+        if mark is not None:
+            watermark = Watermark(
+                batch_id=int(mark["batch_id"]),
+                offsets=_offsets(mark["offsets"]),
+                updated_at_ms=int(mark.get("updated_at_ms", 0)),
+                app_id=str(mark.get("app_id", "")),
+            )
         return CommitMark(watermark, _offsets(doc.get("changelog", {})))
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
@@ -170,6 +176,13 @@ def table_watermark(table: DeltaTable) -> Watermark | None:
     """The source offsets the snapshot ``table`` reflects (``table_mark``'s watermark)."""
     mark = table_mark(table)
     return None if mark is None else mark.watermark
+
+
+def table_positions(table: DeltaTable, changelog: str) -> dict[int, int]:
+    """How far the snapshot ``table`` has merged ``changelog`` (next offset per partition;
+    empty when no commit records it): where its next writer starts."""
+    mark = table_mark(table)
+    return {} if mark is None else dict(mark.changelog.get(changelog, {}))
 
 
 def table_mark(table: DeltaTable) -> CommitMark | None:

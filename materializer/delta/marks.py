@@ -7,7 +7,9 @@ the batch has reached (its own end offsets, from its checkpoint) names a
 watermark every record of which the table now holds. When none qualifies
 (the batch merged only part of a fold batch, or Redis does not answer) the
 commit carries the last watermark recorded, read back from the table's newest
-commits after a restart: under-claiming is safe, over-claiming never happens.
+commits after a restart: under-claiming is safe, over-claiming never happens. Every
+commit records how far it merged the changelog (``delta.positions``), with or without
+a watermark.
 
 A fold batch's changelog goes out before its watermark and mark are
 committed, so a Delta batch planned in between finds the changelog past
@@ -29,7 +31,8 @@ import redis
 from materializer.clients.redis import Client, client_for
 from materializer.config import RedisConfig
 from materializer.contract.redis_layout import table_marks_key
-from materializer.contract.table_marks import CommitMark, TableMark, encode, table_mark
+from materializer.contract.table_marks import TableMark, encode
+from materializer.delta.positions import MergedPositions
 
 if TYPE_CHECKING:
     from materializer.contract.watermark import Watermark
@@ -48,40 +51,35 @@ class SourceOffsets:
     """The ``userMetadata`` of each Delta batch's commit (driver side; one per Delta query).
 
     ``end_offsets``: the Delta query's batch end offsets (``Checkpoint.end_offsets``).
-    ``location``: the table's URI and delta-rs storage options, to read back the last
-    mark recorded.
+    ``merged``: the table's merged position, which holds the last mark recorded too.
     """
 
     def __init__(
         self,
         redis: RedisConfig,
         physical: str,
-        changelog: str,
         end_offsets: Callable[[int], dict[str, dict[int, int]]],
-        location: tuple[str, dict[str, str] | None],
+        merged: MergedPositions,
     ) -> None:
         self._redis = redis
         self._key = table_marks_key(physical)
-        self.changelog = changelog
+        self.changelog = merged.changelog
         self._end_offsets = end_offsets
-        self._location = location
+        self._merged = merged
         self._last: Watermark | None = None
         self._last_id: bytes | None = None
         """The stream id of the mark ``_last`` came from; None after a restart."""
         self._read_back = False
 
     def user_metadata(self, batch_id: int) -> str | None:
-        """JSON for the commit of ``batch_id`` (``contract.table_marks.encode``); ``None``
-        when no watermark is known yet (a new table whose marks are not in Redis)."""
-        reached = self._end_offsets(batch_id).get(self.changelog, {})
-        watermark = self._watermark(reached)
-        if watermark is None:
-            return None
-        return encode(watermark, {self.changelog: reached})
+        """JSON for the commit of ``batch_id`` (``contract.table_marks.encode``): the
+        changelog position it reaches, and the watermark once one is known."""
+        reached = self._merged.reached(self._end_offsets(batch_id).get(self.changelog, {}))
+        return encode(self._watermark(reached), {self.changelog: reached})
 
     def _watermark(self, reached: dict[int, int]) -> Watermark | None:
         if not self._read_back:
-            recorded = self._recorded()
+            recorded = self._merged.recorded()
             self._last = None if recorded is None else recorded.watermark
             self._read_back = True
         deadline = time.monotonic() + MARK_WAIT_SECONDS
@@ -130,17 +128,6 @@ class SourceOffsets:
     def _newest_any(self, client: Client) -> TableMark | None:
         entries: Any = client.xrevrange(self._key, count=1)
         return TableMark.from_entry(entries[0][1]) if entries else None
-
-    def _recorded(self) -> CommitMark | None:
-        """The mark the table's newest commits record (blocking; after a restart)."""
-        from deltalake import DeltaTable
-        from deltalake.exceptions import TableNotFoundError
-
-        uri, options = self._location
-        try:
-            return table_mark(DeltaTable(uri, storage_options=options))
-        except TableNotFoundError:
-            return None
 
 
 def _past(reached: dict[int, int], mark: TableMark) -> bool:

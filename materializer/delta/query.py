@@ -1,6 +1,9 @@
 """The Delta query of a map: the changelog topic MERGEd into the map's table batch by
 batch, the last record per key winning, with the table's TTL cleanup between batches.
-Each MERGE records the source offsets its version reflects (``delta.marks``)."""
+Each MERGE records the source offsets its version reflects (``delta.marks``) and how far
+it merged the changelog; a query whose checkpoint stands behind that (the map folded on
+the real-time path meanwhile, whose maps share a Delta query) starts where the table
+stands (``delta.positions``)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,9 @@ from typing import TYPE_CHECKING
 
 from materializer import record_columns as c
 from materializer.batch import Batch, Sink
+from materializer.checkpoints.files import CheckpointFiles
 from materializer.checkpoints.running import Checkpoint
+from materializer.clients.kafka_offsets import admin_client, partition_ids
 from materializer.clients.object_store import delta_rs_location
 from materializer.config import AppConfig, is_inferred
 from materializer.config.durations import processing_time
@@ -20,7 +25,9 @@ from materializer.config.names import (
 )
 from materializer.contract.redis_layout import physical_name
 from materializer.contract.table_layout import table_meta, table_path
+from materializer.delta import positions
 from materializer.delta.marks import SourceOffsets
+from materializer.delta.positions import MergedPositions
 from materializer.delta.retention import Retention
 from materializer.delta.sink import DeltaSink
 from materializer.fold.entity_types import (
@@ -76,42 +83,103 @@ def start_delta_query(
     ``owner_check``: in a worker group, raises if another worker took the map over; called
     before each batch's MERGE, so a fenced worker commits nothing more.
     """
-    from pyspark.sql import functions as F
-
     physical = physical_name(map_name, generation)
     map_config = config.map(map_name)
     inferred = is_inferred(map_config)
     # With ttl.delta each row keeps when the fold wrote its change: its record's Kafka timestamp.
     ttl = map_config.ttl if map_config.ttl and map_config.ttl.delta else None
-    reader = spark.readStream.format("kafka")
     changelog = changelog_topic(config, map_name, generation)
-    for key, value in kafka_options(config, [changelog], "earliest").items():
+    delta_checkpoint = checkpoint_path(config, physical, "delta")
+    table = table_path(config, physical)
+    location = delta_rs_location(config, table)
+    merged = MergedPositions(location, changelog)
+    checkpoint = Checkpoint(spark, delta_checkpoint)
+    files = CheckpointFiles(delta_checkpoint, config.object_store)
+    starting = positions.starting_offsets(
+        merged, files, lambda: partition_ids(admin_client(config.kafka), [changelog])
+    )
+    if starting is not None:
+        checkpoint.discard()
+    changes = changelog_changes(spark, config, [changelog], starting, with_time=ttl is not None)
+    changes = with_entity(changes, entity, inferred)
+    sinks: list[Sink] = [] if owner_check is None else [OwnerGuard(owner_check)]
+    sinks += delta_sinks(config, map_name, physical, checkpoint, merged)
+    checkpoint.drop_unfinished_writes()
+    projector = delta_projector(config, physical, sinks, checkpoint, rows_out, merged)
+    writer = changes.writeStream.queryName(f"{physical}.delta").option(
+        "checkpointLocation", delta_checkpoint
+    )
+    if catch_up:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=processing_time(config.delta.trigger_interval))
+    return writer.foreachBatch(
+        typed_batches(projector, table, inferred, table_meta(map_config))
+    ).start()
+
+
+def changelog_changes(
+    spark: SparkSession,
+    config: AppConfig,
+    changelogs: list[str],
+    starting: str | None,
+    *,
+    with_time: bool,
+) -> DataFrame:
+    """The changelog records of ``changelogs`` as the Delta queries read them: committed
+    records only, at most ``changes_per_batch`` a batch, each with its topic, key, deletion,
+    JSON ``value``, position and (``with_time``) Kafka timestamp. ``starting``: Spark's
+    ``startingOffsets`` JSON (None: the checkpoint's, or the earliest)."""
+    from pyspark.sql import functions as F
+
+    reader = spark.readStream.format("kafka")
+    for key, value in kafka_options(config, changelogs, starting or "earliest").items():
         reader = reader.option(key, value)
     reader = reader.option("maxOffsetsPerTrigger", str(changes_per_batch(config)))
     # In a worker group the changelog is written in transactions: an aborted one (a fenced
     # worker's) is never merged.
     reader = reader.option("kafka.isolation.level", "read_committed")
     raw = reader.load()
-    changes = raw.select(
+    return raw.select(
+        F.col("topic").alias(c.TOPIC),
         raw["key"].cast("string").alias(c.KEY),
         raw["value"].isNull().alias(c.DELETED),
-        changelog_entity(raw["value"].cast("string"), entity, inferred).alias(c.ENTITY),
+        raw["value"].cast("string").alias("value"),
         F.col("partition").alias(c.PARTITION),
         F.col("offset").alias(c.OFFSET),
-        *([F.col("timestamp").alias(c.TIMESTAMP)] if ttl else []),
+        *([F.col("timestamp").alias(c.TIMESTAMP)] if with_time else []),
     )
-    delta_checkpoint = checkpoint_path(config, physical, "delta")
+
+
+def with_entity(changes: DataFrame, entity: StructType, inferred: bool) -> DataFrame:
+    """One map's changelog rows (``changelog_changes``) with its entities read: key,
+    deletion, entity, position, timestamp."""
+    return changes.select(
+        c.KEY,
+        c.DELETED,
+        changelog_entity(changes["value"], entity, inferred).alias(c.ENTITY),
+        *[n for n in changes.columns if n in (c.PARTITION, c.OFFSET, c.TIMESTAMP)],
+    )
+
+
+def delta_sinks(
+    config: AppConfig,
+    map_name: str,
+    physical: str,
+    checkpoint: Checkpoint,
+    merged: MergedPositions,
+) -> list[Sink]:
+    """A map's Delta sinks: its MERGE, recording what it reflects, then its TTL cleanup."""
+    map_config = config.map(map_name)
+    ttl = map_config.ttl if map_config.ttl and map_config.ttl.delta else None
     table = table_path(config, physical)
-    sinks: list[Sink] = [] if owner_check is None else [OwnerGuard(owner_check)]
-    checkpoint = Checkpoint(spark, delta_checkpoint)
-    location = delta_rs_location(config, table)
-    offsets = SourceOffsets(config.redis, physical, changelog, checkpoint.end_offsets, location)
-    sinks += [
+    offsets = SourceOffsets(config.redis, physical, checkpoint.end_offsets, merged)
+    sinks: list[Sink] = [
         DeltaSink(
             table,
             updated_at=ttl is not None,
             engine=config.delta.merge_engine,
-            location=location,
+            location=delta_rs_location(config, table),
             user_metadata=offsets.user_metadata,
         )
     ]
@@ -125,30 +193,37 @@ def start_delta_query(
                 vacuum_retention=ttl.vacuum_retention,
             )
         )
-    checkpoint.drop_unfinished_writes()
-    projector = Projector(
+    return sinks
+
+
+def delta_projector(
+    config: AppConfig,
+    physical: str,
+    sinks: list[Sink],
+    checkpoint: Checkpoint,
+    rows_out: Callable[[str, int, int], None] | None,
+    merged: MergedPositions,
+) -> Projector:
+    """The projector of a map's Delta batches: the rows the table has not merged, each
+    key's last change with Spark's MERGE (delta-rs's keeps it in Arrow)."""
+    spark_merge = config.delta.merge_engine == "spark"
+
+    def prepare(changes: DataFrame) -> DataFrame:
+        changes = merged.past_floor(changes)
+        return last_per_key(changes) if spark_merge else changes
+
+    return Projector(
         physical,
         sinks,
         checkpoint,
         rows_out,
         query="delta",
-        # delta-rs's MERGE takes the changes and keeps each key's last in Arrow.
-        prepare=last_per_key if config.delta.merge_engine == "spark" else None,
+        prepare=prepare,
         pool=DELTA_POOL,
         # delta-rs's MERGE collects the rows once and counts them; Spark's reads them twice.
-        persist=config.delta.merge_engine == "spark",
-        count=config.delta.merge_engine == "spark",
+        persist=spark_merge,
+        count=spark_merge,
     )
-    writer = changes.writeStream.queryName(f"{physical}.delta").option(
-        "checkpointLocation", delta_checkpoint
-    )
-    if catch_up:
-        writer = writer.trigger(availableNow=True)
-    else:
-        writer = writer.trigger(processingTime=processing_time(config.delta.trigger_interval))
-    return writer.foreachBatch(
-        typed_batches(projector, table, inferred, table_meta(map_config))
-    ).start()
 
 
 class OwnerGuard(Sink):

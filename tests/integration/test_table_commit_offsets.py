@@ -4,6 +4,7 @@ version's rows hold."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +12,11 @@ import orjson
 import pytest
 from deltalake import DeltaTable
 
+from materializer.config.names import checkpoint_path
 from materializer.contract.redis_layout import table_marks_key
 from materializer.contract.table_layout import table_path
 from materializer.contract.table_marks import TableMark, decode, table_mark, table_watermark
+from materializer.delta.positions import MergedPositions
 from materializer.job import start_map
 from materializer.testing import produce
 from materializer.testing.reference import fold_latest
@@ -177,17 +180,15 @@ def test_a_delta_batch_takes_the_newest_mark_it_has_reached_and_otherwise_carrie
     assert redis_client.xlen(table_marks_key(name)) == 40
 
     reached: dict[int, dict[str, dict[int, int]]] = {}
-    offsets = SourceOffsets(
-        config, name, "cl", lambda b: reached[b], (str(tmp_path / "no-table"), None)
-    )
+    merged = MergedPositions((str(tmp_path / "no-table"), None), "cl")
+    offsets = SourceOffsets(config, name, lambda b: reached[b], merged)
 
     def recorded(batch: int, ends: dict[int, int]) -> int | None:
         reached[batch] = {"cl": ends}
         text = offsets.user_metadata(batch)
         mark = decode(text)
-        if mark is not None:
-            assert mark.changelog == {"cl": ends}
-        return None if mark is None else mark.watermark.batch_id
+        assert mark is not None and mark.changelog == {"cl": ends}  # always recorded
+        return None if mark.watermark is None else mark.watermark.batch_id
 
     assert recorded(0, {0: 0}) == 0  # partition 1 at 0 too: a missing partition reads as 0
     assert recorded(1, {0: 95, 1: 47}) == 9  # mark 9 ends at (90, 45), mark 10 at (100, 50)
@@ -196,3 +197,57 @@ def test_a_delta_batch_takes_the_newest_mark_it_has_reached_and_otherwise_carrie
     monkeypatch.setattr(delta_marks, "MARK_WAIT_SECONDS", 0.0)
     redis_client.delete(table_marks_key(name))
     assert recorded(4, {0: 500, 1: 500}) == 39  # no mark left: the last one carried
+
+
+@pytest.mark.parametrize("engine", ["delta_rs", "spark"])
+def test_a_delta_query_behind_its_table_starts_where_the_table_stands(
+    engine, spark, kafka_bootstrap, redis_url, new_topic, tmp_path: Path
+):
+    """Another writer (the real-time path's shared Delta query) merged the changelog past
+    the map's own Delta checkpoint: the map's query starts where the table's newest commit
+    says and merges no change below it again, which would set keys back to older values."""
+    topic = new_topic(3)
+    doc = slice_config(tmp_path, kafka_bootstrap, redis_url, topic, map_name="behind")
+    doc["delta"]["merge_engine"] = engine
+    cfg = config(doc)
+    own = Path(checkpoint_path(cfg, "behind", "delta"))
+    path = table_path(cfg, "behind")
+    events: list[Event] = []
+
+    def run(wave: int | None) -> None:
+        queries = start_map(spark, cfg, "behind")
+        try:
+            if wave is not None:
+                records = user_events(300, 20, seed=wave)
+                positions = produce(kafka_bootstrap, topic, records)
+                events.extend(
+                    (p, o, k, v) for (p, o), (k, v) in zip(positions, records, strict=True)
+                )
+            queries.process_all_available()
+        finally:
+            queries.stop()
+
+    run(0)
+    first = DeltaTable(path).version()
+    # The map's own Delta query stands still; another writer merges wave 1.
+    shutil.move(own, tmp_path / "left-behind")
+    run(1)
+    merged = table_mark(DeltaTable(path))
+    assert merged is not None and merged.changelog
+    version = DeltaTable(path).version()
+    shutil.rmtree(own)
+    shutil.copytree(tmp_path / "left-behind", own)  # the checkpoint the map joined with
+
+    run(None)
+    assert DeltaTable(path).version() == version  # wave 1's changes were not merged again
+
+    run(2)
+    newest = table_mark(DeltaTable(path))
+    assert newest is not None
+    for changelog, ends in merged.changelog.items():
+        assert all(newest.changelog[changelog][p] >= o for p, o in ends.items())
+    for later in range(first + 1, DeltaTable(path).version() + 1):
+        mark = table_mark(DeltaTable(path, version=later))
+        assert mark is not None and mark.watermark is not None
+        _assert_reflects(delta_map_rs_at(path, later), events, mark.watermark.offsets[topic])
+    assert delta_map_rs(path) == fold_latest(events, "id", FIELDS)

@@ -15,6 +15,7 @@ from materializer.contract.table_marks import (
     decode,
     encode,
     table_mark,
+    table_positions,
     table_watermark,
 )
 from materializer.contract.watermark import Watermark
@@ -129,3 +130,20 @@ def test_a_commit_the_log_no_longer_keeps_ends_the_walk(tmp_path: Path):
     table.create_checkpoint()
     (path / "_delta_log" / f"{0:020d}.json").unlink()
     assert table_mark(DeltaTable(path)) is None
+
+
+def test_a_commit_without_a_known_watermark_still_records_its_changelog_position():
+    changelog = {"orders.changelog": {0: 12, 1: 7}}
+    text = encode(None, changelog)
+    assert text == '{"changelog":{"orders.changelog":{"0":12,"1":7}},"format":1}'
+    assert decode(text) == CommitMark(None, changelog)
+
+
+def test_the_next_writer_starts_at_the_position_the_newest_commit_records(tmp_path):
+    _commit(tmp_path, 0, encode(MARK, {"orders.changelog": {0: 5, 1: 3}}), mode="overwrite")
+    _commit(tmp_path, 1, encode(None, {"orders.changelog": {0: 9, 1: 3}, "other": {0: 1}}))
+    _commit(tmp_path, 2)  # a retention DELETE or OPTIMIZE records none
+    table = DeltaTable(tmp_path)
+    assert table_positions(table, "orders.changelog") == {0: 9, 1: 3}
+    assert table_positions(table, "not.merged.here") == {}
+    assert table_watermark(table) is None  # under-claims: the newest mark knew none
