@@ -12,7 +12,8 @@ the JVM stays, so the second path starts warmer than the first):
 - ``microbatch``: each map's fold and Delta queries (``job.start_map``), as
   ``materializer run`` starts them today;
 - ``realtime``: the maps in one Real-time Mode query written by the JVM writer
-  (``live.start_live``), each map's Delta query beside it.
+  (``live.start_live``), their Delta tables merged by one shared query (``live.delta``),
+  as ``materializer run`` runs maps on the real-time path.
 
 After a prefill (every key's first event), a warm-up of
 ``--warmup-seconds`` and then ``--seconds`` measured; one event in ``--sample-every`` is
@@ -29,6 +30,7 @@ import argparse
 import contextlib
 import os
 import random
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -43,7 +45,7 @@ from harness import PARTITIONS, broker_pids, emit, event, machine, map_config, s
 
 from materializer import job
 from materializer.config import AppConfig
-from materializer.delta.query import start_delta_query
+from materializer.live.delta import DeltaMember, SharedDelta
 from materializer.live.query import LiveMap, start_live
 from materializer.spark.session import build_spark_session
 from materializer.testing import create_topic
@@ -70,9 +72,14 @@ def folding(spark: Any, cfg: AppConfig, path: str, work: Path) -> Iterator[None]
     else:
         maps = [LiveMap(name) for name in names]
         stops.append(start_live(spark, cfg, maps, str(work / "live-checkpoint")))
-        for name in names:
-            entity = job.map_fold(cfg, name).entity_type(job.records(spark, cfg, name))
-            stops.append(start_delta_query(spark, cfg, name, entity, None, 0))
+        members = [
+            DeltaMember(
+                name, 0, cfg, job.map_fold(cfg, name).entity_type(job.records(spark, cfg, name))
+            )
+            for name in names
+        ]
+        shared = SharedDelta(spark, cfg, members, str(work / "live-delta"), _failed)
+        stops.append(shared.start())
     try:
         yield
     finally:
@@ -168,6 +175,10 @@ def _measure(
         ),
         "target_p99_ms": 100 if maps == 1 else 150,
     }
+
+
+def _failed(name: str, error: str) -> None:
+    print(f"map {name}: its Delta MERGE failed: {error}", file=sys.stderr, flush=True)
 
 
 def _none(*_: Any) -> None:

@@ -73,6 +73,7 @@ from materializer.source.transforms import apply_transforms
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
 log = logging.getLogger(__name__)
 
@@ -300,6 +301,7 @@ def start_map(
         side=side,
         projectors=[projector],
         redis_fold=redis_fold if side_outputs else None,
+        entity=entity,
         opening=opening,
         catch_up=functools.partial(
             start_delta_query,
@@ -323,6 +325,9 @@ class MapQueries(QueryGroup):
     redis_fold: RedisFold | None = None
     """The fold's Redis and Kafka side (``map_fold``), its topics made ready: the real-time
     path folds the map with it once the map joins (``run.live``)."""
+    entity: StructType | None = None
+    """The fold's entity struct: the real-time path's shared Delta query reads the map's
+    changelog with it (``live.delta``)."""
 
 
 def _report_applied(metrics: BatchMetrics, map_name: str, applied: Applied) -> None:

@@ -9,6 +9,10 @@ fence, the run's end) or falls far behind (``FAR_BEHIND``): the shared query sto
 writer committing what it applied, and starts again without it; the map's micro-batch
 fold then starts where the real-time path left it (``live.positions.handed_back``).
 
+The maps' Delta tables follow the same way: one micro-batch query merges every member's
+changelog (``live.delta``), started and stopped with the shared fold; a member's own Delta
+query stops when it joins, and the map's next one takes up where its table stands.
+
 A failed Redis call or transaction of one map names it (the writer's ``MapFailure``): that
 map alone sees its fold failed and goes the way a failed micro-batch fold goes; the
 others fold on in the query started again without it.
@@ -29,19 +33,27 @@ from materializer.clients.kafka_offsets import admin_client, partition_ids
 from materializer.clients.redis import TRANSIENT_ERRORS, client_for
 from materializer.config import AppConfig
 from materializer.config.names import checkpoint_path
-from materializer.job import MapQueries, map_fold
+from materializer.job import MapQueries, map_fold, map_key_paths, records
+from materializer.live.delta import DeltaMember, SharedDelta
 from materializer.live.freshness import take
 from materializer.live.marks import LiveMarks
 from materializer.live.query import QUERY_NAME, LiveMap, start_live, stop_live
 from materializer.redis.functions import FENCED, LOST, CopyLost
 from materializer.run.lifecycle import FENCED_ERROR
 from materializer.run.supervised import InForce, SupervisedMap
-from materializer.runtime.metrics import BatchMetrics, records_behind
+from materializer.runtime.metrics import (
+    BatchMetrics,
+    finished_at,
+    partition_lags,
+    records_behind,
+)
+from materializer.runtime.projector import report_rows_out
 from materializer.runtime.query_group import FINISH_BATCH_TIMEOUT, FoldQuery, stop_after_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.types import StructType
 
     from materializer.redis.sink import RedisFold
     from materializer.runtime.projector import Projector
@@ -127,6 +139,11 @@ class LivePath:
         self._run = run
         self._config_for = config_for
         self._checkpoint = checkpoint_path(run.config, "__live__", worker_id)
+        self._delta_checkpoint = checkpoint_path(run.config, "__live__", f"{worker_id}.delta")
+        self._delta: SharedDelta | None = None
+        """The members' shared Delta query, started with the shared fold."""
+        self._delta_batch: int | None = None
+        """The last batch of it whose figures went into the metrics."""
         self._members: dict[str, SupervisedMap] = {}
         self._query: StreamingQuery | None = None
         self._changed = False
@@ -135,6 +152,8 @@ class LivePath:
         self._stops = ThreadPoolExecutor(max_workers=JOINS_AT_ONCE, thread_name_prefix="join")
         self._folds: dict[str, RedisFold] = {}
         """Each member's fold, built at its first start in the shared query."""
+        self._entities: dict[str, StructType] = {}
+        """Each member's entity struct, which its changelog is read with."""
         self._started_at = 0.0
         self._slots = _live_slots(spark.sparkContext.master or "")
         self._partitions: dict[str, int] = {}
@@ -184,16 +203,21 @@ class LivePath:
         return held + self._partitions[name] <= self._slots
 
     def join(self, m: SupervisedMap) -> None:
-        """Stop the map's micro-batch fold after its batch, beside the other maps joining
-        (each stop waits for its batch); the next ``settle`` folds it in the shared query.
-        Its Delta query runs on, on the same changelog."""
+        """Stop the map's micro-batch fold and its Delta query after their batches, beside
+        the other maps joining (each stop waits for its batch); the next ``settle`` folds the
+        map in the shared query and merges its changelog in the shared Delta query. A stop
+        of the map still drains its table (``QueryGroup.catch_up``)."""
         assert m.queries is not None
-        fold, projectors = m.queries.fold, m.queries.projectors
-        if isinstance(m.queries, MapQueries) and m.queries.redis_fold is not None:
-            self._folds[m.name] = m.queries.redis_fold
-        m.queries.projectors = []
+        queries = [m.queries.fold, *m.queries.side]
+        projectors = m.queries.projectors
+        if isinstance(m.queries, MapQueries):
+            if m.queries.redis_fold is not None:
+                self._folds[m.name] = m.queries.redis_fold
+            if m.queries.entity is not None:
+                self._entities[m.name] = m.queries.entity
+        m.queries.projectors, m.queries.side = [], []
         m.queries.fold = SharedFold(self, m.name)
-        self._stopping[m.name] = self._stops.submit(_stop_fold, m.name, fold, projectors)
+        self._stopping[m.name] = self._stops.submit(_stop_fold, m.name, queries, projectors)
         self._members[m.name] = m
         self._changed = True
         log.info("map %s: caught up, folds on the real-time path", m.name)
@@ -207,6 +231,7 @@ class LivePath:
         del self._members[name]
         self._stopped(name, self._stopping.pop(name, None))
         self._folds.pop(name, None)
+        self._entities.pop(name, None)
         self.failures.pop(name, None)
         self._stop_query()
         if self._marks is not None:
@@ -245,8 +270,18 @@ class LivePath:
                 [self._live_map(m) for m in members],
                 self._checkpoint,
             )
+            self._delta = SharedDelta(
+                self._spark,
+                self._run.config,
+                [self._delta_member(m) for m in members],
+                self._delta_checkpoint,
+                self._delta_failed,
+                report_rows_out(self._metrics),
+            )
+            self._delta.start()
         except Exception as exc:  # noqa: BLE001 - each map's lifecycle takes it from here
             self._failed(f"could not start the real-time query: {exc}")
+            self._stop_query()
             return
         self._started_at = time.monotonic()
         if self._marks is None:
@@ -269,12 +304,34 @@ class LivePath:
             fold = self._folds[m.name] = map_fold(config, m.name, m.generation, owner=m.owner)
         return LiveMap(m.name, m.generation, m.owner, config, fold)
 
+    def _delta_member(self, m: SupervisedMap) -> DeltaMember:
+        """The map as the shared Delta query takes it, with the entity struct its fold made
+        (made again from its records when it joined without one)."""
+        config = self._config_for(m)
+        entity = self._entities.get(m.name)
+        if entity is None:
+            with map_key_paths(m.name):
+                keyed = records(self._spark, config, m.name)
+                entity = self._folds[m.name].entity_type(keyed)
+            self._entities[m.name] = entity
+        check = None if m.owner is None else m.owner.check
+        return DeltaMember(m.name, m.generation, config, entity, check)
+
+    def _delta_failed(self, name: str, error: str) -> None:
+        """The shared Delta query could not merge one map's changes (from its thread)."""
+        log.error("map %s: its Delta table's MERGE failed on the real-time path: %s", name, error)
+        self.failures[name] = error
+
     def _noticed(self) -> None:
-        """Take in a failure of the shared query: over the map it names, or over all."""
+        """Take in a failure of the shared queries: over the map it names, or over all."""
         query = self._query
         if query is not None and not query.isActive:
             self._failed(str(query.exception()))
             self._query = None
+            self._changed = True
+        delta = None if self._delta is None else self._delta.query
+        if delta is not None and not delta.isActive:
+            self._failed(f"the shared Delta query failed: {delta.exception()}")
             self._changed = True
 
     def _await_joins(self) -> None:
@@ -296,10 +353,12 @@ class LivePath:
     def take_figures(self) -> None:
         """Into the maps' metrics, what the writers counted since the last take: how fresh
         each record was when Redis held it, the newest timestamp folded, the dead letters
-        (``live.freshness``). A Redis that does not answer now is asked again next loop."""
+        (``live.freshness``), and where the shared Delta query's last batch left each map's
+        changelog. A Redis that does not answer now is asked again next loop."""
         names = set(self._members) | self._left
         if self._metrics is None or not names:
             return
+        self._delta_figures(self._metrics)
         try:
             taken = take(client_for(self._run.config.redis), sorted(names))
         except TRANSIENT_ERRORS as exc:
@@ -311,6 +370,22 @@ class LivePath:
                 name, folded.newest_timestamp_us, folded.dead_letters, folded.freshness
             )
 
+    def _delta_figures(self, metrics: BatchMetrics) -> None:
+        """Each member's Delta batch, as its own Delta query's progress would report it."""
+        delta = self._delta
+        progress = None if delta is None or delta.query is None else delta.query.lastProgress
+        if delta is None or progress is None or progress["batchId"] == self._delta_batch:
+            return
+        self._delta_batch = progress["batchId"]
+        behind: dict[str, int] = {}
+        for source in progress.get("sources", []):
+            lags = partition_lags(source.get("endOffset"), source.get("latestOffset"))
+            for (topic, _), lag in lags.items():
+                behind[topic] = behind.get(topic, 0) + lag
+        started_ms = round(finished_at(str(progress["timestamp"]), 0) * 1000)
+        for name, changelog in delta.changelogs().items():
+            metrics.intervals.delta_batch(name, started_ms, behind.get(changelog, 0))
+
     def _failed(self, error: str) -> None:
         """The shared query failed: over the map its error names, or over every map."""
         named = _NAMED.search(error)
@@ -321,6 +396,13 @@ class LivePath:
             self.failures[name] = error
 
     def _stop_query(self) -> None:
+        """Stop the shared Delta query after its batch (a map leaving must find its table
+        with no other writer), then the shared fold."""
+        if self._delta is not None:
+            delta, self._delta = self._delta, None
+            if delta.query is not None:
+                stop_after_batch(delta.query, time.monotonic() + FINISH_BATCH_TIMEOUT)
+            delta.close()
         if self._query is not None:
             query, self._query = self._query, None
             if not stop_live(self._spark, query):
@@ -343,15 +425,19 @@ class LivePath:
         self.take_figures()
         if self._started_at:
             Checkpoint(self._spark, self._checkpoint).discard()
+            Checkpoint(self._spark, self._delta_checkpoint).discard()
 
 
-def _stop_fold(name: str, fold: FoldQuery, projectors: list[Projector]) -> None:
-    """A joining map's micro-batch fold stopped after its batch (stopped anyway when the wait
-    fails), its projectors closed."""
+def _stop_fold(name: str, queries: list[FoldQuery], projectors: list[Projector]) -> None:
+    """A joining map's micro-batch fold and Delta query stopped after their batches (stopped
+    anyway when the wait fails), its projectors closed."""
+    deadline = time.monotonic() + FINISH_BATCH_TIMEOUT
     try:
-        stop_after_batch(fold, time.monotonic() + FINISH_BATCH_TIMEOUT)
+        for query in queries:
+            stop_after_batch(query, deadline)
     finally:
-        fold.stop()
+        for query in queries:
+            query.stop()
         for projector in projectors:
             projector.close()
     log.debug("map %s: its micro-batch fold stopped", name)

@@ -173,6 +173,12 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
         time.sleep(0.2)
         proc.stop()  # SIGTERM to the process group, mid-stream: a drain, then the end
         assert proc.proc.returncode == 0, proc.tail(60)
+        # The shared Delta query merged each map's changelog past the map's own Delta
+        # checkpoint, which stood still while the map was on the path: the drain's own
+        # query took up from where the table stood.
+        for name in names:
+            changelog = changelog_topic(config, name)
+            assert f"{changelog}: the table has merged past its Delta checkpoint" in log.read_text()
         streaming.join()
     except BaseException:
         if proc is not None:
@@ -182,9 +188,10 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
         if proc is not None:
             proc.stop()
 
-    # The shared query's checkpoint, named after its process, went with the stopped run;
-    # the killed run's alone is left.
-    assert len(list((tmp_path / "checkpoints" / "__live__").iterdir())) == 1
+    # The shared queries' checkpoints, named after their process, went with the stopped run;
+    # the killed run's alone are left (its fold's and its Delta query's).
+    left = sorted(p.name for p in (tmp_path / "checkpoints" / "__live__").iterdir())
+    assert len(left) == 2 and left[1] == f"{left[0]}.delta", left
     for name in names:
         topic = topics[name]
         # The run ended with its drain: the real-time path's committed position equals the

@@ -1,0 +1,193 @@
+"""The Delta query the real-time path's maps share: their changelogs read by one micro-batch
+query, each batch split by topic into each map's own Delta sinks (``delta.query``).
+
+Each map's own Delta query plans, schedules and checkpoints a batch per trigger on the one
+driver, and keeps its threads and a Kafka consumer while its map is idle: sixteen maps
+were sixteen queries contending for the cores the real-time fold needs, a hundred idle
+maps a hundred. One query costs one plan and one checkpoint per trigger, and a map
+without changes in a batch costs nothing in it.
+
+The query's checkpoint is new at every start (the set of maps changed): each map starts
+where its table stands (``delta.positions.resume_at``), and every MERGE records the
+changelog position it reached, which is what the next start, and the map's own Delta
+query once it leaves the path, go on from. A map's failure (its MERGE failed, or another
+worker owns it now) is its alone: the batch goes on for the others, the map's rows are
+left to whichever writer its table has next, and the run takes the map off the path.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import orjson
+
+from materializer import record_columns as c
+from materializer.batch import Sink
+from materializer.checkpoints.files import CheckpointFiles
+from materializer.checkpoints.running import Checkpoint
+from materializer.clients.kafka_offsets import admin_client, partition_ids
+from materializer.clients.object_store import delta_rs_location
+from materializer.config import AppConfig, is_inferred
+from materializer.config.durations import processing_time
+from materializer.config.names import changelog_topic, checkpoint_path
+from materializer.contract.redis_layout import physical_name
+from materializer.contract.table_layout import table_meta, table_path
+from materializer.delta.positions import MergedPositions, resume_at
+from materializer.delta.query import (
+    OwnerGuard,
+    changelog_changes,
+    delta_projector,
+    delta_sinks,
+    with_entity,
+)
+from materializer.fold.entity_types import Project, typed_batches
+from materializer.runtime.projector import DELTA_POOL
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming.query import StreamingQuery
+    from pyspark.sql.types import StructType
+
+log = logging.getLogger(__name__)
+
+QUERY_NAME = "live-delta"
+"""Without a dot: the run's metrics take it for no map's query (``split_query_name``)."""
+READS_AT_ONCE = 8
+"""Tables whose merged positions a start reads at once."""
+
+
+@dataclass(frozen=True)
+class DeltaMember:
+    """A map whose table the shared query writes, as its Delta query would."""
+
+    name: str
+    generation: int
+    config: AppConfig
+    """The config the map runs on (a rebuild pins its old one)."""
+    entity: StructType
+    """The fold's entity struct, which the changelog's JSON is read with."""
+    owner_check: Callable[[], None] | None = None
+    """In a worker group: raises once another worker owns the map (``group.fencing``)."""
+
+
+class _Member:
+    """One map's part of each batch: its changelog's rows through its own projector."""
+
+    def __init__(self, member: DeltaMember, checkpoint: Checkpoint, rows_out: RowsOut) -> None:
+        self.name = member.name
+        config = member.config
+        physical = physical_name(member.name, member.generation)
+        self.changelog = changelog_topic(config, member.name, member.generation)
+        table = table_path(config, physical)
+        self.merged = MergedPositions(delta_rs_location(config, table), self.changelog)
+        self.own = CheckpointFiles(checkpoint_path(config, physical, "delta"), config.object_store)
+        self.entity = member.entity
+        self.inferred = is_inferred(config.map(member.name))
+        self.with_time = bool((ttl := config.map(member.name).ttl) and ttl.delta)
+        sinks: list[Sink] = [] if member.owner_check is None else [OwnerGuard(member.owner_check)]
+        sinks += delta_sinks(config, member.name, physical, checkpoint, self.merged)
+        self.projector = delta_projector(config, physical, sinks, checkpoint, rows_out, self.merged)
+        meta = table_meta(config.map(member.name))
+        self.project: Project = typed_batches(self.projector, table, self.inferred, meta)
+
+
+RowsOut = Callable[[str, int, int], None] | None
+
+
+class SharedDelta:
+    """The shared Delta query of one set of maps, from its start to its stop.
+
+    ``failed(map, error)`` hears of a map's failure (once); its rows are not merged from
+    then on. ``rows_out`` gets each map's rows out, as its own Delta query reports them.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        config: AppConfig,
+        members: Sequence[DeltaMember],
+        checkpoint: str,
+        failed: Callable[[str, str], None],
+        rows_out: RowsOut = None,
+    ) -> None:
+        self._spark = spark
+        self._config = config
+        self._location = checkpoint
+        self._checkpoint = Checkpoint(spark, checkpoint)
+        self._members = [_Member(m, self._checkpoint, rows_out) for m in members]
+        self._failed = failed
+        self._broken: set[str] = set()
+        self.query: StreamingQuery | None = None
+
+    def start(self) -> StreamingQuery:
+        """Start the query on a new checkpoint, each changelog from where its table stands."""
+        changelogs = [m.changelog for m in self._members]
+        partitions = partition_ids(admin_client(self._config.kafka), changelogs)
+
+        def start_of(m: _Member) -> dict[str, int]:
+            where = resume_at(m.merged, m.own, partitions.get(m.changelog, []))
+            return {str(p): o for p, o in where.items()}
+
+        # Each reads its table's newest commits: a hundred maps' reads overlap.
+        with ThreadPoolExecutor(max_workers=READS_AT_ONCE) as pool:
+            starting = dict(zip(changelogs, pool.map(start_of, self._members), strict=True))
+        self._checkpoint.discard()
+        changes = changelog_changes(
+            self._spark,
+            self._config,
+            changelogs,
+            orjson.dumps(starting).decode(),
+            with_time=any(m.with_time for m in self._members),
+        )
+        interval = processing_time(self._config.delta.trigger_interval)
+        self.query = (
+            changes.writeStream.queryName(QUERY_NAME)
+            .option("checkpointLocation", self._location)
+            .trigger(processingTime=interval)
+            .foreachBatch(self._batch)
+            .start()
+        )
+        return self.query
+
+    def _batch(self, changes: DataFrame, batch_id: int) -> None:
+        """Each map with rows in the batch gets them through its projector, in turn."""
+        started = time.monotonic()
+        changes.sparkSession.sparkContext.setLocalProperty("spark.scheduler.pool", DELTA_POOL)
+        changes.persist()  # read from Kafka once, however many maps it feeds
+        counts: dict[str, int] = {}
+        try:
+            counts = {r[c.TOPIC]: r["count"] for r in changes.groupBy(c.TOPIC).count().collect()}
+            for member in self._members:
+                if not counts.get(member.changelog) or member.name in self._broken:
+                    continue
+                rows = changes.where(changes[c.TOPIC] == member.changelog)
+                try:
+                    member.project(with_entity(rows, member.entity, member.inferred), batch_id)
+                except Exception as exc:  # noqa: BLE001 - the map's alone; the others go on
+                    self._broken.add(member.name)
+                    self._failed(member.name, f"{type(exc).__module__}.{type(exc).__name__}: {exc}")
+        finally:
+            changes.unpersist()
+        log.debug(
+            "query=%s batch=%d maps=%d projected_ms=%d",
+            QUERY_NAME,
+            batch_id,
+            sum(1 for m in self._members if counts.get(m.changelog)),
+            (time.monotonic() - started) * 1000,
+        )
+
+    def changelogs(self) -> dict[str, str]:
+        """Each member's changelog topic, by map."""
+        return {m.name: m.changelog for m in self._members}
+
+    def close(self) -> None:
+        """After the query stopped: release the sinks' clients, drop the checkpoint (a start
+        never reads it)."""
+        for member in self._members:
+            member.projector.close()
+        self._checkpoint.discard()
