@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from confluent_kafka import Producer
@@ -79,7 +80,8 @@ def folding(spark: Any, cfg: AppConfig, path: str, work: Path) -> Iterator[None]
             for name in names
         ]
         shared = SharedDelta(spark, cfg, members, str(work / "live-delta"), _failed)
-        stops.append(shared.start())
+        shared.start()
+        stops.append(SimpleNamespace(stop=lambda: shared.stop(time.monotonic() + 60)))
     try:
         yield
     finally:

@@ -52,6 +52,8 @@ class SourceOffsets:
 
     ``end_offsets``: the Delta query's batch end offsets (``Checkpoint.end_offsets``).
     ``merged``: the table's merged position, which holds the last mark recorded too.
+    ``mark_wait``: how long a batch past every mark waits for one (None:
+    ``MARK_WAIT_SECONDS``).
     """
 
     def __init__(
@@ -60,7 +62,9 @@ class SourceOffsets:
         physical: str,
         end_offsets: Callable[[int], dict[str, dict[int, int]]],
         merged: MergedPositions,
+        mark_wait: float | None = None,
     ) -> None:
+        self._mark_wait = mark_wait
         self._redis = redis
         self._key = table_marks_key(physical)
         self.changelog = merged.changelog
@@ -82,7 +86,8 @@ class SourceOffsets:
             recorded = self._merged.recorded()
             self._last = None if recorded is None else recorded.watermark
             self._read_back = True
-        deadline = time.monotonic() + MARK_WAIT_SECONDS
+        wait = MARK_WAIT_SECONDS if self._mark_wait is None else self._mark_wait
+        deadline = time.monotonic() + wait
         try:
             while True:
                 found, past = self._newest_reached(reached)

@@ -6,27 +6,21 @@ in its commit (``contract.table_marks``), so whichever writer starts next takes 
 table rather than from a checkpoint that may stand behind it: the map's own checkpoint
 stays where the map joined the real-time path, and the shared query's is new at each start.
 
-Rows below the recorded position are never merged again (``past_floor``): the changelog
-is the map's history, and a replay of it from behind the table would set keys back to
-older values until it caught up. That, not Delta's transaction ids (which only know the
-batches of one checkpoint), is what makes a writer starting anywhere behind the table
-exactly once.
+No writer starts below the recorded position (``resume_at``): the changelog is the map's
+history, and a replay of it from behind the table would set keys back to older values
+until it caught up. Delta's transaction ids cannot prevent that, since they only know the
+batches of one checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import orjson
 
-from materializer import record_columns as c
 from materializer.checkpoints.files import CheckpointFiles
 from materializer.contract.table_marks import CommitMark, table_mark
-
-if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
 
 EARLIEST = -2
 """Spark's ``startingOffsets`` JSON for a partition's first offset."""
@@ -68,17 +62,6 @@ class MergedPositions:
             found = None if self._recorded is None else self._recorded.changelog
             self._floor = dict((found or {}).get(self.changelog, {}))
         return self._floor
-
-    def past_floor(self, changes: DataFrame) -> DataFrame:
-        """The changelog rows the table has not merged yet (``record_columns.PARTITION`` and
-        ``OFFSET`` columns)."""
-        from pyspark.sql import functions as F
-
-        kept = F.lit(True)
-        for partition, offset in sorted(self.floor().items()):
-            below = (F.col(c.PARTITION) == partition) & (F.col(c.OFFSET) < offset)
-            kept = kept & ~below
-        return changes if not self.floor() else changes.where(kept)
 
     def reached(self, batch_end: dict[int, int]) -> dict[int, int]:
         """The position a commit of a batch ending at ``batch_end`` records: never behind

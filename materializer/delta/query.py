@@ -105,7 +105,7 @@ def start_delta_query(
     sinks: list[Sink] = [] if owner_check is None else [OwnerGuard(owner_check)]
     sinks += delta_sinks(config, map_name, physical, checkpoint, merged)
     checkpoint.drop_unfinished_writes()
-    projector = delta_projector(config, physical, sinks, checkpoint, rows_out, merged)
+    projector = delta_projector(config, physical, sinks, checkpoint, rows_out)
     writer = changes.writeStream.queryName(f"{physical}.delta").option(
         "checkpointLocation", delta_checkpoint
     )
@@ -168,12 +168,15 @@ def delta_sinks(
     physical: str,
     checkpoint: Checkpoint,
     merged: MergedPositions,
+    mark_wait: float | None = None,
 ) -> list[Sink]:
-    """A map's Delta sinks: its MERGE, recording what it reflects, then its TTL cleanup."""
+    """A map's Delta sinks: its MERGE, recording what it reflects, then its TTL cleanup.
+    ``mark_wait``: how long a MERGE waits for the mark of the fold batch it merged (None:
+    ``delta.marks.MARK_WAIT_SECONDS``)."""
     map_config = config.map(map_name)
     ttl = map_config.ttl if map_config.ttl and map_config.ttl.delta else None
     table = table_path(config, physical)
-    offsets = SourceOffsets(config.redis, physical, checkpoint.end_offsets, merged)
+    offsets = SourceOffsets(config.redis, physical, checkpoint.end_offsets, merged, mark_wait)
     sinks: list[Sink] = [
         DeltaSink(
             table,
@@ -202,15 +205,10 @@ def delta_projector(
     sinks: list[Sink],
     checkpoint: Checkpoint,
     rows_out: Callable[[str, int, int], None] | None,
-    merged: MergedPositions,
 ) -> Projector:
-    """The projector of a map's Delta batches: the rows the table has not merged, each
-    key's last change with Spark's MERGE (delta-rs's keeps it in Arrow)."""
+    """The projector of a map's Delta batches: each key's last change with Spark's MERGE
+    (delta-rs's keeps it in Arrow)."""
     spark_merge = config.delta.merge_engine == "spark"
-
-    def prepare(changes: DataFrame) -> DataFrame:
-        changes = merged.past_floor(changes)
-        return last_per_key(changes) if spark_merge else changes
 
     return Projector(
         physical,
@@ -218,7 +216,7 @@ def delta_projector(
         checkpoint,
         rows_out,
         query="delta",
-        prepare=prepare,
+        prepare=last_per_key if spark_merge else None,
         pool=DELTA_POOL,
         # delta-rs's MERGE collects the rows once and counts them; Spark's reads them twice.
         persist=spark_merge,

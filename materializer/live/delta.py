@@ -13,11 +13,18 @@ changelog position it reached, which is what the next start, and the map's own D
 query once it leaves the path, go on from. A map's failure (its MERGE failed, or another
 worker owns it now) is its alone: the batch goes on for the others, the map's rows are
 left to whichever writer its table has next, and the run takes the map off the path.
+
+A stop (at every join and leave) lets the batch in flight finish its current map and
+skips the rest: Spark cancels the jobs of a stopping query, which would read as those
+maps' failures, and a map skipped records nothing, so the next start merges its rows.
+A MERGE does not wait for the mark of the fold batch it merged (``delta.marks``): sixteen
+maps would wait in turn, and the marks the run appends every second reach the next one.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +54,7 @@ from materializer.delta.query import (
 )
 from materializer.fold.entity_types import Project, typed_batches
 from materializer.runtime.projector import DELTA_POOL
+from materializer.runtime.query_group import stop_after_batch
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -90,8 +98,8 @@ class _Member:
         self.inferred = is_inferred(config.map(member.name))
         self.with_time = bool((ttl := config.map(member.name).ttl) and ttl.delta)
         sinks: list[Sink] = [] if member.owner_check is None else [OwnerGuard(member.owner_check)]
-        sinks += delta_sinks(config, member.name, physical, checkpoint, self.merged)
-        self.projector = delta_projector(config, physical, sinks, checkpoint, rows_out, self.merged)
+        sinks += delta_sinks(config, member.name, physical, checkpoint, self.merged, mark_wait=0)
+        self.projector = delta_projector(config, physical, sinks, checkpoint, rows_out)
         meta = table_meta(config.map(member.name))
         self.project: Project = typed_batches(self.projector, table, self.inferred, meta)
 
@@ -122,6 +130,7 @@ class SharedDelta:
         self._members = [_Member(m, self._checkpoint, rows_out) for m in members]
         self._failed = failed
         self._broken: set[str] = set()
+        self._stopping = threading.Event()
         self.query: StreamingQuery | None = None
 
     def start(self) -> StreamingQuery:
@@ -165,10 +174,14 @@ class SharedDelta:
             for member in self._members:
                 if not counts.get(member.changelog) or member.name in self._broken:
                     continue
+                if self._stopping.is_set():
+                    return  # the maps left record nothing: the next start merges their rows
                 rows = changes.where(changes[c.TOPIC] == member.changelog)
                 try:
                     member.project(with_entity(rows, member.entity, member.inferred), batch_id)
                 except Exception as exc:  # noqa: BLE001 - the map's alone; the others go on
+                    if self._stopping.is_set():
+                        return  # cancelled by the stop, not the map's failure
                     self._broken.add(member.name)
                     self._failed(member.name, f"{type(exc).__module__}.{type(exc).__name__}: {exc}")
         finally:
@@ -185,9 +198,16 @@ class SharedDelta:
         """Each member's changelog topic, by map."""
         return {m.name: m.changelog for m in self._members}
 
-    def close(self) -> None:
-        """After the query stopped: release the sinks' clients, drop the checkpoint (a start
+    def stop(self, deadline: float) -> None:
+        """Stop the query once its batch in flight is done (its current map's, at
+        ``deadline``), then release the sinks' clients and drop the checkpoint (a start
         never reads it)."""
+        self._stopping.set()
+        if self.query is not None:
+            stop_after_batch(self.query, deadline)
+        self._close()
+
+    def _close(self) -> None:
         for member in self._members:
             member.projector.close()
         self._checkpoint.discard()

@@ -32,6 +32,7 @@ from materializer.config.names import LIVE_GROUP, changelog_topic, checkpoint_pa
 from materializer.contract.entity_json import encode_columns
 from materializer.contract.redis_layout import logical_name, physical_name
 from materializer.contract.table_layout import TABLE_KEY, TABLE_UPDATED_AT, table_meta, table_path
+from materializer.contract.table_marks import table_positions
 from materializer.contract.watermark import LIVE_APP, Watermark
 from materializer.errors import MaterializerError
 from materializer.redis.expiry import expiry_ms
@@ -161,13 +162,19 @@ class ExpectedState:
         The Delta checkpoint is read first and the log ends last: the table is
         at least as new as that checkpoint (a MERGE commits before its batch
         does), and every change after the checkpoint is in the tail, so the
-        later record wins even where the table already has it.
+        later record wins even where the table already has it. The tail starts
+        where the pinned version's MERGE says it merged the changelog when that is
+        further (the real-time path's shared Delta query merged it, and the map's
+        own checkpoint stood still meanwhile).
         """
         physical = physical_name(map_name, generation)
         topic = changelog_topic(config, map_name, generation)
         start = delta_offsets(config, physical, topic)
         uri = table_path(config, physical)
-        version, rows, dataset = _open_table(*delta_rs_location(config, uri))
+        version, rows, dataset, merged = _open_table(*delta_rs_location(config, uri), topic)
+        if merged:
+            own = start or {}
+            start = {p: max(o, own.get(p, 0)) for p, o in {**own, **merged}.items()}
         tail = read_tail(config.kafka, topic, start)
         map_config = config.map(map_name)
         ttl = expiry_ms(map_config.ttl.redis if map_config.ttl else None)
@@ -250,8 +257,11 @@ def _count(mask: pa.Array) -> int:
     return int(pc.sum(pc.cast(mask, pa.int64())).as_py() or 0)
 
 
-def _open_table(uri: str, options: dict[str, str] | None) -> tuple[int | None, int, Any]:
-    """(version, rows by the log's statistics, dataset); a table not created yet is empty."""
+def _open_table(
+    uri: str, options: dict[str, str] | None, changelog: str
+) -> tuple[int | None, int, Any, dict[int, int]]:
+    """(version, rows by the log's statistics, dataset, how far the version merged
+    ``changelog``); a table not created yet is empty."""
     from deltalake import DeltaTable
     from deltalake.exceptions import DeltaError, TableNotFoundError
 
@@ -260,8 +270,9 @@ def _open_table(uri: str, options: dict[str, str] | None) -> tuple[int | None, i
         actions = pa.table(table.get_add_actions(flatten=True))
         counts = actions.column("num_records") if "num_records" in actions.column_names else None
         rows = int(pc.sum(counts).as_py() or 0) if counts is not None else 0
-        return table.version(), rows, table.to_pyarrow_dataset()
+        merged = table_positions(table, changelog)
+        return table.version(), rows, table.to_pyarrow_dataset(), merged
     except TableNotFoundError:
-        return None, 0, None
+        return None, 0, None, {}
     except (DeltaError, OSError) as exc:
         raise TableError(f"Delta table {uri}: {exc}") from None

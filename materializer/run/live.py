@@ -34,20 +34,15 @@ from materializer.clients.redis import TRANSIENT_ERRORS, client_for
 from materializer.config import AppConfig
 from materializer.config.names import checkpoint_path
 from materializer.job import MapQueries, map_fold, map_key_paths, records
-from materializer.live.delta import DeltaMember, SharedDelta
+from materializer.live.delta import DeltaMember
 from materializer.live.freshness import take
 from materializer.live.marks import LiveMarks
 from materializer.live.query import QUERY_NAME, LiveMap, start_live, stop_live
 from materializer.redis.functions import FENCED, LOST, CopyLost
 from materializer.run.lifecycle import FENCED_ERROR
+from materializer.run.live_delta import LiveDelta
 from materializer.run.supervised import InForce, SupervisedMap
-from materializer.runtime.metrics import (
-    BatchMetrics,
-    finished_at,
-    partition_lags,
-    records_behind,
-)
-from materializer.runtime.projector import report_rows_out
+from materializer.runtime.metrics import BatchMetrics, records_behind
 from materializer.runtime.query_group import FINISH_BATCH_TIMEOUT, FoldQuery, stop_after_batch
 
 if TYPE_CHECKING:
@@ -139,11 +134,14 @@ class LivePath:
         self._run = run
         self._config_for = config_for
         self._checkpoint = checkpoint_path(run.config, "__live__", worker_id)
-        self._delta_checkpoint = checkpoint_path(run.config, "__live__", f"{worker_id}.delta")
-        self._delta: SharedDelta | None = None
+        self._delta = LiveDelta(
+            spark,
+            run.config,
+            checkpoint_path(run.config, "__live__", f"{worker_id}.delta"),
+            self._delta_failed,
+            metrics,
+        )
         """The members' shared Delta query, started with the shared fold."""
-        self._delta_batch: int | None = None
-        """The last batch of it whose figures went into the metrics."""
         self._members: dict[str, SupervisedMap] = {}
         self._query: StreamingQuery | None = None
         self._changed = False
@@ -232,8 +230,8 @@ class LivePath:
         self._stopped(name, self._stopping.pop(name, None))
         self._folds.pop(name, None)
         self._entities.pop(name, None)
-        self.failures.pop(name, None)
         self._stop_query()
+        self.failures.pop(name, None)  # after the stop: nothing of the map runs any more
         if self._marks is not None:
             self._marks.leave([name])
         self._left.add(name)
@@ -259,7 +257,7 @@ class LivePath:
         self._changed = False
         self._stop_query()
         self._await_joins()
-        members = [m for n, m in self._members.items() if n not in self.failures]
+        members = self._folding()
         if not members:
             return
         started = time.monotonic()
@@ -270,19 +268,10 @@ class LivePath:
                 [self._live_map(m) for m in members],
                 self._checkpoint,
             )
-            self._delta = SharedDelta(
-                self._spark,
-                self._run.config,
-                [self._delta_member(m) for m in members],
-                self._delta_checkpoint,
-                self._delta_failed,
-                report_rows_out(self._metrics),
-            )
-            self._delta.start()
         except Exception as exc:  # noqa: BLE001 - each map's lifecycle takes it from here
             self._failed(f"could not start the real-time query: {exc}")
-            self._stop_query()
             return
+        self._delta.start([self._delta_member(m) for m in members])
         self._started_at = time.monotonic()
         if self._marks is None:
             self._marks = LiveMarks(self._run.config)
@@ -317,8 +306,14 @@ class LivePath:
         check = None if m.owner is None else m.owner.check
         return DeltaMember(m.name, m.generation, config, entity, check)
 
+    def _folding(self) -> list[SupervisedMap]:
+        """The members the shared queries take: those whose failure is not yet noticed."""
+        return [m for n, m in self._members.items() if n not in self.failures]
+
     def _delta_failed(self, name: str, error: str) -> None:
-        """The shared Delta query could not merge one map's changes (from its thread)."""
+        """The shared Delta query could not merge one member's changes (from its thread)."""
+        if name not in self._members:
+            return  # it left meanwhile: its next writer merges its rows
         log.error("map %s: its Delta table's MERGE failed on the real-time path: %s", name, error)
         self.failures[name] = error
 
@@ -329,9 +324,9 @@ class LivePath:
             self._failed(str(query.exception()))
             self._query = None
             self._changed = True
-        delta = None if self._delta is None else self._delta.query
-        if delta is not None and not delta.isActive:
-            self._failed(f"the shared Delta query failed: {delta.exception()}")
+        error = self._delta.settle(lambda: [self._delta_member(m) for m in self._folding()])
+        if error is not None:
+            self._failed(error)
             self._changed = True
 
     def _await_joins(self) -> None:
@@ -353,12 +348,10 @@ class LivePath:
     def take_figures(self) -> None:
         """Into the maps' metrics, what the writers counted since the last take: how fresh
         each record was when Redis held it, the newest timestamp folded, the dead letters
-        (``live.freshness``), and where the shared Delta query's last batch left each map's
-        changelog. A Redis that does not answer now is asked again next loop."""
+        (``live.freshness``). A Redis that does not answer now is asked again next loop."""
         names = set(self._members) | self._left
         if self._metrics is None or not names:
             return
-        self._delta_figures(self._metrics)
         try:
             taken = take(client_for(self._run.config.redis), sorted(names))
         except TRANSIENT_ERRORS as exc:
@@ -369,22 +362,6 @@ class LivePath:
             self._metrics.fold_applied(
                 name, folded.newest_timestamp_us, folded.dead_letters, folded.freshness
             )
-
-    def _delta_figures(self, metrics: BatchMetrics) -> None:
-        """Each member's Delta batch, as its own Delta query's progress would report it."""
-        delta = self._delta
-        progress = None if delta is None or delta.query is None else delta.query.lastProgress
-        if delta is None or progress is None or progress["batchId"] == self._delta_batch:
-            return
-        self._delta_batch = progress["batchId"]
-        behind: dict[str, int] = {}
-        for source in progress.get("sources", []):
-            lags = partition_lags(source.get("endOffset"), source.get("latestOffset"))
-            for (topic, _), lag in lags.items():
-                behind[topic] = behind.get(topic, 0) + lag
-        started_ms = round(finished_at(str(progress["timestamp"]), 0) * 1000)
-        for name, changelog in delta.changelogs().items():
-            metrics.intervals.delta_batch(name, started_ms, behind.get(changelog, 0))
 
     def _failed(self, error: str) -> None:
         """The shared query failed: over the map its error names, or over every map."""
@@ -398,11 +375,7 @@ class LivePath:
     def _stop_query(self) -> None:
         """Stop the shared Delta query after its batch (a map leaving must find its table
         with no other writer), then the shared fold."""
-        if self._delta is not None:
-            delta, self._delta = self._delta, None
-            if delta.query is not None:
-                stop_after_batch(delta.query, time.monotonic() + FINISH_BATCH_TIMEOUT)
-            delta.close()
+        self._delta.stop()
         if self._query is not None:
             query, self._query = self._query, None
             if not stop_live(self._spark, query):
@@ -419,13 +392,13 @@ class LivePath:
         self._await_joins()
         self._stops.shutdown()
         self._stop_query()
+        self._delta.close()
         if self._marks is not None:
             self._marks.leave(sorted(self._left))
             self._marks.close()
         self.take_figures()
         if self._started_at:
             Checkpoint(self._spark, self._checkpoint).discard()
-            Checkpoint(self._spark, self._delta_checkpoint).discard()
 
 
 def _stop_fold(name: str, queries: list[FoldQuery], projectors: list[Projector]) -> None:
@@ -436,10 +409,18 @@ def _stop_fold(name: str, queries: list[FoldQuery], projectors: list[Projector])
         for query in queries:
             stop_after_batch(query, deadline)
     finally:
+        # Each stopped whatever the others do: a Delta query left running would be a second
+        # writer of the table once the shared one starts.
+        errors = []
         for query in queries:
-            query.stop()
+            try:
+                query.stop()
+            except Exception as exc:  # noqa: BLE001 - raised below, once all are stopped
+                errors.append(exc)
         for projector in projectors:
             projector.close()
+        if errors:
+            raise errors[0]
     log.debug("map %s: its micro-batch fold stopped", name)
 
 
