@@ -25,19 +25,21 @@ from materializer.redis.sink import RedisFold
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame
 
-TAGGED = r"(?s)^[^{]*\{[^}].*\}"
-"""An entity key with a hash tag: a ``{`` whose next ``}`` is not right after it."""
-
 
 def state_key_column(physical: str, key: Column) -> Column:
     """``redis_layout.state_key`` as Spark computes it for each record: ``<map>\\0o:`` and
-    the entity key's own hash tag when it has one, else the whole entity key in braces."""
+    the entity key's own hash tag when it has one (a ``{`` whose next ``}`` is not right
+    after it), else the whole entity key in braces. Found with string functions: a regular
+    expression tried on every record was a twentieth of the real-time query's CPU."""
     from pyspark.sql import functions as F
 
     entity = F.concat(F.lit(entity_key(physical, "")), key)
+    opens = F.instr(entity, "{")
+    after = entity.substr(opens + 1, F.length(entity))
+    tagged = (opens > 0) & (F.instr(after, "}") > 1)
     mark = F.lit(physical + STATE_MARK.decode())
     whole = F.concat(mark, F.lit("{"), entity, F.lit("}"))
-    return F.when(entity.rlike(TAGGED), F.concat(mark, key)).otherwise(whole).cast("binary")
+    return F.when(tagged, F.concat(mark, key)).otherwise(whole).cast("binary")
 
 
 def writer_columns(fold: RedisFold, events: DataFrame, index: int, physical: str) -> DataFrame:

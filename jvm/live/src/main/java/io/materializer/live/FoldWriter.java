@@ -48,6 +48,8 @@ public final class FoldWriter extends ForeachWriter<Row> {
   private transient volatile boolean closing;
   private transient volatile Throwable failure;
   private transient boolean counted;
+  /** Where each column is in the rows, found at the first row. */
+  private transient Record.Columns columns;
 
   public FoldWriter(String specJson) {
     this.specJson = specJson;
@@ -105,7 +107,10 @@ public final class FoldWriter extends ForeachWriter<Row> {
       throw new IllegalStateException("the live fold failed: " + failed.getMessage(), failed);
     }
     transactions.check();
-    queue.add(Record.of(row));
+    if (columns == null) {
+      columns = new Record.Columns(row.schema());
+    }
+    queue.add(Record.of(row, columns));
   }
 
   @Override
