@@ -81,10 +81,7 @@ def resume_at(
     position and the position of the map's own Delta ``checkpoint`` (a batch it committed
     merged everything below its end, or had nothing to merge); ``EARLIEST`` where neither
     has one."""
-    floor = merged.floor()
-    own = (checkpoint.position() or {}).get(merged.changelog, {})
-    every = sorted(set(partitions) | set(floor) | set(own))
-    return {p: max(floor.get(p, EARLIEST), own.get(p, EARLIEST)) for p in every}
+    return _furthest(merged.floor(), _own(merged, checkpoint), partitions)
 
 
 def starting_offsets(
@@ -97,8 +94,7 @@ def starting_offsets(
     some partition (another writer followed the changelog meanwhile); None: where the
     checkpoint says (or, new, at the earliest). ``partitions`` asks Kafka for the
     changelog's."""
-    floor = merged.floor()
-    own = (checkpoint.position() or {}).get(merged.changelog, {})
+    floor, own = merged.floor(), _own(merged, checkpoint)
     if not any(offset > own.get(p, -1) for p, offset in floor.items()):
         return None
     log.info(
@@ -106,5 +102,15 @@ def starting_offsets(
         "table stands",
         merged.changelog,
     )
-    start = resume_at(merged, checkpoint, partitions().get(merged.changelog, []))
+    start = _furthest(floor, own, partitions().get(merged.changelog, []))
     return orjson.dumps({merged.changelog: {str(p): o for p, o in start.items()}}).decode()
+
+
+def _own(merged: MergedPositions, checkpoint: CheckpointFiles) -> dict[int, int]:
+    """The changelog position of the map's own Delta checkpoint (read once: a file listing)."""
+    return (checkpoint.position() or {}).get(merged.changelog, {})
+
+
+def _furthest(floor: dict[int, int], own: dict[int, int], partitions: list[int]) -> dict[int, int]:
+    every = sorted(set(partitions) | set(floor) | set(own))
+    return {p: max(floor.get(p, EARLIEST), own.get(p, EARLIEST)) for p in every}

@@ -253,6 +253,7 @@ class LivePath:
         self.take_figures()
         self._noticed()
         if not self._changed:
+            self._delta.retry(lambda: [self._delta_member(m) for m in self._folding()])
             return
         self._changed = False
         self._stop_query()
@@ -324,7 +325,7 @@ class LivePath:
             self._failed(str(query.exception()))
             self._query = None
             self._changed = True
-        error = self._delta.settle(lambda: [self._delta_member(m) for m in self._folding()])
+        error = self._delta.noticed()
         if error is not None:
             self._failed(error)
             self._changed = True

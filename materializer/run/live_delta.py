@@ -84,23 +84,24 @@ class LiveDelta:
         if query is not None:
             query.stop(time.monotonic() + FINISH_BATCH_TIMEOUT if deadline is None else deadline)
 
-    def settle(self, members: Callable[[], list[DeltaMember]]) -> str | None:
-        """Once a loop: take in a failure as a whole, start it again when its pause is over,
-        and report its last batch. The error its maps fail with, past ``RESTARTS``."""
+    def noticed(self) -> str | None:
+        """Take in a failure as a whole (it starts again after a pause, ``retry``) and report
+        its last batch; the error its maps fail with, past ``RESTARTS``."""
         query = self._query
         if query is not None and query.query is not None:
             if not query.query.isActive:
                 self._query = None
                 query.stop(time.monotonic())
-                error = self._down(str(query.query.exception()))
-                if error is not None:
-                    return error
-            elif query.query.lastProgress is not None:
+                return self._down(str(query.query.exception()))
+            if query.query.lastProgress is not None:
                 self._failures = 0  # it merged a batch since it started
-        if self._retry_at is not None and time.monotonic() >= self._retry_at:
-            self.start(members())
         self._report()
         return None
+
+    def retry(self, members: Callable[[], list[DeltaMember]]) -> None:
+        """Start it again once the pause after its failure is over."""
+        if self._retry_at is not None and time.monotonic() >= self._retry_at:
+            self.start(members())
 
     def _down(self, error: str) -> str | None:
         self._failures += 1
