@@ -32,25 +32,29 @@ class CpuWindow:
     def __init__(self, groups: dict[str, Sequence[int]]) -> None:
         self.groups = groups
 
-    def _sample(self) -> dict[str, float | None]:
-        out: dict[str, float | None] = {}
+    def _sample(self) -> dict[str, dict[int, float]]:
+        """CPU seconds of each process of each group that can be read now."""
+        out: dict[str, dict[int, float]] = {}
         for name, pids in self.groups.items():
-            seconds = [cpu_seconds(p) for p in pids]
-            out[name] = None if not pids or None in seconds else sum(s or 0 for s in seconds)
-        out["machine"] = machine_busy()
+            seconds = {p: cpu_seconds(p) for p in pids}
+            out[name] = {p: s for p, s in seconds.items() if s is not None}
         return out
 
     def begin(self) -> None:
-        self._before, self._at = self._sample(), time.monotonic()
+        self._before, self._busy, self._at = self._sample(), machine_busy(), time.monotonic()
 
     def end(self) -> dict[str, float | None]:
-        after, wall = self._sample(), time.monotonic() - self._at
+        """Cores per group over the window: the processes read at both ends (a short-lived
+        worker that ended inside the window is left out, as its CPU can no longer be read);
+        ``None`` for a group none of whose processes lasted the window."""
+        after, busy, wall = self._sample(), machine_busy(), time.monotonic() - self._at
         cores: dict[str, float | None] = {}
-        for name, value in after.items():
+        for name, now in after.items():
             before = self._before[name]
-            used = None if value is None or before is None else value - before
-            cores[f"{name}_cpu_cores"] = None if used is None else round(used / wall, 2)
-        cores["machine_busy_cores"] = cores.pop("machine_cpu_cores")
+            lasted = now.keys() & before.keys()
+            used = sum(now[p] - before[p] for p in lasted)
+            cores[f"{name}_cpu_cores"] = round(used / wall, 2) if lasted else None
+        cores["machine_busy_cores"] = round((busy - self._busy) / wall, 2)
         return cores
 
 

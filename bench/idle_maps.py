@@ -40,14 +40,23 @@ GOAL_MIB = 300
 
 
 def write_config(
-    work: Path, bootstrap: str, redis_url: str, path: str, topics: dict[str, str]
+    work: Path,
+    bootstrap: str,
+    redis_url: str,
+    path: str,
+    topics: dict[str, str],
+    per_query: int | None = None,
 ) -> Path:
-    """The run's file: the maps over their topics, on ``path``, everything else default."""
+    """The run's file: the maps over their topics, on ``path`` (``per_query`` maps to a
+    real-time query when given), everything else default."""
+    spark: dict[str, Any] = {"checkpoint_root": str(work / "checkpoints"), "path": path}
+    if per_query is not None:
+        spark["live_maps_per_query"] = per_query
     doc = {
         "kafka": {"bootstrap_servers": bootstrap},
         "redis": {"url": redis_url},
         "delta": {"root": str(work / "warehouse")},
-        "spark": {"checkpoint_root": str(work / "checkpoints"), "path": path},
+        "spark": spark,
         "metrics": {"port": 0},
         "maps": {
             name: {"source": {"topics": [topic], "format": "json", "schema": SCHEMA}, "key": "id"}
@@ -75,14 +84,16 @@ def ready(client: redis.Redis, names: list[str], path: str) -> bool:
     return True
 
 
-def measure(bootstrap: str, redis_url: str, path: str, maps: int, args: Any) -> dict[str, Any]:
+def measure(
+    bootstrap: str, redis_url: str, path: str, maps: int, per_query: int | None, args: Any
+) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix=f"idle-{path}-{maps}-"))
     tag = f"{random.randrange(10**6):06d}"
     topics = {f"idle_{path}_{maps}_{i}_{tag}": create_topic(bootstrap, 1) for i in range(maps)}
     event = orjson.dumps({"id": "k", "name": "one", "age": 1})
     for topic in topics.values():
         produce(bootstrap, topic, [(b"k", event)])
-    config = write_config(work, bootstrap, redis_url, path, topics)
+    config = write_config(work, bootstrap, redis_url, path, topics, per_query)
     client = redis.Redis.from_url(redis_url)
     launched = time.monotonic()
     run = ManagedProcess(
@@ -112,6 +123,7 @@ def measure(bootstrap: str, redis_url: str, path: str, maps: int, args: Any) -> 
         "name": f"idle_maps_{path}",
         "path": path,
         "maps": maps,
+        **({"maps_per_query": per_query} if per_query else {}),
         "ready_s": round(ready_s, 1),
         "seconds": args.seconds,
         **cores,
@@ -123,6 +135,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--maps", type=int, default=100)
     ap.add_argument("--paths", default="microbatch,realtime")
+    ap.add_argument(
+        "--maps-per-query",
+        default="",
+        help="spark.live_maps_per_query; several (100,8,1): a many-map run each "
+        "(default: the setting's default)",
+    )
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--settle-seconds", type=float, default=20)
     ap.add_argument("--ready-timeout", type=float, default=900)
@@ -131,24 +149,27 @@ def main() -> None:
     with services() as (bootstrap, redis_url):
         emit(name="setup", **machine())
         for path in args.paths.split(","):
-            one = measure(bootstrap, redis_url, path, 1, args)
+            one = measure(bootstrap, redis_url, path, 1, None, args)
             emit(**one)
-            many = measure(bootstrap, redis_url, path, args.maps, args)
-            emit(**many)
-            extra_cores = (many["run_cpu_cores"] or 0) - (one["run_cpu_cores"] or 0)
-            extra_mib = many["rss_mib"] - one["rss_mib"]
-            extra_broker = (many["broker_cpu_cores"] or 0) - (one["broker_cpu_cores"] or 0)
-            emit(
-                name="idle_maps_extra",
-                path=path,
-                maps=args.maps,
-                extra_cores=round(extra_cores, 2),
-                extra_mib=extra_mib,
-                extra_broker_cores=round(extra_broker, 2),
-                goal_cores=GOAL_CORES,
-                goal_mib=GOAL_MIB,
-                met=extra_cores < GOAL_CORES and extra_mib < GOAL_MIB,
-            )
+            sizes = [int(n) for n in args.maps_per_query.split(",") if n] or [None]
+            for per_query in sizes if path == "realtime" else [None]:
+                many = measure(bootstrap, redis_url, path, args.maps, per_query, args)
+                emit(**many)
+                extra_cores = (many["run_cpu_cores"] or 0) - (one["run_cpu_cores"] or 0)
+                extra_mib = many["rss_mib"] - one["rss_mib"]
+                extra_broker = (many["broker_cpu_cores"] or 0) - (one["broker_cpu_cores"] or 0)
+                emit(
+                    name="idle_maps_extra",
+                    path=path,
+                    maps=args.maps,
+                    **({"maps_per_query": per_query} if per_query else {}),
+                    extra_cores=round(extra_cores, 2),
+                    extra_mib=extra_mib,
+                    extra_broker_cores=round(extra_broker, 2),
+                    goal_cores=GOAL_CORES,
+                    goal_mib=GOAL_MIB,
+                    met=extra_cores < GOAL_CORES and extra_mib < GOAL_MIB,
+                )
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ the JVM stays, so the second path starts warmer than the first):
 
 - ``microbatch``: each map's fold and Delta queries (``job.start_map``), as
   ``materializer run`` starts them today;
-- ``realtime``: the maps in one Real-time Mode query written by the JVM writer
+- ``realtime``: the maps in Real-time Mode queries of up to ``--maps-per-query`` maps
+  each (``spark.live_maps_per_query``'s default), written by the JVM writer
   (``live.start_live``), their Delta tables merged by one shared query (``live.delta``),
   as ``materializer run`` runs maps on the real-time path.
 
@@ -47,7 +48,7 @@ from harness import PARTITIONS, broker_pids, emit, event, machine, map_config, s
 from materializer import job
 from materializer.config import AppConfig
 from materializer.live.delta import DeltaMember, SharedDelta
-from materializer.live.query import LiveMap, start_live
+from materializer.live.query import LiveMap, query_name, start_live
 from materializer.spark.session import build_spark_session
 from materializer.testing import create_topic
 
@@ -71,8 +72,12 @@ def folding(spark: Any, cfg: AppConfig, path: str, work: Path) -> Iterator[None]
     if path == "microbatch":
         stops = [job.start_map(spark, cfg, name) for name in names]
     else:
-        maps = [LiveMap(name) for name in names]
-        stops.append(start_live(spark, cfg, maps, str(work / "live-checkpoint")))
+        per_query = cfg.spark.live_maps_per_query
+        for index in range(0, len(names), per_query):
+            group = [LiveMap(name) for name in names[index : index + per_query]]
+            name = query_name(index // per_query, 1)
+            checkpoint = str(work / f"live-checkpoint-{name}")
+            stops.append(start_live(spark, cfg, group, checkpoint, name=name))
         members = [
             DeltaMember(
                 name, 0, cfg, job.map_fold(cfg, name).entity_type(job.records(spark, cfg, name))
@@ -112,6 +117,9 @@ def measure(
         cfg = cfg.model_copy(
             update={"spark": cfg.spark.model_copy(update={"live_commit_interval": every})}
         )
+    if args.maps_per_query is not None:
+        per_query = {"live_maps_per_query": args.maps_per_query}
+        cfg = cfg.model_copy(update={"spark": cfg.spark.model_copy(update=per_query)})
     spark = build_spark_session(cfg.spark)
     try:
         return _measure(spark, cfg, bootstrap, redis_url, path, rate, args)
@@ -171,7 +179,10 @@ def _measure(
         "master": cfg.spark.master,
         "delta_trigger_s": cfg.delta.trigger_interval.total_seconds(),
         **(
-            {"commit_every_ms": round(cfg.spark.live_commit_interval.total_seconds() * 1000)}
+            {
+                "commit_every_ms": round(cfg.spark.live_commit_interval.total_seconds() * 1000),
+                "maps_per_query": cfg.spark.live_maps_per_query,
+            }
             if path == "realtime"
             else {}
         ),
@@ -212,6 +223,12 @@ def main() -> None:
     ap.add_argument("--warmup-seconds", type=float, default=60)
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--sample-every", type=int, default=10)
+    ap.add_argument(
+        "--maps-per-query",
+        type=int,
+        default=None,
+        help="spark.live_maps_per_query (default: the setting's default)",
+    )
     ap.add_argument(
         "--commit-every-ms",
         default="1000",

@@ -220,14 +220,19 @@ class SparkConfig(_Model):
     max_offsets_per_trigger: Annotated[int, Field(ge=1)] | None = None
     path: FoldPath = "microbatch"
     """How the run's maps fold once caught up (a map's own ``path`` wins): ``microbatch``,
-    each map's query folds a batch per trigger; ``realtime``, the caught-up maps share one
-    query in Spark's Real-time Mode whose writer folds each record as it arrives
+    each map's query folds a batch per trigger; ``realtime``, the caught-up maps share
+    queries in Spark's Real-time Mode whose writers fold each record as it arrives
     (docs/decisions/0032-the-live-path-in-real-time-mode.md). A map catches up in
     micro-batches on either path."""
     live_slots: Annotated[int, Field(ge=1)] = 128
-    """On a ``local[*]`` master, the task slots added for the real-time query, which holds
-    one per source partition of its maps the whole time (a slot is a thread that waits on
+    """On a ``local[*]`` master, the task slots added for the real-time queries, which hold
+    one per source partition of their maps the whole time (a slot is a thread that waits on
     Kafka, not a core); a map whose partitions would not fit stays on micro-batches."""
+    live_maps_per_query: Annotated[int, Field(ge=1)] = 8
+    """How many maps share one real-time query at most. Each of a query's tasks holds the
+    whole query's plan, so its memory grows with its maps times its partitions; a map
+    joining or leaving restarts its own query only, a pause of that query's maps alone
+    (and of every map's Delta table, which all the path's maps share one query for)."""
     live_commit_interval: PositiveDuration = timedelta(seconds=1)
     """How often at most each task of the real-time query commits its Kafka transaction:
     the map's changelog (hence its Delta table) and dead letters trail Redis by up to this

@@ -10,6 +10,15 @@ live group has committed, *then* the changelog's log ends (high watermarks). In 
 order the ends lie past every record of each transaction that committed those positions,
 since it committed before they were read; records of transactions still open may lie
 below them too, so a table waits a little longer for the mark, never claims too much.
+
+A map whose Redis watermark stands where its last mark's positions stand has nothing to
+mark: its writers commit only positions the watermark has passed. So each round reads the
+watermarks from Redis first, in one round trip, and asks Kafka only about the maps that
+moved. A map's group consumer is opened when it moves and closed once it has been still
+for ``IDLE_CLOSE_S``: a hundred idle maps whose marks caught up with their watermarks
+hold no Kafka client and cost Kafka nothing. (A map whose committed positions never come
+to equal its watermark, say one whose source topics changed, is asked every round, as
+every map was before.)
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from materializer.config import AppConfig
 from materializer.config.names import changelog_topic
 from materializer.contract.redis_layout import (
     TABLE_MARKS_MAX_LEN,
+    meta_key,
     physical_name,
     table_marks_key,
 )
@@ -46,24 +56,34 @@ MARK_EVERY_S = 1.0
 """How often a mark of each map on the path: its writers commit every
 ``spark.live_commit_interval`` (1 s), its Delta table every ``delta.trigger_interval`` (5 s)."""
 
+IDLE_CLOSE_S = 30.0
+"""How long a map's group consumer stays open after its last move: a map that moves keeps
+it (opening one costs a coordinator lookup), a still one gives its threads back."""
+
 
 @dataclass
 class _Marked:
-    """One map's marking: its copy, its partitions, its live group's consumer, the last mark."""
+    """One map's marking: its copy, its partitions, its live group's consumer while it moves
+    (``_consumer``), the positions of its last mark."""
 
     physical: str
     group: str
     sources: dict[str, list[int]]
     changelog: dict[str, list[int]]
-    consumer: Any
+    consumer: Any = None
     closing: ExitStack = field(default_factory=ExitStack)
+    moved_at: float = 0.0
+    """When its watermark was last seen ahead of its last mark (``time.monotonic``)."""
     last: dict[str, dict[int, int]] | None = None
     failing: bool = False
 
 
 class LiveMarks:
     """The marks of the maps on the real-time path, on a thread of their own, which also
-    opens each map's consumer: a hundred maps joining take the run's loop no time."""
+    reads each map's partitions as it joins: a hundred maps joining take the run's loop no
+    time. Its consumers open and close under the lock that ``hold`` and ``leave`` take, so
+    those may wait for a round of marks (a coordinator lookup per map that moved after
+    being still)."""
 
     def __init__(self, config: AppConfig) -> None:
         self._config = config
@@ -116,10 +136,39 @@ class LiveMarks:
         while not self._stop.wait(MARK_EVERY_S):
             self._open_wanted()
             with self._lock:
+                moved = self._moved()
                 for name, marked in self._maps.items():
                     if self._stop.is_set():
                         return
-                    self._mark(name, marked)
+                    if name in moved:
+                        self._mark(name, marked)
+                    elif marked.consumer is not None and (
+                        time.monotonic() - marked.moved_at > IDLE_CLOSE_S
+                    ):
+                        self._close_consumer(name, marked)
+
+    def _moved(self) -> set[str]:
+        """The maps whose Redis watermark is not where their last mark stands (all of them
+        when Redis does not answer: ``_mark`` then says why)."""
+        names = list(self._maps)
+        try:
+            pipe = client_for(self._config.redis).pipeline(transaction=False)
+            for name in names:
+                pipe.hgetall(meta_key(self._maps[name].physical))
+            replies = pipe.execute()
+        except Exception:  # noqa: BLE001 - each map's mark says it, once
+            return set(names)
+        moved = set()
+        for name, reply in zip(names, replies, strict=True):
+            marked = self._maps[name]
+            try:
+                still = (w := Watermark.from_hash(reply)) is not None and w.offsets == marked.last
+            except (ValueError, TypeError, AttributeError):  # unreadable: ``_mark`` asks Kafka
+                still = False
+            if not still:
+                marked.moved_at = time.monotonic()
+                moved.add(name)
+        return moved
 
     def _open_wanted(self) -> None:
         """Open the maps wanted and not open yet, outside the lock (admin calls, which a slow
@@ -156,27 +205,35 @@ class LiveMarks:
 
     def _open(self, name: str, generation: int, config: AppConfig) -> _Marked:
         changelog = changelog_topic(config, name, generation)
-        closing = ExitStack()
         return _Marked(
             physical=physical_name(name, generation),
             group=live_group(name),
             sources=partition_ids(self._admin, config.map(name).source.topics),
             changelog=partition_ids(self._admin, [changelog]),
-            consumer=closing.enter_context(group_consumer(self._config.kafka, live_group(name))),
-            closing=closing,
         )
 
-    def _drop(self, name: str) -> None:
-        marked = self._maps.pop(name)
+    def _consumer(self, marked: _Marked) -> Any:
+        """The map's group consumer, opened if it is not."""
+        if marked.consumer is None:
+            marked.consumer = marked.closing.enter_context(
+                group_consumer(self._config.kafka, marked.group)
+            )
+        return marked.consumer
+
+    def _close_consumer(self, name: str, marked: _Marked) -> None:
+        marked.consumer = None
         try:
             marked.closing.close()
         except Exception as exc:  # noqa: BLE001 - closing: nothing more to do with it
             log.debug("map %s: its marks' consumer did not close cleanly: %s", name, exc)
 
+    def _drop(self, name: str) -> None:
+        self._close_consumer(name, self._maps.pop(name))
+
     def _mark(self, name: str, marked: _Marked) -> None:
         """Committed positions first, the log ends after (the module's docstring)."""
         try:
-            positions = committed_by(marked.consumer, marked.group, marked.sources, wait=0)
+            positions = committed_by(self._consumer(marked), marked.group, marked.sources, wait=0)
             if not positions or positions == marked.last:
                 return
             ((_, ends),) = offsets_of(self._admin, marked.changelog, "latest").items()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,10 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
+PREPARED_AT_ONCE = 8
+"""Maps whose positions a start reads at once: each asks its group's coordinator, and
+a hundred maps asked one by one spent half their start waiting on Kafka."""
+
 BATCH_DURATION = "5 minutes"
 """How often the real-time query checkpoints (Spark's default): not how fresh a map is,
 which is one Redis call behind its records. A shorter one only repeats the query's
@@ -47,6 +52,13 @@ planning; a crash replays nothing twice either way (the watermark holds the posi
 
 WRITER = "io.materializer.live.FoldWriter"
 QUERY_NAME = "live"
+"""What the real-time queries' names start with: ``live-<n>``, one per group of maps."""
+
+
+def query_name(index: int, start: int) -> str:
+    """The name of the run's real-time query of group ``index`` (``run.live``) at its
+    ``start``-th start."""
+    return f"{QUERY_NAME}-{index}.{start}"
 
 
 @dataclass(frozen=True)
@@ -69,8 +81,10 @@ def start_live(
     maps: Sequence[LiveMap],
     checkpoint: str,
     batch_duration: str = BATCH_DURATION,
+    name: str = QUERY_NAME,
 ) -> StreamingQuery:
-    """Start the real-time query of ``maps``, each from its position (``live.positions``).
+    """Start the real-time query of ``maps``, named ``name``, each map from its position
+    (``live.positions``).
 
     ``checkpoint`` is the query's own folder, emptied first: the positions that count are
     the maps' own, so a query of another set of maps starts afresh. The writers any earlier
@@ -94,14 +108,17 @@ def start_live(
         ],
         COORDINATOR_WAIT_S,
     )
+    with ThreadPoolExecutor(PREPARED_AT_ONCE, thread_name_prefix="live-start") as pool:
+        prepared = list(pool.map(lambda m: _prepared(config, m, topics[m.name]), maps))
     parts: list[DataFrame] = []
     specs: list[dict[str, Any]] = []
-    for index, member in enumerate(maps):
-        part, spec = _map_part(spark, config, member, index, topics[member.name])
+    for index, (member, (fold, starting)) in enumerate(zip(maps, prepared, strict=True)):
+        part, spec = _map_part(spark, config, member, index, fold, starting)
         parts.append(part)
         specs.append(spec)
     spec_json = orjson.dumps(
         {
+            "query": name,
             "redisUrl": config.redis.url,
             "appId": LIVE_APP,
             "producer": java(config.kafka),
@@ -118,7 +135,7 @@ def start_live(
     started = (
         _union(parts)
         ._jdf.writeStream()
-        .queryName(QUERY_NAME)
+        .queryName(name)
         .option("checkpointLocation", checkpoint)
         .outputMode("update")
         .foreach(writer)
@@ -139,15 +156,12 @@ def _union(parts: list[DataFrame]) -> DataFrame:
     return parts[0]
 
 
-def _map_part(
-    spark: SparkSession,
-    config: AppConfig,
-    member: LiveMap,
-    index: int,
-    topics: dict[str, list[int]],
-) -> tuple[DataFrame, dict[str, Any]]:
-    """One map's records as the writer reads them, and its place in the writer's spec;
-    ``topics``: the partitions of its sources, whose writers are fenced already."""
+def _prepared(
+    config: AppConfig, member: LiveMap, topics: dict[str, list[int]]
+) -> tuple[RedisFold, str]:
+    """A map's fold and where its source starts, its copy checked whole: Redis and Kafka
+    calls, made for several maps at once (``PREPARED_AT_ONCE``). ``topics``: the partitions
+    of its sources, whose writers are fenced already."""
     name = member.name
     config = member.config or config
     problems = realtime_problems(config.map(name))
@@ -156,7 +170,22 @@ def _map_part(
     physical = physical_name(name, member.generation)
     fold = member.fold or map_fold(config, name, member.generation, owner=member.owner)
     ensure_whole(config, name, member.generation)
-    starting = starting_offsets(config, name, physical, topics)
+    return fold, starting_offsets(config, name, physical, topics)
+
+
+def _map_part(
+    spark: SparkSession,
+    config: AppConfig,
+    member: LiveMap,
+    index: int,
+    fold: RedisFold,
+    starting: str,
+) -> tuple[DataFrame, dict[str, Any]]:
+    """One map's records as the writer reads them, from ``starting``, and its place in the
+    writer's spec."""
+    name = member.name
+    config = member.config or config
+    physical = physical_name(name, member.generation)
     keyed = records(
         spark, config, name, starting_offsets=starting, fetch_max_wait_ms=LIVE_FETCH_MAX_WAIT_MS
     )
@@ -182,17 +211,18 @@ WRITERS_DRAIN_S = 75.0
 for its calls and transactions, ``FoldWriter.DRAIN_MS``)."""
 
 
-def stop_live(spark: SparkSession, query: StreamingQuery) -> bool:
-    """Stop the real-time query, then wait until its writers have committed what they
-    applied: Spark ends a stopped query before its tasks, and the next query's fencing
-    would abort their last transactions (the next start would fold those records again,
-    once, but a stop is meant to leave nothing behind). False when the wait ran out."""
+def stop_live(spark: SparkSession, query: StreamingQuery, name: str = QUERY_NAME) -> bool:
+    """Stop the real-time query named ``name``, then wait until its writers have committed
+    what they applied: Spark ends a stopped query before its tasks, and the next query's
+    fencing would abort their last transactions (the next start would fold those records
+    again, once, but a stop is meant to leave nothing behind). The writers of the run's
+    other real-time queries go on. False when the wait ran out."""
     query.stop()
     jvm = spark._jvm
     assert jvm is not None, "a classic Spark session (py4j), not Spark Connect"
     writers = getattr(jvm, WRITER)
     deadline = time.monotonic() + WRITERS_DRAIN_S
-    while writers.openWriters() > 0:
+    while writers.openWriters(name) > 0:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.05)

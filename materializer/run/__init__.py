@@ -7,8 +7,8 @@ worker that runs things, a herder that owns the group and the loop):
 - ``lifecycle``: a map started (with its opening), stopped, paused, failed, fenced, restored;
 - ``pacing``: after its opening, a map far behind catches up at a pace beside live maps;
 - ``rebuilds``: a definition its state is bound to, rebuilt beside the live copy;
-- ``live``: once caught up, a map whose path is ``realtime`` folds in the run's one
-  real-time query, shared with the others (``live.query``);
+- ``live``: once caught up, a map whose path is ``realtime`` folds in one of the run's
+  real-time queries, shared with up to seven others (``live.query``);
 - ``supervisor``: one step of a map per loop, tying those together;
 - ``following``: the catalog's maps created, changed and deleted while the run runs
   (``CatalogChanges``);

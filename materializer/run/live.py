@@ -1,13 +1,20 @@
-"""The run's real-time path: its caught-up maps share one query in Spark's Real-time Mode
-(``live.query``), which this room starts, restarts when its maps change, and watches.
+"""The run's real-time path: its caught-up maps share queries in Spark's Real-time Mode
+(``live.query``), up to ``spark.live_maps_per_query`` maps each, which this room starts,
+restarts when their maps change, and watches.
 
 A map whose path is ``realtime`` (``AppConfig.fold_path``) opens and catches up in
 micro-batches; once its fold is within its ``catch_up.ready_lag`` it joins: its fold
-stops after its batch and the next start of the shared query takes it from its watermark.
-It leaves when it stops for any reason (pause, restart, delete, rebuild, failure, a
-fence, the run's end) or falls far behind (``FAR_BEHIND``): the shared query stops, its
-writer committing what it applied, and starts again without it; the map's micro-batch
-fold then starts where the real-time path left it (``live.positions.handed_back``).
+stops after its batch and the next start of a shared query with room takes it from its
+watermark. It leaves when it stops for any reason (pause, restart, delete, rebuild,
+failure, a fence, the run's end) or falls far behind (``FAR_BEHIND``): its query stops,
+its writers committing what they applied, and starts again without it; the map's
+micro-batch fold then starts where the real-time path left it
+(``live.positions.handed_back``). The other queries' maps fold on meanwhile.
+
+Why several queries and not one: each task of a real-time query holds the whole query's
+plan for as long as the query runs, so one query's memory grows with its maps times its
+partitions (a hundred one-partition maps in one query held 500 MiB of plans), and every
+join restarts every map (docs/decisions/0032-the-live-path-in-real-time-mode.md).
 
 The maps' Delta tables follow the same way: one micro-batch query merges every member's
 changelog (``live.delta``), started and stopped with the shared fold; a member's own Delta
@@ -26,7 +33,8 @@ import re
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from materializer.checkpoints.running import Checkpoint
 from materializer.clients.kafka_offsets import admin_client, partition_ids
@@ -37,10 +45,9 @@ from materializer.job import MapQueries, map_fold, map_key_paths, records
 from materializer.live.delta import DeltaMember
 from materializer.live.freshness import take
 from materializer.live.marks import LiveMarks
-from materializer.live.query import QUERY_NAME, LiveMap, start_live, stop_live
-from materializer.redis.functions import FENCED, LOST, CopyLost
-from materializer.run.lifecycle import FENCED_ERROR
+from materializer.live.query import LiveMap, query_name, start_live, stop_live
 from materializer.run.live_delta import LiveDelta
+from materializer.run.shared_fold import NAMED, SharedFold
 from materializer.run.supervised import InForce, SupervisedMap
 from materializer.runtime.metrics import BatchMetrics, records_behind
 from materializer.runtime.query_group import FINISH_BATCH_TIMEOUT, FoldQuery, stop_after_batch
@@ -64,55 +71,33 @@ JOINS_AT_ONCE = 8
 """Joining maps' micro-batch folds stopped at once: each waits for its batch to end."""
 
 JOIN_EVERY_S = 5.0
-"""Maps join a running shared query at most this often, so that maps catching up together
-join it in one restart; in between they fold on in micro-batches."""
-
-_NAMED = re.compile(r"MATERIALIZER_LIVE_MAP (\S+) : ")
-"""How the writer names the map a failure is of (``MapFailure``)."""
+"""Maps join the running shared queries at most this often, so that maps catching up
+together join in one restart; in between they fold on in micro-batches."""
 
 
-class SharedFold:
-    """A map's place in the run's real-time query, as its ``QueryGroup`` sees its fold."""
+@dataclass
+class _Group:
+    """Maps that share a real-time query: their names in joining order, the query while it
+    runs and the maps it folds, and whether it must start again (its maps changed, or it
+    stopped)."""
 
-    name = QUERY_NAME
-
-    def __init__(self, path: LivePath, map_name: str) -> None:
-        self._path = path
-        self._map = map_name
-
-    @property
-    def isActive(self) -> bool:  # noqa: N802 - StreamingQuery's name
-        """False once the shared query failed over this map (or over none in particular)."""
-        return self._map not in self._path.failures
+    index: int
+    maps: list[str] = field(default_factory=list)
+    query: StreamingQuery | None = None
+    folding: set[str] = field(default_factory=set)
+    """The maps the running query folds (none once it stopped)."""
+    changed: bool = False
+    starts: int = 0
 
     @property
-    def lastProgress(self) -> Any:  # noqa: N802
-        """None: a real-time batch reports once it ends, minutes apart; the map's rates are
-        its catch-up figures'."""
-        return None
-
-    @property
-    def status(self) -> dict[str, Any]:
-        """Never between batches: a stop does not wait for one to end."""
-        return {"isTriggerActive": False, "isDataAvailable": False, "message": "real-time"}
-
-    def exception(self) -> str | None:
-        """The shared query's failure, when it is this map's, in the terms the lifecycle
-        reads a micro-batch fold's failure in (``in_lifecycle_terms``)."""
-        error = self._path.failures.get(self._map)
-        return None if error is None else in_lifecycle_terms(error)
-
-    def stop(self) -> None:
-        """The map leaves the real-time path."""
-        self._path.leave(self._map)
-
-    def processAllAvailable(self) -> None:  # noqa: N802
-        """A real-time fold has no batch to wait for: its watermark says how far it is."""
-        raise RuntimeError(f"map {self._map} folds in real time: wait for its watermark")
+    def name(self) -> str:
+        """The name of its query now: each start's its own, so that a stop waits for that
+        query's writers only, never for those a failed one of the group still drains."""
+        return query_name(self.index, self.starts)
 
 
 class LivePath:
-    """The maps on the run's real-time path and their shared query."""
+    """The maps on the run's real-time path and their shared queries."""
 
     def __init__(
         self,
@@ -123,17 +108,19 @@ class LivePath:
         metrics: BatchMetrics | None = None,
     ) -> None:
         """``config_for``: the config a map runs on (a rebuild pins its old one);
-        ``worker_id``: names the query's checkpoint, one per worker of a group;
+        ``worker_id``: names the queries' checkpoints (``<worker>.<group>``), one set per
+        worker of a group;
         ``metrics``: where the writers' figures go (``take_figures``)."""
         self._spark = spark
         self._metrics = metrics
         self._marks: LiveMarks | None = None
-        """The table marks of the maps on the path (``live.marks``), once a query started."""
+        """The table marks of the maps on the path (``live.marks``), once a map joined."""
         self._left: set[str] = set()
         """Maps that left since the last ``take_figures``: their writers' last figures."""
         self._run = run
         self._config_for = config_for
-        self._checkpoint = checkpoint_path(run.config, "__live__", worker_id)
+        self._worker_id = worker_id
+        self._per_query = run.config.spark.live_maps_per_query
         self._delta = LiveDelta(
             spark,
             run.config,
@@ -141,22 +128,26 @@ class LivePath:
             self._delta_failed,
             metrics,
         )
-        """The members' shared Delta query, started with the shared fold."""
+        """The members' shared Delta query, started again whenever they change."""
         self._members: dict[str, SupervisedMap] = {}
-        self._query: StreamingQuery | None = None
-        self._changed = False
+        self._groups: dict[int, _Group] = {}
+        self._group_of: dict[str, _Group] = {}
+        self._delta_changed = False
+        """Whether the shared Delta query must start again: its members changed."""
         self._stopping: dict[str, Future[None]] = {}
         """The micro-batch folds of maps joining, stopping (``join``)."""
         self._stops = ThreadPoolExecutor(max_workers=JOINS_AT_ONCE, thread_name_prefix="join")
         self._folds: dict[str, RedisFold] = {}
-        """Each member's fold, built at its first start in the shared query."""
+        """Each member's fold, built at its first start in a shared query."""
         self._entities: dict[str, StructType] = {}
         """Each member's entity struct, which its changelog is read with."""
         self._started_at = 0.0
+        self._checkpoints: set[str] = set()
+        """The shared queries' checkpoints started on: a close discards them."""
         self._slots = _live_slots(spark.sparkContext.master or "")
         self._partitions: dict[str, int] = {}
         self.failures: dict[str, str] = {}
-        """Maps whose failure stopped the shared query, until they leave it."""
+        """Maps whose failure stopped their shared query (or the Delta one), until they leave."""
 
     def holds(self, name: str) -> bool:
         """Whether the map folds on the real-time path."""
@@ -174,7 +165,7 @@ class LivePath:
         config = self._config_for(m)
         if config.fold_path(m.name) != "realtime":
             return False
-        if self._query is not None and time.monotonic() - self._started_at < JOIN_EVERY_S:
+        if self._running() and time.monotonic() - self._started_at < JOIN_EVERY_S:
             return False
         behind = records_behind(queries.fold.lastProgress)
         if behind is None or behind > config.map(m.name).catch_up.ready_lag:
@@ -192,7 +183,7 @@ class LivePath:
             if held + self._partitions[name] > self._slots:
                 log.warning(
                     "map %s stays on micro-batches: its %d partitions do not fit the %d task "
-                    "slots the real-time query has left (spark.live_slots, spark.master)",
+                    "slots the real-time queries have left (spark.live_slots, spark.master)",
                     name,
                     self._partitions[name],
                     self._slots - held,
@@ -203,7 +194,7 @@ class LivePath:
     def join(self, m: SupervisedMap) -> None:
         """Stop the map's micro-batch fold and its Delta query after their batches, beside
         the other maps joining (each stop waits for its batch); the next ``settle`` folds the
-        map in the shared query and merges its changelog in the shared Delta query. A stop
+        map in a shared query and merges its changelog in the shared Delta query. A stop
         of the map still drains its table (``QueryGroup.catch_up``)."""
         assert m.queries is not None
         queries = [m.queries.fold, *m.queries.side]
@@ -217,25 +208,45 @@ class LivePath:
         m.queries.fold = SharedFold(self, m.name)
         self._stopping[m.name] = self._stops.submit(_stop_fold, m.name, queries, projectors)
         self._members[m.name] = m
-        self._changed = True
-        log.info("map %s: caught up, folds on the real-time path", m.name)
+        group = self._room()
+        group.maps.append(m.name)
+        group.changed = True
+        self._group_of[m.name] = group
+        self._delta_changed = True
+        log.info("map %s: caught up, folds on the real-time path (%s)", m.name, group.name)
+
+    def _room(self) -> _Group:
+        """The group a joining map goes to (``group_with_room``), made if new."""
+        sizes = {index: len(g.maps) for index, g in self._groups.items()}
+        index = group_with_room(sizes, self._per_query)
+        return self._groups.setdefault(index, _Group(index))
+
+    def _running(self) -> bool:
+        return any(g.query is not None for g in self._groups.values())
 
     def leave(self, name: str) -> None:
-        """The map leaves: the shared query stops now (what its writer applied is committed
-        first), and ``settle`` starts it again without the map."""
+        """The map leaves: its shared query and the shared Delta query stop now (what their
+        writers applied is committed first), and ``settle`` starts them again without it."""
         if name not in self._members:
             return
-        self._noticed()  # a failure of the query is the members' before this one goes
+        self._noticed()  # a failure of a query is its members' before this one goes
         del self._members[name]
         self._stopped(name, self._stopping.pop(name, None))
         self._folds.pop(name, None)
         self._entities.pop(name, None)
-        self._stop_query()
+        group = self._group_of.pop(name)
+        group.maps.remove(name)
+        self._delta_changed = True
+        self._delta.stop()  # a map leaving must find its table with no other writer
+        if name in group.folding:  # not when its query started again without it already
+            group.changed = True
+            self._stop_group(group)
+        elif not group.maps:
+            group.changed = True  # the group goes at the next settle
         self.failures.pop(name, None)  # after the stop: nothing of the map runs any more
         if self._marks is not None:
             self._marks.leave([name])
         self._left.add(name)
-        self._changed = True
         log.info("map %s left the real-time path", name)
 
     def far_behind(self, m: SupervisedMap) -> bool:
@@ -248,44 +259,70 @@ class LivePath:
         return figures.records_left > FAR_BEHIND * max(ready, 1)
 
     def settle(self) -> None:
-        """Once a loop: take in a failure of the shared query, start it again when its
-        maps changed or it stopped, and take its writers' figures."""
+        """Once a loop: take in a failure of a shared query, start again the queries whose
+        maps changed or that stopped, and take the writers' figures."""
         self.take_figures()
         self._noticed()
-        if not self._changed:
+        changed = [g for g in self._groups.values() if g.changed]
+        if not changed and not self._delta_changed:
             self._delta.retry(lambda: [self._delta_member(m) for m in self._folding()])
             return
-        self._changed = False
-        self._stop_query()
+        if self._delta_changed:
+            self._delta.stop()
+        for group in changed:
+            self._stop_group(group)
         self._await_joins()
-        members = self._folding()
+        for group in changed:
+            group.changed = False
+            self._start_group(group)
+        if self._delta_changed:
+            self._delta_changed = False
+            members = self._folding()
+            if members:
+                self._delta.start([self._delta_member(m) for m in members])
+        if self._marks is None:
+            self._marks = LiveMarks(self._run.config)
+        self._marks.hold({m.name: (m.generation, self._config_for(m)) for m in self._folding()})
+
+    def _start_group(self, group: _Group) -> None:
+        """Start the group's query on its maps whose failure is not noticed yet; a group
+        left without maps goes."""
+        members = [self._members[n] for n in group.maps if n not in self.failures]
+        if not group.maps:
+            del self._groups[group.index]
         if not members:
             return
         started = time.monotonic()
+        checkpoint = self._checkpoint(group)
+        self._checkpoints.add(checkpoint)
+        group.starts += 1
         try:
-            self._query = start_live(
+            group.query = start_live(
                 self._spark,
                 self._run.config,
                 [self._live_map(m) for m in members],
-                self._checkpoint,
+                checkpoint,
+                name=group.name,
             )
         except Exception as exc:  # noqa: BLE001 - each map's lifecycle takes it from here
-            self._failed(f"could not start the real-time query: {exc}")
+            self._failed(f"could not start the real-time query: {exc}", group)
             return
-        self._delta.start([self._delta_member(m) for m in members])
+        group.folding = {m.name for m in members}
         self._started_at = time.monotonic()
-        if self._marks is None:
-            self._marks = LiveMarks(self._run.config)
-        self._marks.hold({m.name: (m.generation, self._config_for(m)) for m in members})
         log.info(
-            "real-time query started in %.1f s for %d maps: %s",
-            self._started_at - started,
+            "real-time query %s started in %.1f s for %d maps: %s",
+            group.name,
+            time.monotonic() - started,
             len(members),
             ", ".join(sorted(m.name for m in members)),
         )
 
+    def _checkpoint(self, group: _Group) -> str:
+        """The group's query's checkpoint, named after this worker: emptied at each start."""
+        return checkpoint_path(self._run.config, "__live__", f"{self._worker_id}.{group.index}")
+
     def _live_map(self, m: SupervisedMap) -> LiveMap:
-        """The map as the shared query takes it, with its fold built once while it stays
+        """The map as its shared query takes it, with its fold built once while it stays
         (its micro-batch fold's, when it had one): building it makes its topics ready,
         several admin calls (a hundred maps' start spent a quarter of its time there)."""
         config = self._config_for(m)
@@ -319,16 +356,21 @@ class LivePath:
         self.failures[name] = error
 
     def _noticed(self) -> None:
-        """Take in a failure of the shared queries: over the map it names, or over all."""
-        query = self._query
-        if query is not None and not query.isActive:
-            self._failed(str(query.exception()))
-            self._query = None
-            self._changed = True
+        """Take in a failure of the shared queries: over the map it names, or over all the
+        maps of the failed query (every map, for the shared Delta query)."""
+        for group in self._groups.values():
+            query = group.query
+            if query is not None and not query.isActive:
+                self._failed(str(query.exception()), group)
+                group.query, group.folding = None, set()
+                group.changed = True
+                self._delta_changed = True
         error = self._delta.noticed()
         if error is not None:
             self._failed(error)
-            self._changed = True
+            for group in self._groups.values():
+                group.changed = True
+            self._delta_changed = True
 
     def _await_joins(self) -> None:
         """Wait until every joining map's micro-batch fold has stopped (``_stopped``)."""
@@ -364,42 +406,46 @@ class LivePath:
                 name, folded.newest_timestamp_us, folded.dead_letters, folded.freshness
             )
 
-    def _failed(self, error: str) -> None:
-        """The shared query failed: over the map its error names, or over every map."""
-        named = _NAMED.search(error)
+    def _failed(self, error: str, group: _Group | None = None) -> None:
+        """A shared query failed: over the map its error names, or over every map of
+        ``group`` (of every group when None)."""
+        named = NAMED.search(error)
         if named is not None and named.group(1) in self._members:
             self.failures[named.group(1)] = error
             return
-        for name in self._members:
+        for name in self._members if group is None else group.maps:
             self.failures[name] = error
 
-    def _stop_query(self) -> None:
-        """Stop the shared Delta query after its batch (a map leaving must find its table
-        with no other writer), then the shared fold."""
-        self._delta.stop()
-        if self._query is not None:
-            query, self._query = self._query, None
-            if not stop_live(self._spark, query):
+    def _stop_group(self, group: _Group) -> None:
+        """Stop the group's query, once its writers committed what they applied."""
+        if group.query is not None:
+            query, group.query, group.folding = group.query, None, set()
+            if not stop_live(self._spark, query, group.name):
                 log.warning(
-                    "the real-time query's writers did not end in time; the next start "
-                    "folds their last records again (once)"
+                    "the real-time query %s's writers did not end in time; the next start "
+                    "folds their last records again (once)",
+                    group.name,
                 )
 
     def close(self) -> None:
-        """The run's end: the shared query stops (its writer commits what it applied), and
-        its checkpoint goes, which names this process and holds nothing a start needs."""
+        """The run's end: the shared queries stop (their writers commit what they applied),
+        and their checkpoints go, which name this process and hold nothing a start needs."""
         self._left |= set(self._members)
         self._members.clear()
         self._await_joins()
         self._stops.shutdown()
-        self._stop_query()
+        self._delta.stop()
+        for group in self._groups.values():
+            self._stop_group(group)
+        self._groups.clear()
+        self._group_of.clear()
         self._delta.close()
         if self._marks is not None:
             self._marks.leave(sorted(self._left))
             self._marks.close()
         self.take_figures()
-        if self._started_at:
-            Checkpoint(self._spark, self._checkpoint).discard()
+        for checkpoint in self._checkpoints:
+            Checkpoint(self._spark, checkpoint).discard()
 
 
 def _stop_fold(name: str, queries: list[FoldQuery], projectors: list[Projector]) -> None:
@@ -425,6 +471,16 @@ def _stop_fold(name: str, queries: list[FoldQuery], projectors: list[Projector])
     log.debug("map %s: its micro-batch fold stopped", name)
 
 
+def group_with_room(sizes: dict[int, int], per_query: int) -> int:
+    """The group a joining map goes to, from each group's number of maps: the first with
+    room, else a new one with the lowest free number. Filling the first ones keeps the
+    queries few; a map joining restarts only the group it goes to."""
+    for index in sorted(sizes):
+        if sizes[index] < per_query:
+            return index
+    return next(i for i in range(len(sizes) + 1) if i not in sizes)
+
+
 def _live_slots(master: str) -> int | None:
     """The task slots a local master leaves the real-time query beyond the cores' worth the
     other queries use; None on a cluster (its executors are the deployment's to size)."""
@@ -432,16 +488,3 @@ def _live_slots(master: str) -> int | None:
     if found is None:
         return 0 if master == "local" else None
     return max(0, int(found.group(1)) - (os.cpu_count() or 1))
-
-
-def in_lifecycle_terms(error: str) -> str:
-    """The writer's failure, led by the name of the error the micro-batch fold raises for
-    the same cause, so the lifecycle mends it the same way: a newer owner (Redis refused the
-    epoch, or Kafka the producer) fences the map, a lost copy or a Redis away restores it."""
-    if FENCED in error or "ProducerFencedException" in error:
-        return f"{FENCED_ERROR}: {error}"
-    if LOST in error:
-        return f"{CopyLost.__module__}.{CopyLost.__name__}: {error}"
-    if "JedisConnectionException" in error:
-        return f"redis.exceptions.ConnectionError: {error}"
-    return error

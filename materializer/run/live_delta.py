@@ -1,6 +1,7 @@
-"""The real-time path's shared Delta query as the run keeps it (``live.delta``): started and
-stopped with the shared fold (``run.live``), started again after it failed as a whole, and
-its batches reported as each member's own Delta query's would be."""
+"""The real-time path's shared Delta query as the run keeps it (``live.delta``): one for all
+the path's maps, stopped and started again whenever a map joins or leaves any of the
+shared folds (``run.live``) or it failed as a whole, and its batches reported as each
+member's own Delta query's would be."""
 
 from __future__ import annotations
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 class FoldQuery(Protocol):
     """What a map's fold is to those who watch and stop it: its own micro-batch query, or
-    its place in the run's real-time query (``run.live.SharedFold``)."""
+    its place in the run's real-time query (``run.shared_fold.SharedFold``)."""
 
     @property
     def name(self) -> str:

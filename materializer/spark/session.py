@@ -63,6 +63,17 @@ set those of each file and folder they create by running chmod in a child proces
 stop signal to the run's whole process group kills under a checkpoint or a Delta commit
 (the write fails, and the run with it), and a fork a file on every batch."""
 
+IDLE_HEAP = [
+    "-XX:G1PeriodicGCInterval=10000",
+    "-XX:MaxHeapFreeRatio=30",
+    "-XX:MinHeapFreeRatio=10",
+]
+"""The driver's heap given back while the run is idle: a collection every 10 s without
+one, after which the heap keeps at most 30% of itself free. Starting many maps grows the
+heap to its bound on plans that are garbage soon after; without these G1 keeps it all.
+A hundred idle real-time maps' run held 244 MiB less (decision 0032); a busy run collects
+often anyway, and no periodic collection comes then."""
+
 CLASS_PATHS = ("spark.driver.extraClassPath", "spark.executor.extraClassPath")
 """The class paths ``spark.jars: installed`` sets, which a config's own entries extend."""
 
@@ -131,6 +142,7 @@ def spark_conf(
         log4j2_file = conf_file("materializer-log4j2.properties", log4j2)
         options.append(f"-Dlog4j2.configurationFile=file:{log4j2_file}")
     options += java_options(local_jars)
+    options += IDLE_HEAP
     own = conf.get("spark.driver.extraJavaOptions")
     if options:
         conf["spark.driver.extraJavaOptions"] = " ".join([*options, *([own] if own else [])])

@@ -1,4 +1,5 @@
-"""The driver's class data archive that ``make setup`` writes is the one every session maps."""
+"""The driver's class data archive that ``make setup`` writes is the one every session maps,
+beside the JVM options every session's driver runs with."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from materializer.jvm import session_jars
 from materializer.spark.class_archive import TRAINING_ENV, archive_path, java_options
+from materializer.spark.session import IDLE_HEAP
 
 SESSION = """
 from materializer.config import SparkConfig
@@ -16,7 +18,7 @@ from materializer.spark.session import build_spark_session
 spark = build_spark_session(SparkConfig(conf={"spark.driver.extraJavaOptions": "-Xshare:on"}))
 args = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
             .getInputArguments())
-print([a for a in args if "SharedArchiveFile" in a or a == "-Xshare:on"])
+print([a for a in args if a.startswith(("-XX:SharedArchiveFile", "-Xshare", "-XX:G1", "-XX:M"))])
 print(spark.range(10).count())
 spark.stop()
 """
@@ -28,7 +30,7 @@ def test_setup_wrote_the_archive_for_this_java_and_these_jars():
     assert java_options(session_jars()) == [f"-XX:SharedArchiveFile={path}"]
 
 
-def test_a_session_maps_the_archive():
+def test_a_session_maps_the_archive_and_gives_idle_heap_back():
     # -Xshare:on: a JVM that cannot map its archive (another JVM, a changed jar, a class
     # path that differs from the trained one) refuses to start instead of going on without.
     env = {k: v for k, v in os.environ.items() if k != TRAINING_ENV}
@@ -38,6 +40,7 @@ def test_a_session_maps_the_archive():
     assert done.returncode == 0, done.stderr[-3000:]
     flags, count = done.stdout.strip().splitlines()[-2:]
     assert "SharedArchiveFile" in flags and "-Xshare:on" in flags
+    assert all(f"'{option}'" in flags for option in IDLE_HEAP), flags
     assert count == "10"
 
 

@@ -1,14 +1,16 @@
 """The real-time path through ``materializer run``, as users start it: maps with
-``spark.path: realtime`` open and catch up in micro-batches, then fold in one shared
-real-time query. A kill -9 of the whole process group mid-stream, a pause and a resume
-(a switch back to micro-batches and forth again) while records stream in, a map whose
-Redis copy is lost meanwhile (the other folds on), and a stop by SIGTERM leave Redis,
-the changelog, the dead letters and the Delta tables equal to the plain-Python reference,
-with nothing folded twice."""
+``spark.path: realtime`` open and catch up in micro-batches, then fold in a shared
+real-time query (both in one, or each in its own with ``spark.live_maps_per_query: 1``).
+A kill -9 of the whole process group mid-stream, a pause and a resume (a switch back to
+micro-batches and forth again) while records stream in, a map whose Redis copy is lost
+meanwhile (the other folds on), and a stop by SIGTERM leave Redis, the changelog, the dead
+letters and the Delta tables equal to the plain-Python reference, with nothing folded
+twice. In a query of its own, the other map's query never starts again meanwhile."""
 
 from __future__ import annotations
 
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -35,7 +37,7 @@ from tests.integration.test_live_path import FIELDS, failing, records, two_maps
 
 pytestmark = pytest.mark.integration
 
-BOTH_LIVE = "for 2 maps"
+STARTED = re.compile(r"real-time query live-[\d.]+ started in [\d.]+ s for \d+ maps: (.*)")
 
 
 class Streams:
@@ -72,19 +74,44 @@ class Streams:
         return thread
 
 
+@pytest.mark.parametrize("per_query", [8, 1])
 def test_realtime_maps_through_materializer_run_equal_the_reference(
-    kafka_bootstrap: str, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+    kafka_bootstrap: str,
+    redis_url: str,
+    redis_client: redis.Redis,
+    tmp_path: Path,
+    per_query: int,
 ) -> None:
-    names, topics, path = two_maps("rt", kafka_bootstrap, redis_url, tmp_path, {"path": "realtime"})
+    spark = {"path": "realtime", "live_maps_per_query": per_query}
+    names, topics, path = two_maps("rt", kafka_bootstrap, redis_url, tmp_path, spark)
     config = load_config(path)
     streams = Streams(kafka_bootstrap, topics)
     log = tmp_path / "run.log"
     args = [sys.executable, "-m", "materializer", "run", "-c", str(path)]
     proc: ManagedProcess | None = None
 
-    def both_live() -> int:
-        """How many times a real-time query of both maps started."""
-        return log.read_text(errors="replace").count(BOTH_LIVE)
+    def starts(name: str) -> int:
+        """How many times a real-time query started with the map in it."""
+        found = STARTED.findall(log.read_text(errors="replace"))
+        return sum(name in members.split(", ") for members in found)
+
+    def live(name: str, joins: int) -> bool:
+        """Whether a real-time query with the map in it started after its ``joins``-th
+        join of the path (the map's micro-batch fold stops as it joins)."""
+        joined = 0
+        for line in log.read_text(errors="replace").splitlines():
+            if f"map {name}: caught up, folds on the real-time path" in line:
+                joined += 1
+            elif (
+                joined >= joins
+                and (found := STARTED.search(line))
+                and name in found.group(1).split(", ")
+            ):
+                return True
+        return False
+
+    def both_live(joins: int) -> bool:
+        return all(live(name, joins) for name in names)
 
     def alive() -> bool:
         return proc is not None and proc.alive()
@@ -129,7 +156,7 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
     streams.round(400)  # a backlog: each map opens and catches up in micro-batches first
     try:
         proc = ManagedProcess(args, log)
-        wait_until("both maps on the real-time path", lambda: both_live() >= 1, 300, alive)
+        wait_until("both maps on the real-time path", lambda: both_live(1), 300, alive)
         wait_until("the status says so", lambda: paths() == {n: "realtime" for n in names}, 60)
         # Records stream in while the whole process group is killed.
         streaming = streams.stream(40, 10)
@@ -138,15 +165,16 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
         streaming.join()
         streams.round(200)
         proc = ManagedProcess(args, log)  # the log goes on: two more joins after the restart
-        wait_until("both maps back on the real-time path", lambda: both_live() >= 2, 300, alive)
+        wait_until("both maps back on the real-time path", lambda: both_live(2), 300, alive)
         # A pause and a resume while records stream in: the map leaves the shared query,
         # stops, and starts again in micro-batches from where the real-time path left it,
         # then joins again; the other map folds on.
         streaming = streams.stream(60, 10)
+        other = starts(names[1])
         control("pause", names[0])
         control("resume", names[0])
         streaming.join()
-        wait_until("the map on the real-time path again", lambda: both_live() >= 3, 300, alive)
+        wait_until("the map on the real-time path again", lambda: live(names[0], 3), 300, alive)
         # Redis loses the first map's copy (every key of it, as a server restarted empty
         # would) while records stream in: that map fails on the shared query and is
         # restored from its Delta table and changelog; the other folds on, never leaving.
@@ -156,8 +184,13 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
             redis_client.delete(key)
         streaming.join()
         wait_until("the copy restored", lambda: "copy restored" in log.read_text(), 300, alive)
-        wait_until("both maps live again", lambda: both_live() >= 4, 300, alive)
+        wait_until("the map live again", lambda: live(names[0], 4), 300, alive)
         assert f"map {names[1]} left" not in log.read_text()
+        # The other map's query stopped for the first map's changes only when they shared it.
+        if per_query == 1:
+            assert starts(names[1]) == other
+        else:
+            assert starts(names[1]) > other
         streams.round(100)
         wait_until("every record folded", settled, 240, alive)
         # While the maps fold on the real-time path, their tables' commits come to say they
@@ -191,9 +224,11 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
             proc.stop()
 
     # The shared queries' checkpoints, named after their process, went with the stopped run;
-    # the killed run's alone are left (its fold's and its Delta query's).
+    # the killed run's alone are left (its fold queries' and its Delta query's).
     left = sorted(p.name for p in (tmp_path / "checkpoints" / "__live__").iterdir())
-    assert len(left) == 2 and left[1] == f"{left[0]}.delta", left
+    worker = left[0].rpartition(".")[0]
+    queries = [f"{worker}.{i}" for i in range(1 if per_query > 1 else 2)]
+    assert left == [*queries, f"{worker}.delta"], left
     for name in names:
         topic = topics[name]
         # The run ended with its drain: the real-time path's committed position equals the

@@ -10,7 +10,8 @@ from materializer.config import parse_config
 from materializer.errors import ConfigError
 from materializer.redis.functions import CopyLost
 from materializer.run.lifecycle import FENCED_ERROR, RECOVERABLE
-from materializer.run.live import _live_slots, in_lifecycle_terms
+from materializer.run.live import _live_slots, group_with_room
+from materializer.run.shared_fold import in_lifecycle_terms
 
 
 def config(spark: dict[str, Any] | None = None, **maps: dict[str, Any]) -> Any:
@@ -103,3 +104,13 @@ def test_a_local_master_leaves_the_real_time_query_its_slots_beyond_the_cores() 
     assert _live_slots("local[1]") == max(0, 1 - cores)
     assert _live_slots("local") == 0
     assert _live_slots("spark://host:7077") is None
+
+
+def test_a_joining_map_goes_to_the_first_group_with_room_else_the_lowest_free_number() -> None:
+    assert group_with_room({}, 8) == 0
+    assert group_with_room({0: 7}, 8) == 0
+    assert group_with_room({0: 8}, 8) == 1
+    assert group_with_room({0: 8, 1: 3}, 8) == 1
+    assert group_with_room({2: 1, 1: 8}, 8) == 2  # by number, not by age
+    assert group_with_room({0: 8, 2: 8}, 8) == 1  # a group that went is numbered again
+    assert group_with_room({0: 1, 1: 1}, 1) == 2

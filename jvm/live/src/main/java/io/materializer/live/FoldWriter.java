@@ -3,6 +3,7 @@ package io.materializer.live;
 import java.net.URI;
 import java.util.ArrayList;
 import java.util.List;
+import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.LinkedBlockingQueue;
 import java.util.concurrent.TimeUnit;
 import java.util.concurrent.atomic.AtomicInteger;
@@ -34,8 +35,8 @@ public final class FoldWriter extends ForeachWriter<Row> {
   /** How long a task's end waits for its queued records' calls and transactions. */
   static final long DRAIN_MS = 60_000;
 
-  /** The writers of this JVM between their open and the end of their close. */
-  private static final AtomicInteger OPEN = new AtomicInteger();
+  /** The writers of this JVM between their open and the end of their close, per query. */
+  private static final ConcurrentHashMap<String, AtomicInteger> OPEN = new ConcurrentHashMap<>();
 
   private final String specJson;
   private transient Spec spec;
@@ -70,7 +71,7 @@ public final class FoldWriter extends ForeachWriter<Row> {
     applier.setDaemon(true);
     applier.start();
     counted = true;
-    OPEN.incrementAndGet();
+    open(spec.query).incrementAndGet();
     return true;
   }
 
@@ -135,7 +136,7 @@ public final class FoldWriter extends ForeachWriter<Row> {
       }
       if (counted) {
         counted = false;
-        OPEN.decrementAndGet();
+        open(spec.query).decrementAndGet();
       }
       if (interrupted) {
         Thread.currentThread().interrupt();
@@ -148,13 +149,17 @@ public final class FoldWriter extends ForeachWriter<Row> {
   }
 
   /**
-   * How many writers of this JVM are open: a stopped query's tasks end after the query does,
-   * and its writers commit what they applied meanwhile, so whoever starts the next query of
-   * the same maps waits for none to be open first (its fencing would abort their last
-   * transactions).
+   * How many writers of the query named {@code query} are open in this JVM: a stopped query's
+   * tasks end after the query does, and its writers commit what they applied meanwhile, so
+   * whoever starts the next query of the same maps waits for none to be open first (its
+   * fencing would abort their last transactions). The other queries' writers go on.
    */
-  public static int openWriters() {
-    return OPEN.get();
+  public static int openWriters(String query) {
+    return open(query).get();
+  }
+
+  private static AtomicInteger open(String query) {
+    return OPEN.computeIfAbsent(query, q -> new AtomicInteger());
   }
 
   /**

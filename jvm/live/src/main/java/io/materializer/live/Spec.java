@@ -15,6 +15,8 @@ import java.util.Map;
 final class Spec implements Serializable {
   private static final long serialVersionUID = 1L;
 
+  /** The name of the query the writer writes for, whose open writers a stop waits for. */
+  String query;
   String redisUrl;
   String appId;
   Map<String, String> producer;
@@ -52,11 +54,11 @@ final class Spec implements Serializable {
 
   static Spec parse(String json) {
     Spec spec = new Gson().fromJson(json, Spec.class);
-    if (spec.redisUrl == null || spec.maps == null || spec.maps.isEmpty() || spec.producer == null
+    if (spec.query == null || spec.redisUrl == null || spec.maps == null || spec.maps.isEmpty() || spec.producer == null
         || spec.appId == null || spec.freshnessScript == null || spec.freshnessBounds == null
         || spec.commitEveryMs <= 0) {
       throw new IllegalArgumentException(
-          "a live writer's spec needs redisUrl, appId, producer, maps and the freshness ones");
+          "a live writer's spec needs query, redisUrl, appId, producer, maps and the freshness ones");
     }
     for (MapSpec m : spec.maps) {
       if (m.fixed == null || m.fixed.size() != 10 || m.function == null || m.meta == null
