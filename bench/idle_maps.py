@@ -151,8 +151,8 @@ def main() -> None:
         for path in args.paths.split(","):
             one = measure(bootstrap, redis_url, path, 1, None, args)
             emit(**one)
-            sizes = [int(n) for n in args.maps_per_query.split(",") if n] or [None]
-            for per_query in sizes if path == "realtime" else [None]:
+            sizes: list[int | None] = [int(n) for n in args.maps_per_query.split(",") if n]
+            for per_query in sizes if sizes and path == "realtime" else [None]:
                 many = measure(bootstrap, redis_url, path, args.maps, per_query, args)
                 emit(**many)
                 extra_cores = (many["run_cpu_cores"] or 0) - (one["run_cpu_cores"] or 0)
