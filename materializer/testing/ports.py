@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+LISTEN_PORTS = range(10_000, 32_768)
+"""Where ``free_port`` looks: below Linux's default ephemeral range (32768-60999), from
+which the kernel gives every outgoing connection its local port. A port picked there
+and bound a moment later can be taken meanwhile by a connection, say a Kafka client
+retrying a stopped broker a hundred times a second, and the server then fails to start."""
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now, outside the range the
+    kernel takes outgoing connections' ports from (``LISTEN_PORTS``)."""
+    for _ in range(100):
+        port = random.choice(LISTEN_PORTS)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

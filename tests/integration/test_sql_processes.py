@@ -102,7 +102,8 @@ def served(tmp_path: Path, redis_url: str) -> Iterator[subprocess.Popen[bytes]]:
 def use_both_processes(proc: subprocess.Popen[bytes]) -> None:
     """Two statements at once over HTTP (two statement processes), one over Flight SQL."""
     grpc_port = proc.grpc_port  # type: ignore[attr-defined]
-    wait_until("the gRPC port", lambda: grpc_serving(grpc_port), 90, retry_errors=True)
+    alive = lambda: proc.poll() is None  # noqa: E731 - a service that exited says so at once
+    wait_until("the gRPC port", lambda: grpc_serving(grpc_port), 90, alive, retry_errors=True)
     port = proc.http_port  # type: ignore[attr-defined]
     wait_until("the SQL port", lambda: statement_over_http(port) == EXPECTED, 60, retry_errors=True)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
