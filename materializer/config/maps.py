@@ -239,7 +239,7 @@ class MapConfig(_Model):
     """When the map counts as catching up (not ready for read-your-writes callers)."""
     path: FoldPath | None = None
     """How the map folds once caught up (None: the run's ``spark.path``). ``realtime`` folds
-    ``latest`` maps without ``history`` whose errors go to dead letters or are skipped, on
+    maps without ``history`` whose errors go to dead letters or are skipped, on
     one Redis server; a map that asks for it otherwise is refused, by key path."""
 
     @model_validator(mode="after")
@@ -299,8 +299,6 @@ def realtime_problems(map_config: MapConfig) -> list[str]:
     """Why the real-time path cannot fold the map (empty: it can). A map that asks for it
     is refused; with ``spark.path: realtime`` such a map stays on micro-batches."""
     problems = []
-    if map_config.fold.mode != "latest":
-        problems.append(f"it folds `latest` maps only, not fold.mode {map_config.fold.mode}")
     if map_config.history:
         problems.append("it writes no history (history: true)")
     if map_config.on_error == "fail":

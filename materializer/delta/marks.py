@@ -81,11 +81,29 @@ class SourceOffsets:
         reached = self._merged.reached(self._end_offsets(batch_id).get(self.changelog, {}))
         return encode(self._watermark(reached), {self.changelog: reached})
 
-    def _watermark(self, reached: dict[int, int]) -> Watermark | None:
+    def mark_only(self, batch_id: int) -> str | None:
+        """JSON for a commit of ``batch_id`` that merges nothing, when a mark newer than the
+        last one recorded is reached; None when none is. The last mark of a map that stopped
+        comes after its last changes, so no MERGE may ever record it: a commit of its own
+        does (a stop's drain, the first batch of a map's query after it leaves the real-time
+        path)."""
+        reached = self._merged.reached(self._end_offsets(batch_id).get(self.changelog, {}))
+        self._read_recorded()
+        recorded = self._last
+        watermark = self._watermark(reached)
+        if watermark is None or watermark == recorded:
+            return None
+        return encode(watermark, {self.changelog: reached})
+
+    def _read_recorded(self) -> None:
+        """The last watermark recorded, read back from the table once after a start."""
         if not self._read_back:
             recorded = self._merged.recorded()
             self._last = None if recorded is None else recorded.watermark
             self._read_back = True
+
+    def _watermark(self, reached: dict[int, int]) -> Watermark | None:
+        self._read_recorded()
         wait = MARK_WAIT_SECONDS if self._mark_wait is None else self._mark_wait
         deadline = time.monotonic() + wait
         try:

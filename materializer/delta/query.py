@@ -184,6 +184,7 @@ def delta_sinks(
             engine=config.delta.merge_engine,
             location=delta_rs_location(config, table),
             user_metadata=offsets.user_metadata,
+            mark_only=offsets.mark_only,
         )
     ]
     if ttl is not None and ttl.delta is not None:

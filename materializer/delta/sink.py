@@ -65,7 +65,9 @@ class DeltaSink(Sink):
     and storage options for delta-rs (``clients.object_store.delta_rs_location``);
     ``path`` itself when it is a local folder. ``user_metadata``: the ``userMetadata``
     of a batch's MERGE commit, asked just before it (``delta.marks.SourceOffsets``); both
-    engines record it as the commit's ``commitInfo.userMetadata``.
+    engines record it as the commit's ``commitInfo.userMetadata``. ``mark_only``: that of
+    a commit of an empty batch, when it has a newer mark to record (None: nothing to
+    commit), which delta-rs commits as an append of no rows.
     """
 
     name = "delta"
@@ -78,8 +80,10 @@ class DeltaSink(Sink):
         engine: Literal["delta_rs", "spark"] = "delta_rs",
         location: tuple[str, dict[str, str] | None] | None = None,
         user_metadata: Callable[[int], str | None] | None = None,
+        mark_only: Callable[[int], str | None] | None = None,
     ) -> None:
         self.path = path
+        self._mark_only = mark_only
         self.updated_at = updated_at
         self.engine = engine
         self.location = location or (path, None)
@@ -170,7 +174,8 @@ class DeltaSink(Sink):
         entity = batch.rows.schema[c.ENTITY].dataType
         self.ensure_table(spark, entity)  # type: ignore[arg-type]
         if batch.count == 0:
-            return  # a MERGE of nothing still reads the whole table
+            self._commit_mark(batch)  # a MERGE of nothing would still read the whole table
+            return
         fields = [f.name for f in entity.fields]  # type: ignore[attr-defined]
         own = [f.name for f in self._own_columns()]
         stamp = [batch.rows[c.TIMESTAMP].alias(c.TABLE_UPDATED_AT)] if self.updated_at else []
@@ -234,6 +239,7 @@ class DeltaSink(Sink):
         rows = _last_per_key(source.toArrow())
         self._rows_out = rows.num_rows
         if rows.num_rows == 0:
+            self._commit_mark(batch)
             return
         assignments = {
             **{_sql_name(n): f"s.{_sql_name(n)}" for n in written},
@@ -258,6 +264,32 @@ class DeltaSink(Sink):
             .when_matched_update(updates=assignments, predicate=f"NOT {deleted}")
             .when_not_matched_insert(updates=assignments, predicate=f"NOT {deleted}")
             .execute()
+        )
+
+    def _commit_mark(self, batch: Batch) -> None:
+        """Commit an empty batch's newer mark, if it has one: an append of no rows, with
+        the batch's app transaction (a replay commits nothing)."""
+        if self._mark_only is None or self.engine != "delta_rs":
+            return
+        import pyarrow as pa
+        from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+
+        uri, options = self.location
+        table = DeltaTable(uri, storage_options=options)
+        done = table.transaction_version(batch.app_id)
+        if done is not None and done >= batch.batch_id:
+            return
+        metadata = self._mark_only(batch.batch_id)
+        if metadata is None:
+            return
+        write_deltalake(
+            table,
+            pa.schema(table.schema().to_arrow()).empty_table(),
+            mode="append",
+            commit_properties=CommitProperties(
+                custom_metadata={"userMetadata": metadata},
+                app_transactions=[Transaction(batch.app_id, batch.batch_id)],
+            ),
         )
 
     def _metadata(self, batch: Batch) -> str | None:

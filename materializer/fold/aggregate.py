@@ -136,9 +136,11 @@ def _plan(records: DataFrame, name: str, fn: str, field: str | None) -> Aggregat
     elif fn != "sum" and isinstance(dtype, T.BooleanType):
         encoded = ("bool", col.cast("string"), dtype)
     elif fn != "sum" and isinstance(dtype, T.DateType):
-        encoded = ("day", F.concat_ws(" ", F.unix_date(col), _wrapped(col)), dtype)
+        day = F.concat_ws(" ", F.unix_date(col), _wrapped(col))
+        encoded = ("day", F.when(col.isNotNull(), day), dtype)
     elif fn != "sum" and type(dtype) is T.TimestampType:
-        encoded = ("micros", F.concat_ws(" ", F.unix_micros(col), _wrapped(col)), dtype)
+        micros = F.concat_ws(" ", F.unix_micros(col), _wrapped(col))
+        encoded = ("micros", F.when(col.isNotNull(), micros), dtype)
     if encoded is None:
         needs = "a numeric field" if fn == "sum" else _MIN_MAX_TYPES
         raise ConfigError(
@@ -364,6 +366,15 @@ class AggregateFolder:
         shown = json.loads(entity, parse_float=_Number, parse_int=_Number)
         values = [_encoded(sp, shown.get(sp.name)) for sp in self.specs]
         return orjson.dumps({"p": {}, "n": 1, "v": values})
+
+    def lua_spec(self) -> list[tuple[str, str, str, int, int]]:
+        """The aggregates as the Redis Functions' aggregate fold reads them
+        (``aggregate.lua``): per aggregate its name, function, kind, its input's place in
+        the payload (-1: none) and a decimal sum's integer digits at most (-1: no bound)."""
+        return [
+            (sp.name, sp.fn, sp.kind, sp.at, -1 if sp.digits is None else sp.digits)
+            for sp in self.specs
+        ]
 
     def __call__(self, state: bytes | None, events: list[Event]) -> tuple[bytes, bytes | None]:
         """Skip what was folded before, then fold: a delete starts the aggregates afresh."""

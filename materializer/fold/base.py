@@ -161,6 +161,15 @@ def order_column(records: DataFrame, event_time: str | None = None) -> Column:
     return parts[0] if len(parts) == 1 else F.concat(*parts)
 
 
+def orders_are_digits(records: DataFrame, event_time: str | None = None) -> bool:
+    """Whether ``order_column``'s orders are digits and zero bytes only: without an event
+    time, or with one that is not a string. The Redis Functions compare such orders as they
+    are (``digits_after``), without the byte-by-byte search a string needs."""
+    from pyspark.sql import types as T
+
+    return event_time is None or not isinstance(records.schema[event_time].dataType, T.StringType)
+
+
 def _sortable(value: Column, dtype: DataType) -> Column:
     from pyspark.sql import functions as F
     from pyspark.sql import types as T

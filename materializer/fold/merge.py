@@ -180,8 +180,9 @@ def _later(a: str | None, b: str | None) -> str | None:
 
 
 def _exact_loads(text: bytes | str) -> Any:
-    """JSON with every non-integer number kept as its text."""
-    return json.loads(text, parse_float=orjson.Fragment)
+    """JSON with every number kept as its text (an integer of a decimal(38, 0) may be past
+    what ``orjson`` writes as a number)."""
+    return json.loads(text, parse_float=orjson.Fragment, parse_int=orjson.Fragment)
 
 
 class MergeFolder:
@@ -223,6 +224,21 @@ class MergeFolder:
             del s["o"]
         text = orjson.dumps(s)
         return text, (orjson.dumps(entity) if _after(s.get("e"), s.get("d")) else None)
+
+    def lua_spec(self) -> list[tuple[str, str, int, bool]]:
+        """The fields as the Redis Functions' merge fold reads them (``merge.lua``): per
+        field, depth first, its name, its key in the state as the state's JSON writes it,
+        its parent's place counted from 1 (0: the entity) and whether it is an object."""
+        places = {f.path: n for n, f in enumerate(self._flat, 1)}
+        return [
+            (
+                f.name,
+                orjson.dumps(f.key).decode(),
+                places.get(f.path[:-1], 0),
+                f.children is not None,
+            )
+            for f in self._flat
+        ]
 
     def seed(self, entity: bytes) -> bytes:
         """Every member of the entity set at the lowest order: any event sorts after it."""

@@ -1,9 +1,10 @@
 """The columns the real-time writer reads, by name (``io.materializer.live.Record``).
 
 Each map's events leave its part of the query as the micro-batch path hands them to the
-fold (``RedisFold.arrow_columns``: key, order, the entity's JSON, a failed record's dead
-letter), with the map's index in the writer's spec, the record's source position, and its
-Redis keys, computed by Spark so that the writer knows nothing of the key layout.
+fold (``RedisFold.arrow_columns``: key, order, the mode's payload and aux, a failed
+record's dead letter), with the map's index in the writer's spec, the record's source
+position, and its Redis keys, computed by Spark so that the writer knows nothing of the
+key layout.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING
 from materializer import record_columns as c
 from materializer.contract.redis_layout import STATE_MARK, entity_key
 from materializer.redis.prepare import (
+    AUX,
     LETTER_HEADERS,
     LETTER_KEY,
     LETTER_VALUE,
@@ -59,6 +61,7 @@ def writer_columns(fold: RedisFold, events: DataFrame, index: int, physical: str
         state_key_column(physical, key).alias("state"),
         F.col(ORDER).alias("order"),
         F.col(VALUE).alias("value"),
+        F.col(AUX).alias("aux"),
         F.col(LETTER_KEY).alias("letter_key"),
         F.col(LETTER_VALUE).alias("letter_value"),
         F.col(LETTER_HEADERS).alias("letter_headers"),

@@ -20,6 +20,9 @@ from materializer.config import AppConfig
 from materializer.config.maps import realtime_problems, realtime_refusal
 from materializer.contract.redis_layout import live_freshness_key, meta_key, physical_name
 from materializer.errors import ConfigError
+from materializer.fold.aggregate import AggregateFolder
+from materializer.fold.base import orders_are_digits
+from materializer.fold.merge import MergeFolder
 from materializer.group.fencing import Ownership
 from materializer.job import map_fold, map_key_paths, records
 from materializer.live.columns import writer_columns
@@ -202,8 +205,25 @@ def _map_part(
         "group": live_group(name),
         "transactionalId": transactional_prefix(physical),
         "freshness": live_freshness_key(name),
+        "fold": function_fold(fold, keyed),
+        "batchInOrder": fold.mode.batch_in_order,
     }
     return writer_columns(fold, events, index, physical), spec
+
+
+def function_fold(fold: RedisFold, records: DataFrame) -> str:
+    """The map's fold as the real-time function reads it: '' for ``latest`` (Redis compares
+    orders), else the mode's spec as JSON (``merge.lua``, ``aggregate.lua``). ``records``:
+    the map's records before the fold, whose event time says how its orders compare."""
+    folder = fold.target.folder
+    if isinstance(folder, MergeFolder):
+        digits = orders_are_digits(records, fold.mode.fold.event_time)
+        return orjson.dumps({"merge": folder.lua_spec(), "digits": digits}).decode()
+    if isinstance(folder, AggregateFolder):
+        return orjson.dumps({"aggregate": folder.lua_spec()}).decode()
+    if folder is not None:
+        raise TypeError(f"the real-time path has no fold of {type(folder).__name__}")
+    return ""
 
 
 WRITERS_DRAIN_S = 75.0

@@ -1,5 +1,5 @@
-#!lua name=materializer
--- Materializer's fold functions. Loaded with FUNCTION LOAD REPLACE at every start.
+-- Materializer's fold functions (the last part of the materializer library, after
+-- text.lua, merge.lua and aggregate.lua). Loaded with FUNCTION LOAD REPLACE at every start.
 --
 -- KEYS[1] is one entity key of the call, which routes it to its master on a cluster;
 -- every key a call touches comes in ARGV, and lives on that master (the flag below).
@@ -8,20 +8,6 @@
 -- map's marker on this server, how long a deleted entity's state stays (PX ms), the
 -- map's expiry index on this server ('' without a TTL), the map's owner key on this
 -- server and the writer's epoch ('' outside a worker group).
-
--- Whether a sorts after b byte by byte: Lua's own '<' on strings follows the server's
--- locale (strcoll), the fold's orders follow bytes, as Spark compares strings.
-local function after(a, b)
-  if a == b then return false end
-  local n = math.min(#a, #b)
-  if string.sub(a, 1, n) == string.sub(b, 1, n) then return #a > #b end
-  local lo, hi = 1, n
-  while lo < hi do
-    local mid = math.floor((lo + hi) / 2)
-    if string.sub(a, 1, mid) == string.sub(b, 1, mid) then lo = mid + 1 else hi = mid end
-  end
-  return string.byte(a, lo) > string.byte(b, lo)
-end
 
 -- Whether this server holds the map's copy whole: a server restarted empty (or replaced)
 -- has no marker, and nothing may be folded onto it before the copy is restored.
@@ -118,18 +104,49 @@ local function latest(keys, args)
   return out
 end
 
+-- The map's fold from its spec ('' for ``latest``, ``live.query.function_fold``): its
+-- merge (merge.lua) or its aggregates (aggregate.lua).
+local function fold_of(spec)
+  if spec == '' then return nil end
+  local decoded = cjson.decode(spec)
+  if decoded.merge then return {merge = merge_fields(decoded)} end
+  return {aggregate = aggregate_specs(decoded.aggregate)}
+end
+
+-- A record of a merge or aggregate map folded into its key's state: the entity after it
+-- (false: none). A record that changes nothing (folded before) writes nothing.
+local function folded(args, fold, place, offset, entity, state_key, order, value, aux)
+  local state = redis.call('GET', state_key) or nil
+  local current = nil
+  if state == nil then current = redis.call('GET', entity) or nil end
+  local payload = nil
+  if value ~= '' then payload = value end
+  local after_state, built
+  if fold.merge then
+    after_state, built = merge_fold(fold.merge, state, current, order, payload, aux)
+  else
+    after_state, built = aggregate_fold(fold.aggregate, state, current, place, offset, payload)
+  end
+  if after_state == nil or after_state == state then return redis.call('GET', entity) end
+  write(args, entity, state_key, after_state, built or '')
+  return built or false
+end
+
 -- The real-time path's call (``materializer.live``): ARGV after the ten are the map's
--- watermark hash and the writer's app id, then per record its topic, partition, offset,
--- entity key, state key, order ('' for a record that failed) and value ('' deletes).
--- A record at or past its partition's next offset in the watermark is new: it applies as
--- in ``latest`` (a failed one only moves the position), and the watermark's next offset
--- moves past it, in the same atomic call. One before it was applied already (the replay
--- of a batch after a restart) and changes nothing. So the call is idempotent by source
--- position, whatever batches the records come in. Returns per record 1 when applied,
--- 0 for a new record that failed, -1 for one already applied that failed, else the
--- entity's current value (false: none), which the changelog then carries again: a query
--- starts where Kafka took its last transaction, so the records it reads that the
--- watermark has passed are those whose changelog and dead letters may be missing.
+-- watermark hash, the writer's app id and the map's fold ('' for ``latest``, else the
+-- mode's spec as JSON: {"merge": fields} or {"aggregate": aggregates}), then per record
+-- its topic, partition, offset, entity key, state key, order ('' for a record that
+-- failed), value ('' deletes; aggregate: the inputs) and aux (merge: the fields it sets
+-- to null). A record at or past its partition's next offset
+-- in the watermark is new: it applies as in ``latest``, or folds (a failed one only
+-- moves the position), and the watermark's next offset moves past it, in the same atomic
+-- call. One before it was applied already (the replay of a batch after a restart) and
+-- changes nothing. So the call is idempotent by source position, whatever batches the
+-- records come in. Returns per record 1 when applied (``latest``), 0 for a new record
+-- that failed, -1 for one already applied that failed, else the entity's current value
+-- (false: none), which the changelog then carries: a query starts where Kafka took its
+-- last transaction, so the records it reads that the watermark has passed are those
+-- whose changelog and dead letters may be missing.
 local function live(keys, args)
   local refusal = refused(args)
   if refusal then return refusal end
@@ -137,10 +154,11 @@ local function live(keys, args)
   local raw = redis.call('HGET', meta, 'offsets')
   local offsets = {}
   if raw then offsets = cjson.decode(raw) end
+  local fold = fold_of(args[13])
   local moved = false
   local out = {}
-  for i = 0, (#args - 12) / 7 - 1 do
-    local b = 13 + 7 * i
+  for i = 0, (#args - 13) / 8 - 1 do
+    local b = 14 + 8 * i
     local topic, partition, offset = args[b], args[b + 1], tonumber(args[b + 2])
     local entity, state_key, order, value = args[b + 3], args[b + 4], args[b + 5], args[b + 6]
     local parts = offsets[topic]
@@ -156,6 +174,9 @@ local function live(keys, args)
       moved = true
       if order == '' then
         out[i + 1] = 0
+      elseif fold then
+        out[i + 1] = folded(args, fold, topic .. ':' .. partition, args[b + 2], entity,
+          state_key, order, value, args[b + 7])
       else
         out[i + 1] = later(args, entity, state_key, order, value)
       end
@@ -166,6 +187,18 @@ local function live(keys, args)
       'app_id', args[12], 'updated_at_ms', now_ms())
   end
   return out
+end
+
+-- The previous release's real-time call: no fold spec, no aux (``latest`` only).
+local function live_v5(keys, args)
+  local out = {}
+  for i = 1, 12 do out[i] = args[i] end
+  out[13] = ''
+  for i = 0, (#args - 12) / 7 - 1 do
+    for j = 0, 6 do out[#out + 1] = args[13 + 7 * i + j] end
+    out[#out + 1] = ''
+  end
+  return live(keys, out)
 end
 
 -- ARGV: state key, entity key, per key. Returns both values per key (false: none).
@@ -281,7 +314,9 @@ redis.register_function{function_name='materializer_put_v3',
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_latest_v4', callback=latest,
   flags={'allow-cross-slot-keys'}}
-redis.register_function{function_name='materializer_live_v5', callback=live,
+redis.register_function{function_name='materializer_live_v5', callback=live_v5,
+  flags={'allow-cross-slot-keys'}}
+redis.register_function{function_name='materializer_live_v6', callback=live,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_read_v3', callback=read,
   flags={'no-writes', 'allow-cross-slot-keys'}}

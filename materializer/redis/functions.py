@@ -2,7 +2,10 @@
 every master, routing a call to the master holding its keys, and the target a map's
 calls write to.
 
-One library (``functions.lua``) holds every function (``materializer_<name>_v<n>``),
+One library holds every function (``materializer_<name>_v<n>``), written in parts:
+``text.lua`` (byte order, and JSON read keeping each value's text), ``merge.lua`` and
+``aggregate.lua`` (the folds the real-time path applies) and ``functions.lua`` (the
+functions),
 loaded with ``FUNCTION LOAD REPLACE`` on every master before a map folds, and
 again by a call that finds it gone. A function that writes first checks the
 map's marker: a server restarted empty answers ``MATERIALIZER_LOST`` instead of
@@ -32,13 +35,14 @@ READ = READ_FUNCTION
 PUT = "materializer_put_v4"
 NEXT_EPOCH = "materializer_next_epoch_v4"
 RAISE_EPOCH = "materializer_raise_epoch_v4"
-LEGACY = ("materializer_latest_v3", "materializer_put_v3")
+LEGACY = ("materializer_latest_v3", "materializer_put_v3", "materializer_live_v5")
 """The writing functions of the previous release, with its arguments (no owner, no
 epoch): kept so that its workers and this release's run side by side in a rolling
 upgrade without replacing each other's library."""
-LIVE = "materializer_live_v5"
-"""The real-time path's writing function: ``latest`` idempotent by source position, the
-watermark's offsets moved in the same call (``materializer.live``)."""
+LIVE = "materializer_live_v6"
+"""The real-time path's writing function: ``latest`` applied, ``merge`` and ``aggregate``
+folded, idempotent by source position, the watermark's offsets moved in the same call
+(``materializer.live``)."""
 FILL = "materializer_fill_v3"
 EXPIRE = "materializer_expire_v3"
 
@@ -50,9 +54,15 @@ FENCED = "MATERIALIZER_FENCED"
 
 FIXED_ARGS = 10
 
-SOURCE = (resources.files(__package__) / "functions.lua").read_text(encoding="utf-8")
-"""The library's Lua (``functions.lua`` beside this module): every function it registers is
-named above, which ``tests/unit/test_redis_functions.py`` checks."""
+PARTS = ("text.lua", "merge.lua", "aggregate.lua", "functions.lua")
+"""The library's Lua, beside this module, in the order its parts are joined: each part's
+local functions are seen by the parts after it."""
+
+SOURCE = f"#!lua name={LIBRARY}\n" + "\n".join(
+    (resources.files(__package__) / part).read_text(encoding="utf-8") for part in PARTS
+)
+"""The library: every function it registers is named above, which
+``tests/unit/test_redis_functions.py`` checks."""
 
 CHUNK = 1000
 """Keys per ``FCALL``: enough to amortise the round trip, few enough not to hold up

@@ -1,7 +1,8 @@
 """The real-time path against real Kafka, Redis and Spark: maps that share one query in
-Real-time Mode fold as the plain-Python reference does, and a crash of the whole process
-group (kill -9) mid-stream repeats and loses nothing, in Redis, in the changelog or in the
-dead letters."""
+Real-time Mode (one of each fold mode) fold as the plain-Python reference does, and a
+crash of the whole process group (kill -9) mid-stream repeats and loses nothing, in
+Redis, in the changelog or in the dead letters (an ``aggregate`` map's counts and sums
+show a record folded twice)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from materializer.contract.watermark import Watermark
 from materializer.live.positions import committed
 from materializer.testing import create_topic, produce
 from materializer.testing.process import ManagedProcess
-from materializer.testing.reference import Event, fold_latest
+from materializer.testing.reference import Event, fold_aggregate, fold_latest, fold_merge
 from materializer.testing.waiting import wait_until
 from tests.helpers.runs import config_file
 from tests.helpers.slices import read_committed
@@ -33,11 +34,41 @@ pytestmark = pytest.mark.integration
 SCHEMA = "id STRING, name STRING, seq BIGINT"
 FIELDS = ["id", "name", "seq"]
 KEYS = 40
+MODES = ("aggregate", "merge", "latest")
+"""The fold modes of ``live_maps``' maps, in their order."""
+AGGREGATES = {
+    "events": ("count", None),
+    "named": ("count", "name"),
+    "total": ("sum", "seq"),
+    "low": ("min", "seq"),
+    "top": ("max", "name"),
+    "opening": ("first", "name"),
+    "closing": ("last", "seq"),
+}
+FOLDS: dict[str, dict[str, Any]] = {
+    "latest": {"mode": "latest"},
+    "merge": {"mode": "merge"},
+    "aggregate": {
+        "mode": "aggregate",
+        "aggregates": {n: {"fn": fn, "field": f} for n, (fn, f) in AGGREGATES.items()},
+    },
+}
 
 
-def records(rng: random.Random, n: int, first: int) -> list[tuple[bytes | None, bytes | None]]:
+def reference(mode: str, events: list[Event]) -> dict[str, dict[str, Any]]:
+    """What a map folded as ``mode`` holds after ``events``, folded in plain Python."""
+    if mode == "aggregate":
+        return fold_aggregate(events, "id", AGGREGATES)
+    return (fold_merge if mode == "merge" else fold_latest)(events, "id", FIELDS)
+
+
+def records(
+    rng: random.Random, n: int, first: int, mode: str = "latest"
+) -> list[tuple[bytes | None, bytes | None]]:
     """``n`` records over ``KEYS`` keys: mostly upserts, some deletes (tombstones), some
-    that cannot be folded (not JSON, or without the key field)."""
+    that cannot be folded (not JSON, or without the key field). For a ``merge`` map, some
+    upserts leave ``name`` out (it stays) or set it to null (it goes); for an ``aggregate``
+    map, some set it to null (``count`` of it skips them, ``first`` takes the null)."""
     out: list[tuple[bytes | None, bytes | None]] = []
     for seq in range(first, first + n):
         key = f"k{rng.randrange(KEYS)}"
@@ -49,7 +80,11 @@ def records(rng: random.Random, n: int, first: int) -> list[tuple[bytes | None, 
         elif roll < 0.14:
             out.append((key.encode(), orjson.dumps({"name": f"no id {seq}", "seq": seq})))
         else:
-            doc = {"id": key, "name": f"n{seq}", "seq": seq}
+            doc: dict[str, Any] = {"id": key, "name": f"n{seq}", "seq": seq}
+            if mode == "merge" and roll < 0.3:
+                doc.pop("name")
+            elif mode != "latest" and roll < 0.4:
+                doc["name"] = None
             out.append((key.encode(), orjson.dumps(doc)))
     return out
 
@@ -90,14 +125,14 @@ def folded_to(client: redis.Redis, name: str, ends: dict[int, int], topic: str) 
     return all(reached.get(p, 0) >= end for p, end in ends.items())
 
 
-def two_maps(
+def live_maps(
     prefix: str, bootstrap: str, redis_url: str, tmp_path: Path, spark: dict[str, Any]
 ) -> tuple[list[str], dict[str, str], Path]:
-    """Two maps named from ``prefix``, each of a topic of its own (two partitions) holding
-    ``records``' JSON, in a configuration file with ``spark``'s settings: their names, their
-    topics and the file."""
+    """A map of each of ``MODES``, named from ``prefix``, each of a topic of its own (two
+    partitions) holding ``records``' JSON, in a configuration file with ``spark``'s
+    settings: their names, their topics and the file."""
     suffix = uuid.uuid4().hex[:8]
-    names = [f"{prefix}_a_{suffix}", f"{prefix}_b_{suffix}"]
+    names = [f"{prefix}_{mode[0]}_{suffix}" for mode in MODES]
     topics = {name: create_topic(bootstrap, 2) for name in names}
     doc = {
         "kafka": {"bootstrap_servers": bootstrap},
@@ -110,8 +145,9 @@ def two_maps(
                 "source": {"topics": [topic], "format": "json", "schema": SCHEMA},
                 "key": "id",
                 "on_error": "dead_letter",
+                "fold": FOLDS[mode],
             }
-            for name, topic in topics.items()
+            for (name, topic), mode in zip(topics.items(), MODES, strict=True)
         },
     }
     return names, topics, config_file(doc, tmp_path)
@@ -121,14 +157,14 @@ def test_maps_sharing_a_live_query_equal_the_reference_across_a_kill(
     kafka_bootstrap: str, redis_url: str, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     spark = {"master": "local[6]"}
-    names, topics, path = two_maps("live", kafka_bootstrap, redis_url, tmp_path, spark)
+    names, topics, path = live_maps("live", kafka_bootstrap, redis_url, tmp_path, spark)
     rng = random.Random(11)
     produced: dict[str, list[Event]] = {name: [] for name in names}
     ends: dict[str, dict[int, int]] = {name: {} for name in names}
 
     def produce_round(n: int, first: int) -> None:
-        for name in names:
-            batch = records(rng, n, first)
+        for name, mode in zip(names, MODES, strict=True):
+            batch = records(rng, n, first, mode)
             for (partition, offset), (key, value) in zip(
                 produce(kafka_bootstrap, topics[name], batch), batch, strict=True
             ):
@@ -175,8 +211,8 @@ def test_maps_sharing_a_live_query_equal_the_reference_across_a_kill(
             if live.proc.proc.returncode not in (0, -15, 143):
                 print(live.proc.tail(80), file=sys.stderr)
 
-    for name in names:
-        expected = fold_latest(produced[name], "id", FIELDS)
+    for name, mode in zip(names, MODES, strict=True):
+        expected = reference(mode, produced[name])
         keys = {k.decode().split(":", 1)[1] for k in redis_client.keys(f"{name}:k*")}
         assert keys == set(expected), name
         for key, entity in expected.items():

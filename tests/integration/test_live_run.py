@@ -1,11 +1,13 @@
 """The real-time path through ``materializer run``, as users start it: maps with
-``spark.path: realtime`` open and catch up in micro-batches, then fold in a shared
-real-time query (both in one, or each in its own with ``spark.live_maps_per_query: 1``).
-A kill -9 of the whole process group mid-stream, a pause and a resume (a switch back to
-micro-batches and forth again) while records stream in, a map whose Redis copy is lost
-meanwhile (the other folds on), and a stop by SIGTERM leave Redis, the changelog, the dead
-letters and the Delta tables equal to the plain-Python reference, with nothing folded
-twice. In a query of its own, the other map's query never starts again meanwhile."""
+``spark.path: realtime`` (one of each fold mode) open and catch up in micro-batches, then
+fold in a shared real-time query (all in one, or each in its own with
+``spark.live_maps_per_query: 1``). A kill -9 of the whole process group mid-stream, a
+pause and a resume (a switch back to micro-batches and forth again) while records stream
+in, a map whose Redis copy is lost meanwhile (the others fold on; the lost map, an
+``aggregate`` one, seeds its states from the restored entities), and a stop by SIGTERM
+leave Redis, the changelog, the dead letters and the Delta tables equal to the
+plain-Python reference, with nothing folded twice. In a query of its own, another map's
+query never starts again meanwhile."""
 
 from __future__ import annotations
 
@@ -30,10 +32,10 @@ from materializer.contract.watermark import Watermark
 from materializer.live.positions import committed, live_group
 from materializer.testing import produce
 from materializer.testing.process import ManagedProcess
-from materializer.testing.reference import Event, fold_latest
+from materializer.testing.reference import Event
 from materializer.testing.waiting import wait_until
 from tests.helpers.slices import delta_map_rs, read_committed, redis_map
-from tests.integration.test_live_path import FIELDS, failing, records, two_maps
+from tests.integration.test_live_path import MODES, failing, live_maps, records, reference
 
 pytestmark = pytest.mark.integration
 
@@ -52,8 +54,8 @@ class Streams:
         self.next_seq = 0
 
     def round(self, n: int) -> None:
-        for name, topic in self.topics.items():
-            batch = records(self.rng, n, self.next_seq)
+        for (name, topic), mode in zip(self.topics.items(), MODES, strict=True):
+            batch = records(self.rng, n, self.next_seq, mode)
             for (partition, offset), (key, value) in zip(
                 produce(self.bootstrap, topic, batch), batch, strict=True
             ):
@@ -83,7 +85,7 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
     per_query: int,
 ) -> None:
     spark = {"path": "realtime", "live_maps_per_query": per_query}
-    names, topics, path = two_maps("rt", kafka_bootstrap, redis_url, tmp_path, spark)
+    names, topics, path = live_maps("rt", kafka_bootstrap, redis_url, tmp_path, spark)
     config = load_config(path)
     streams = Streams(kafka_bootstrap, topics)
     log = tmp_path / "run.log"
@@ -110,7 +112,7 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
                 return True
         return False
 
-    def both_live(joins: int) -> bool:
+    def all_live(joins: int) -> bool:
         return all(live(name, joins) for name in names)
 
     def alive() -> bool:
@@ -156,7 +158,7 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
     streams.round(400)  # a backlog: each map opens and catches up in micro-batches first
     try:
         proc = ManagedProcess(args, log)
-        wait_until("both maps on the real-time path", lambda: both_live(1), 300, alive)
+        wait_until("every map on the real-time path", lambda: all_live(1), 300, alive)
         wait_until("the status says so", lambda: paths() == {n: "realtime" for n in names}, 60)
         # Records stream in while the whole process group is killed.
         streaming = streams.stream(40, 10)
@@ -165,7 +167,7 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
         streaming.join()
         streams.round(200)
         proc = ManagedProcess(args, log)  # the log goes on: two more joins after the restart
-        wait_until("both maps back on the real-time path", lambda: both_live(2), 300, alive)
+        wait_until("every map back on the real-time path", lambda: all_live(2), 300, alive)
         # A pause and a resume while records stream in: the map leaves the shared query,
         # stops, and starts again in micro-batches from where the real-time path left it,
         # then joins again; the other map folds on.
@@ -237,9 +239,9 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
     # the killed run's alone are left (its fold queries' and its Delta query's).
     left = sorted(p.name for p in (tmp_path / "checkpoints" / "__live__").iterdir())
     worker = left[0].rpartition(".")[0]
-    queries = [f"{worker}.{i}" for i in range(1 if per_query > 1 else 2)]
+    queries = [f"{worker}.{i}" for i in range(1 if per_query > 1 else len(names))]
     assert left == [*queries, f"{worker}.delta"], left
-    for name in names:
+    for name, mode in zip(names, MODES, strict=True):
         topic = topics[name]
         # The run ended with its drain: the real-time path's committed position equals the
         # watermark (no transaction left open), and the Delta table holds what Redis holds.
@@ -250,7 +252,7 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
         assert watermark.app_id == "live", name
         assert positions == {topic: reached}, name
         produced = [e for e in streams.produced[name] if e[1] < reached.get(e[0], 0)]
-        expected = fold_latest(produced, "id", FIELDS)
+        expected = reference(mode, produced)
         assert redis_map(redis_client, name) == expected, name
         assert delta_map_rs(tmp_path / "warehouse" / name) == expected, name
         assert table_offsets(name) == reached, name  # the last mark, once its writers stopped

@@ -251,3 +251,56 @@ def test_a_delta_query_behind_its_table_starts_where_the_table_stands(
         assert mark is not None and mark.watermark is not None
         _assert_reflects(delta_map_rs_at(path, later), events, mark.watermark.offsets[topic])
     assert delta_map_rs(path) == fold_latest(events, "id", FIELDS)
+
+
+def test_an_empty_batch_commits_a_newer_mark_of_its_own(
+    spark, redis_url, redis_client, tmp_path: Path
+):
+    """A map that stopped leaves a last mark after its last changes (the real-time path's
+    last one): no later MERGE would record it, so the first Delta batch that merges nothing
+    commits it alone, once, and an empty batch with no newer mark commits nothing."""
+    from materializer import record_columns as c
+    from materializer.batch import Batch
+    from materializer.config import RedisConfig
+    from materializer.contract.watermark import Watermark
+    from materializer.delta.marks import SourceOffsets
+    from materializer.delta.sink import DeltaSink
+    from materializer.redis.watermark import WatermarkSink
+
+    name = f"quiet{tmp_path.name[-6:]}"
+    path = str(tmp_path / "table")
+    config = RedisConfig(url=redis_url)
+    marks = WatermarkSink(config, name, lambda _: {})
+    reached: dict[int, dict[str, dict[int, int]]] = {}
+    offsets = SourceOffsets(config, name, lambda b: reached[b], MergedPositions((path, None), "cl"))
+    sink = DeltaSink(path, user_metadata=offsets.user_metadata, mark_only=offsets.mark_only)
+    schema = f"{c.KEY} STRING, {c.DELETED} BOOLEAN, {c.ENTITY} STRUCT<id: STRING>"
+    rows = spark.createDataFrame([("k1", False, ("k1",))], schema)
+    empty = spark.createDataFrame([], schema)
+
+    marks.commit(Watermark(0, {"src": {0: 5}}, 1, "fold"), {0: 3})
+    reached[0] = {"cl": {0: 3}}
+    sink.write(Batch(rows, 0, "app"))
+    assert table_watermark(DeltaTable(path)) == Watermark(0, {"src": {0: 5}}, 1, "fold")
+    version = DeltaTable(path).version()
+
+    reached[1] = {"cl": {0: 3}}
+    sink.write(Batch(empty, 1, "app", count=0))  # nothing newer: nothing committed
+    assert DeltaTable(path).version() == version
+    # Records that changed nothing in the changelog (dead letters), then the stop's mark.
+    last = Watermark(7, {"src": {0: 9}}, 2, "live")
+    marks.commit(last, {0: 3})
+    reached[2] = {"cl": {0: 3}}
+    sink.write(Batch(empty, 2, "app", count=0))
+    assert DeltaTable(path).version() == version + 1
+    assert table_watermark(DeltaTable(path)) == last
+    assert delta_map_rs(path) == {"k1": {"id": "k1"}}  # no rows touched
+    sink.write(Batch(empty, 2, "app", count=0))  # a replay of the batch
+    reached[3] = {"cl": {0: 3}}
+    sink.write(Batch(empty, 3, "app", count=0))  # the mark is recorded already
+    assert DeltaTable(path).version() == version + 1
+    newer = Watermark(8, {"src": {0: 10}}, 3, "live")
+    marks.commit(newer, {0: 3})
+    reached[4] = {"cl": {0: 3}}
+    sink.write(Batch(empty, 4, "app"))  # not counted: found empty as it is read
+    assert table_watermark(DeltaTable(path)) == newer

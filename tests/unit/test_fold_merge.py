@@ -20,21 +20,14 @@ from pyspark.sql.types import (
 from materializer.fold.base import Event, with_batch_time
 from materializer.fold.merge import MergeFolder, fields_of
 from materializer.testing.reference import json_merge_patch
+from tests.helpers.merge_patches import ADDRESS, as_spark_hands_it
 
 SCHEMA = StructType(
     [
         StructField("name", StringType()),
         StructField("n", LongType()),
         StructField("tags", ArrayType(StringType())),
-        StructField(
-            "address",
-            StructType(
-                [
-                    StructField("city", StringType()),
-                    StructField("geo", StructType([StructField("lat", StringType())])),
-                ]
-            ),
-        ),
+        ADDRESS,
     ]
 )
 FOLDER = MergeFolder(fields_of(SCHEMA), exact=False)
@@ -45,22 +38,7 @@ NUMBER |= {("address", "geo"): 5, ("address", "geo", "lat"): 6}
 
 def as_event(order: int, patch: dict[str, Any] | None) -> Event:
     """A patch as Spark hands it over: the JSON without nulls, the explicit nulls numbered."""
-    if patch is None:
-        return (f"{order:06d}", None, None)
-    nulls: list[str] = []
-
-    def strip(doc: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
-        out = {}
-        for k, v in doc.items():
-            if v is None:
-                nulls.append(str(NUMBER[(*path, k)]))
-            elif isinstance(v, dict):
-                out[k] = strip(v, (*path, k))
-            else:
-                out[k] = v
-        return out
-
-    return (f"{order:06d}", orjson.dumps(strip(patch, ())), ",".join(nulls))
+    return (f"{order:06d}", *as_spark_hands_it(patch, NUMBER))
 
 
 def reference(events: list[tuple[int, dict[str, Any] | None]]) -> dict[str, Any] | None:

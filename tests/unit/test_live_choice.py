@@ -27,6 +27,9 @@ def config(spark: dict[str, Any] | None = None, **maps: dict[str, Any]) -> Any:
     return parse_config(doc)
 
 
+FOLD_COUNT = {"mode": "aggregate", "aggregates": {"n": {"fn": "count"}}}
+
+
 def test_the_run_path_is_micro_batches_unless_asked() -> None:
     cfg = config(plain={}, own={"path": "realtime"})
     assert cfg.fold_path("plain") == "microbatch"
@@ -38,6 +41,7 @@ def test_the_run_default_takes_the_maps_the_real_time_path_can_fold() -> None:
         {"path": "realtime"},
         latest={},
         merged={"fold": {"mode": "merge"}},
+        counted={"fold": FOLD_COUNT},
         kept={"history": True},
         strict={"on_error": "fail"},
         opted_out={"path": "microbatch"},
@@ -45,7 +49,8 @@ def test_the_run_default_takes_the_maps_the_real_time_path_can_fold() -> None:
     paths = {name: cfg.fold_path(name) for name in cfg.maps}
     assert paths == {
         "latest": "realtime",
-        "merged": "microbatch",
+        "merged": "realtime",
+        "counted": "realtime",
         "kept": "microbatch",
         "strict": "microbatch",
         "opted_out": "microbatch",
@@ -54,10 +59,9 @@ def test_the_run_default_takes_the_maps_the_real_time_path_can_fold() -> None:
 
 def test_a_map_that_asks_for_what_the_real_time_path_cannot_fold_is_refused() -> None:
     with pytest.raises(ConfigError) as bad:
-        config(m={"path": "realtime", "fold": {"mode": "merge"}, "history": True})
+        config(m={"path": "realtime", "fold": FOLD_COUNT, "history": True})
     assert bad.value.problems == [
-        "maps.m.path: realtime cannot fold this map: it folds `latest` maps only, not "
-        "fold.mode merge; it writes no history (history: true)"
+        "maps.m.path: realtime cannot fold this map: it writes no history (history: true)"
     ]
 
 

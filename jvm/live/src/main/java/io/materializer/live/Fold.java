@@ -9,6 +9,7 @@ import java.util.ArrayList;
 import java.util.Base64;
 import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Locale;
 import java.util.Map;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.header.internals.RecordHeaders;
@@ -24,6 +25,8 @@ final class Fold {
   static final int CHUNK = 1000;
 
   private static final byte[] EMPTY = new byte[0];
+  /** The bytes of a record's position at the end of its order ({@code fold.base.position}). */
+  static final int POSITION_WIDTH = 29;
   private static final String BATCH_HEADER = "x-batch-id";
   private static final String APP_HEADER = "x-app-id";
 
@@ -31,6 +34,7 @@ final class Fold {
   private final Jedis redis;
   private final Figures figures;
   private final byte[] batch;
+  private long lastMs;
 
   Fold(Spec spec, Jedis redis, Figures figures, long batchId) {
     this.spec = spec;
@@ -66,12 +70,16 @@ final class Fold {
    */
   private void call(int index, Effects effects, List<Record> chunk) {
     Spec.MapSpec map = effects.map;
-    List<byte[]> args = new ArrayList<>(12 + 7 * chunk.size());
+    List<byte[]> args = new ArrayList<>(13 + 8 * chunk.size());
     for (int i = 0; i < map.fixed.size(); i++) {
       args.add(i == 2 ? batch : map.fixed.get(i).getBytes(StandardCharsets.UTF_8));
     }
     args.add(map.meta.getBytes(StandardCharsets.UTF_8));
     args.add(spec.appId.getBytes(StandardCharsets.UTF_8));
+    args.add(map.fold.getBytes(StandardCharsets.UTF_8));
+    byte[] now = map.batchInOrder
+        ? String.format(Locale.ROOT, "%020d", clock()).getBytes(StandardCharsets.UTF_8)
+        : null;
     byte[] route = null;
     for (Record r : chunk) {
       args.add(r.topic.getBytes(StandardCharsets.UTF_8));
@@ -79,8 +87,9 @@ final class Fold {
       args.add(Long.toString(r.offset).getBytes(StandardCharsets.UTF_8));
       args.add(r.failed() ? EMPTY : r.entity);
       args.add(r.failed() ? EMPTY : r.state);
-      args.add(r.failed() ? EMPTY : r.order);
+      args.add(r.failed() ? EMPTY : now == null ? r.order : timed(r.order, now));
       args.add(r.failed() || r.value == null ? EMPTY : r.value);
+      args.add(r.failed() || r.aux == null ? EMPTY : r.aux);
       if (route == null && !r.failed()) {
         route = r.entity;
       }
@@ -118,6 +127,30 @@ final class Fold {
         effects.states.put(r.key, changed(map, r, (byte[]) answer));
       }
     }
+  }
+
+  /**
+   * The wall clock in milliseconds, never behind a time this writer handed out before: a
+   * later record of its partition never gets an earlier time, should the clock step back.
+   */
+  private long clock() {
+    lastMs = Math.max(lastMs, System.currentTimeMillis());
+    return lastMs;
+  }
+
+  /**
+   * The order with the time of its fold put between the event time and the position (the
+   * order's last {@value #POSITION_WIDTH} bytes): a record folded later wins over one of the
+   * key folded before from another partition, as a later micro-batch's does. The position
+   * guard makes a record's fold happen once, so its time need not be the same at a replay.
+   */
+  private static byte[] timed(byte[] order, byte[] now) {
+    int place = order.length - POSITION_WIDTH;
+    byte[] out = new byte[order.length + now.length];
+    System.arraycopy(order, 0, out, 0, place);
+    System.arraycopy(now, 0, out, place, now.length);
+    System.arraycopy(order, place, out, place + now.length, POSITION_WIDTH);
+    return out;
   }
 
   private ProducerRecord<byte[], byte[]> changed(Spec.MapSpec map, Record r, byte[] state) {

@@ -19,6 +19,8 @@ final class Record {
   final byte[] state;
   final byte[] order;
   final byte[] value;
+  /** The mode's own text: for {@code merge}, the fields the record sets to null. */
+  final byte[] aux;
   final byte[] letterKey;
   final byte[] letterValue;
   final String letterHeaders;
@@ -26,7 +28,7 @@ final class Record {
   /** Where each column is in the query's rows. */
   static final class Columns {
     final int map, topic, partition, offset, timestampUs, key, entity, state, order, value,
-        letterKey, letterValue, letterHeaders;
+        aux, letterKey, letterValue, letterHeaders;
 
     Columns(StructType schema) {
       map = schema.fieldIndex("map");
@@ -39,6 +41,7 @@ final class Record {
       state = schema.fieldIndex("state");
       order = schema.fieldIndex("order");
       value = schema.fieldIndex("value");
+      aux = schema.fieldIndex("aux");
       letterKey = schema.fieldIndex("letter_key");
       letterValue = schema.fieldIndex("letter_value");
       letterHeaders = schema.fieldIndex("letter_headers");
@@ -56,6 +59,7 @@ final class Record {
     state = row.getAs(at.state);
     order = bytes(row.<String>getAs(at.order));
     value = row.getAs(at.value);
+    aux = bytes(row.<String>getAs(at.aux));
     letterKey = row.getAs(at.letterKey);
     letterValue = row.getAs(at.letterValue);
     letterHeaders = row.getAs(at.letterHeaders);

@@ -50,6 +50,12 @@ final class Spec implements Serializable {
     String transactionalId;
     /** The map's figures hash ({@code redis_layout.live_freshness_key}). */
     String freshness;
+    /** The map's fold as its function reads it ({@code live.query.function_fold}): empty
+     * for {@code latest}, else the mode's spec. */
+    String fold = "";
+    /** Whether the order has the time of the record's fold in it, before the position, as
+     * the micro-batch path puts the batch's time in ({@code fold.base.with_batch_time}). */
+    boolean batchInOrder;
   }
 
   static Spec parse(String json) {
@@ -63,9 +69,9 @@ final class Spec implements Serializable {
     for (MapSpec m : spec.maps) {
       if (m.fixed == null || m.fixed.size() != 10 || m.function == null || m.meta == null
           || m.group == null || m.transactionalId == null || m.changelog == null
-          || m.freshness == null) {
+          || m.freshness == null || m.fold == null) {
         throw new IllegalArgumentException("map " + m.name + ": function, meta, changelog, "
-            + "group, transactionalId, freshness and 10 fixed arguments");
+            + "group, transactionalId, freshness, fold and 10 fixed arguments");
       }
     }
     return spec;
