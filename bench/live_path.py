@@ -2,8 +2,9 @@
 
 Two loads: one map at ``--rate-one`` events/s (5,000 by default), and ``--maps`` maps
 (16) sharing ``--rate-many`` events/s (2,000), each map reading a topic of its own. Each
-map is `latest` over JSON with a schema, 4 partitions a topic, with dead letters on and a
-Delta table fed from its changelog (``delta.query``), over ``--keys`` keys in all.
+map folds as ``--mode`` says (`latest` by default) over JSON with a schema, 4 partitions a
+topic, with dead letters on and a Delta table fed from its changelog (``delta.query``), over
+``--keys`` keys in all.
 
 For each load, each path folds maps of its own, one path after the other, each in a Spark
 session of its own in this process (the broker, Redis and the producer share the machine;
@@ -44,6 +45,7 @@ from confluent_kafka import Producer
 from cpu_window import CpuWindow
 from freshness import Follower, latency_fields, produce_at_rate, topic_of
 from harness import PARTITIONS, broker_pids, emit, event, machine, map_config, services
+from pipeline import FOLDS
 
 from materializer import job
 from materializer.config import AppConfig
@@ -54,11 +56,18 @@ from materializer.testing import create_topic
 
 
 def config(
-    bootstrap: str, redis_url: str, work: Path, names: list[str], topics: list[str], master: str
+    bootstrap: str,
+    redis_url: str,
+    work: Path,
+    names: list[str],
+    topics: list[str],
+    master: str,
+    mode: str = "latest",
 ) -> AppConfig:
-    """The maps, each over its topic, in a session on ``master`` (``harness.map_config``'s)."""
+    """The maps, each over its topic and folded as ``mode``, in a session on ``master``
+    (``harness.map_config``'s)."""
     each = [
-        map_config(bootstrap, redis_url, work, master, topic, name)
+        map_config(bootstrap, redis_url, work, master, topic, name, FOLDS[mode])
         for name, topic in zip(names, topics, strict=True)
     ]
     return each[0].model_copy(update={"maps": {n: c.maps[n] for c in each for n in c.maps}})
@@ -106,7 +115,7 @@ def measure(
     names = [f"m{i}_{suffix}" for i in range(maps)]
     topics = [create_topic(bootstrap, PARTITIONS) for _ in names]
     master = "local[*]" if path == "microbatch" else f"local[{maps * PARTITIONS + 2}]"
-    cfg = config(bootstrap, redis_url, work, names, topics, master)
+    cfg = config(bootstrap, redis_url, work, names, topics, master, args.mode)
     if args.delta_trigger_s is not None:
         every = timedelta(seconds=args.delta_trigger_s)
         cfg = cfg.model_copy(
@@ -169,6 +178,7 @@ def _measure(
     return {
         "name": f"live_path_{path}",
         "path": path,
+        "mode": args.mode,
         "maps": maps,
         "offered_events_per_s": rate,
         "achieved_events_per_s": achieved,
@@ -219,6 +229,7 @@ def main() -> None:
     ap.add_argument("--rate-one", type=int, default=5000)
     ap.add_argument("--rate-many", type=int, default=2000)
     ap.add_argument("--maps", type=int, default=16)
+    ap.add_argument("--mode", default="latest", choices=sorted(FOLDS), help="the maps' fold")
     ap.add_argument("--keys", type=int, default=100_000)
     ap.add_argument("--warmup-seconds", type=float, default=60)
     ap.add_argument("--seconds", type=float, default=60)

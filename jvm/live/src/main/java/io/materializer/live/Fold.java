@@ -23,6 +23,11 @@ import redis.clients.jedis.Jedis;
 final class Fold {
   /** Records per call: as the micro-batch path's chunks ({@code redis.functions.CHUNK}). */
   static final int CHUNK = 1000;
+  /**
+   * Records per call of a map that folds ({@code merge}, {@code aggregate}): each costs Redis
+   * 15 to 25 µs, so that a call holds Redis's other clients up for 5 ms at most.
+   */
+  static final int FOLD_CHUNK = 200;
 
   private static final byte[] EMPTY = new byte[0];
   /** The bytes of a record's position at the end of its order ({@code fold.base.position}). */
@@ -56,8 +61,9 @@ final class Fold {
     for (Map.Entry<Integer, List<Record>> e : byMap.entrySet()) {
       Effects effects = new Effects(spec.maps.get(e.getKey()));
       List<Record> mine = e.getValue();
-      for (int from = 0; from < mine.size(); from += CHUNK) {
-        call(e.getKey(), effects, mine.subList(from, Math.min(mine.size(), from + CHUNK)));
+      int chunk = effects.map.fold.isEmpty() ? CHUNK : FOLD_CHUNK;
+      for (int from = 0; from < mine.size(); from += chunk) {
+        call(e.getKey(), effects, mine.subList(from, Math.min(mine.size(), from + chunk)));
       }
       out.add(effects);
     }

@@ -27,6 +27,13 @@ import redis.clients.jedis.Jedis;
  * recognise by source position what it applied before.
  */
 public final class FoldWriter extends ForeachWriter<Row> {
+  /**
+   * How long a Redis call may take: Jedis's default of 2 s cut calls short that waited
+   * behind other writers' calls on a busy server (a backlog folded by many tasks at once),
+   * and failed their maps; the Python side waits without a bound.
+   */
+  static final int REDIS_TIMEOUT_MS = 60_000;
+
   private static final long serialVersionUID = 1L;
 
   /** The most records one round of calls takes: a few Redis calls' worth. */
@@ -60,7 +67,7 @@ public final class FoldWriter extends ForeachWriter<Row> {
   @Override
   public boolean open(long partitionId, long epochId) {
     spec = Spec.parse(specJson);
-    redis = new Jedis(URI.create(spec.redisUrl));
+    redis = new Jedis(URI.create(spec.redisUrl), REDIS_TIMEOUT_MS);
     transactions = new Transactions(spec, partitionId);
     figures = new Figures(spec);
     fold = new Fold(spec, redis, figures, epochId);
