@@ -19,10 +19,10 @@ class LiveFunction:
     """The function on one key, with ``spec`` as the map's fold; each call's record comes at
     the next offset of partition 0 of topic ``t`` unless told otherwise."""
 
-    def __init__(self, client: redis.Redis, spec: bytes) -> None:
+    def __init__(self, client: redis.Redis, spec: bytes, *, digits: bool = False) -> None:
         self.client = client
         self.spec = spec
-        self.digits = False
+        self.digits = digits
         """Whether the tests give it orders of digits and zero bytes only."""
         self.offsets = itertools.count()
         client.execute_command("FUNCTION LOAD", "REPLACE", SOURCE)

@@ -102,11 +102,8 @@ def fold_in_redis(redis_client: redis.Redis, request: pytest.FixtureRequest) -> 
     """The function with the map's spec: orders of any bytes (an event-time string), or of
     digits and zero bytes only, which it compares as they are."""
     digits = request.param
-    function = LiveFunction(
-        redis_client, orjson.dumps({"merge": FOLDER.lua_spec(), "digits": digits})
-    )
-    function.digits = digits
-    return function
+    spec = orjson.dumps({"merge": FOLDER.lua_spec(), "digits": digits})
+    return LiveFunction(redis_client, spec, digits=digits)
 
 
 def orders(rng: random.Random, n: int, digits: bool = False) -> list[str]:
