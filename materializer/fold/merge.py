@@ -106,14 +106,20 @@ def _value(path: tuple[str, ...]) -> Column:
 
 def _members(path: tuple[str, ...]) -> Column | None:
     """The member names of the raw JSON object at ``path`` (the root when empty), or None
-    when a name cannot be written in a JSON path."""
+    when a name cannot be written in a JSON path.
+
+    Only a value with ``null`` in its text can set a member to null: others are not parsed
+    at all (their names are null, which ``aux`` reads as no explicit null). Most patches
+    carry none, and parsing each one was most of what ``merge`` cost Spark beyond
+    ``latest`` (docs/decisions/0032-the-live-path-in-real-time-mode.md)."""
     from pyspark.sql import functions as F
 
     if any("'" in p or "\\" in p for p in path):
         return None
     raw = F.col(c.VALUE).cast("string")
     json_path = "$" + "".join(f"['{p}']" for p in path)
-    return F.json_object_keys(F.get_json_object(raw, json_path) if path else raw)
+    members = F.json_object_keys(F.get_json_object(raw, json_path) if path else raw)
+    return F.when(raw.contains("null"), members)
 
 
 def _member_columns(fields: tuple[Field, ...]) -> dict[tuple[str, ...], str]:
