@@ -218,10 +218,12 @@ class SparkConfig(_Model):
     20 s); what the timeout cuts short is logged, and the next start replays it. In a
     worker group a stopping worker leaves the group after it."""
     max_offsets_per_trigger: Annotated[int, Field(ge=1)] | None = None
-    path: FoldPath = "microbatch"
-    """How the run's maps fold once caught up (a map's own ``path`` wins): ``microbatch``,
-    each map's query folds a batch per trigger; ``realtime``, the caught-up maps share
-    queries in Spark's Real-time Mode whose writers fold each record as it arrives
+    path: FoldPath = "realtime"
+    """How the run's maps fold once caught up (a map's own ``path`` wins): ``realtime``,
+    the caught-up maps share queries in Spark's Real-time Mode whose writers fold each
+    record as it arrives, milliseconds behind Kafka; ``microbatch``, each map's query folds
+    a batch per trigger, a few hundred milliseconds behind, for a map that needs what only
+    it does (``history``, ``on_error: fail`` and a Redis cluster stay there by themselves)
     (docs/decisions/0032-the-live-path-in-real-time-mode.md). A map catches up in
     micro-batches on either path."""
     live_slots: Annotated[int, Field(ge=1)] = 128

@@ -30,15 +30,19 @@ def config(spark: dict[str, Any] | None = None, **maps: dict[str, Any]) -> Any:
 FOLD_COUNT = {"mode": "aggregate", "aggregates": {"n": {"fn": "count"}}}
 
 
-def test_the_run_path_is_micro_batches_unless_asked() -> None:
-    cfg = config(plain={}, own={"path": "realtime"})
-    assert cfg.fold_path("plain") == "microbatch"
-    assert cfg.fold_path("own") == "realtime"
+def test_the_run_path_is_real_time_unless_asked_otherwise() -> None:
+    cfg = config(plain={}, own={"path": "microbatch"}, kept={"history": True})
+    assert cfg.fold_path("plain") == "realtime"
+    assert cfg.fold_path("own") == "microbatch"
+    assert cfg.fold_path("kept") == "microbatch"
+    everyone = config({"path": "microbatch"}, plain={}, own={"path": "realtime"})
+    assert everyone.fold_path("plain") == "microbatch"
+    assert everyone.fold_path("own") == "realtime"
 
 
 def test_the_run_default_takes_the_maps_the_real_time_path_can_fold() -> None:
     cfg = config(
-        {"path": "realtime"},
+        None,
         latest={},
         merged={"fold": {"mode": "merge"}},
         counted={"fold": FOLD_COUNT},
