@@ -11,11 +11,17 @@ materializer last saw.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import threading
 from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
 
-from materializer.clients.kafka_offsets import admin_client, partition_offsets
+from materializer.clients.kafka_offsets import (
+    KAFKA_TIMEOUT_SECONDS,
+    admin_client,
+    partition_offsets,
+)
 from materializer.clients.redis import AsyncClient, get_many_async, where
 from materializer.config import KafkaConfig
 from materializer.contract.control import Control, control_fields
@@ -119,9 +125,50 @@ class LogEnds:
         return self._admin
 
     async def ends(self, topics: Sequence[str]) -> dict[str, dict[int, int]] | None:
-        """Per topic and partition, the log end offset now; ``None`` when Kafka cannot say."""
+        """Per topic and partition, the log end offset now; ``None`` when Kafka cannot say
+        within ``ENDS_WAIT_S``.
+
+        Asked on a daemon thread of its own, not the loop's executor: librdkafka's
+        metadata call can outstay its own timeout while no broker answers, and a thread of
+        the executor held by it would hold the service's stop too (the loop waits for its
+        executor's threads as it closes)."""
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[dict[str, dict[int, int]]] = loop.create_future()
+
+        def ask() -> None:
+            try:
+                found = partition_offsets(self._client(), list(topics))
+            except Exception as exc:  # reported to the waiting call, if it still waits
+                _settle(loop, answer, exc)
+            else:
+                _settle(loop, answer, found)
+
+        threading.Thread(target=ask, name="log-ends", daemon=True).start()
         try:
-            return await asyncio.to_thread(partition_offsets, self._client(), list(topics))
+            return await asyncio.wait_for(answer, ENDS_WAIT_S)
         except Exception as exc:  # Kafka down or slow: lag is unknown, status still answers
-            log.warning("cannot read log end offsets of %s: %s", ", ".join(topics), exc)
+            reason = str(exc) or f"no answer in {ENDS_WAIT_S:.0f} s"
+            log.warning("cannot read log end offsets of %s: %s", ", ".join(topics), reason)
             return None
+
+
+ENDS_WAIT_S = 4 * KAFKA_TIMEOUT_SECONDS
+"""How long a status waits for the log ends: ``partition_offsets`` asks Kafka twice (the
+partitions, then their offsets), each bounded by ``KAFKA_TIMEOUT_SECONDS``, when librdkafka
+keeps to its bounds."""
+
+
+def _settle(loop: asyncio.AbstractEventLoop, answer: asyncio.Future[Any], outcome: Any) -> None:
+    """Hands ``outcome`` (a result, or the exception raised) to ``answer`` on its loop,
+    unless the call stopped waiting or the loop has closed."""
+
+    def settle() -> None:
+        if answer.done():
+            return
+        if isinstance(outcome, BaseException):
+            answer.set_exception(outcome)
+        else:
+            answer.set_result(outcome)
+
+    with contextlib.suppress(RuntimeError):  # the loop has closed: nobody waits any more
+        loop.call_soon_threadsafe(settle)
