@@ -189,8 +189,12 @@ def _map_part(
     name = member.name
     config = member.config or config
     physical = physical_name(name, member.generation)
+    # A real-time batch is bounded by its duration: Spark refuses maxOffsetsPerTrigger there.
+    unbounded = config.model_copy(
+        update={"spark": config.spark.model_copy(update={"max_offsets_per_trigger": None})}
+    )
     keyed = records(
-        spark, config, name, starting_offsets=starting, fetch_max_wait_ms=LIVE_FETCH_MAX_WAIT_MS
+        spark, unbounded, name, starting_offsets=starting, fetch_max_wait_ms=LIVE_FETCH_MAX_WAIT_MS
     )
     with map_key_paths(name):
         events = fold.events(keyed)

@@ -174,22 +174,25 @@ class LivePath:
 
     def _fits(self, config: AppConfig, name: str) -> bool:
         """Whether the map's partitions fit the real-time query's slots (said once if not)."""
-        if self._slots is None:
-            return True
+        if self._slots is None:  # a cluster: its executors' slots, once they have registered
+            slots = max(0, self._spark.sparkContext.defaultParallelism - CLUSTER_KEPT_SLOTS)
+        else:
+            slots = self._slots
         if name not in self._partitions:
             topics = partition_ids(admin_client(config.kafka), config.map(name).source.topics)
             self._partitions[name] = sum(len(p) for p in topics.values())
             held = sum(self._partitions.get(n, 0) for n in self._members)
-            if held + self._partitions[name] > self._slots:
+            if held + self._partitions[name] > slots:
                 log.warning(
                     "map %s stays on micro-batches: its %d partitions do not fit the %d task "
-                    "slots the real-time queries have left (spark.live_slots, spark.master)",
+                    "slots the real-time queries have left (spark.live_slots, spark.master, "
+                    "the executors' cores)",
                     name,
                     self._partitions[name],
-                    self._slots - held,
+                    slots - held,
                 )
         held = sum(self._partitions.get(n, 0) for n in self._members)
-        return held + self._partitions[name] <= self._slots
+        return held + self._partitions[name] <= slots
 
     def join(self, m: SupervisedMap) -> None:
         """Stop the map's micro-batch fold and its Delta query after their batches, beside
@@ -481,9 +484,16 @@ def group_with_room(sizes: dict[int, int], per_query: int) -> int:
     return next(i for i in range(len(sizes) + 1) if i not in sizes)
 
 
+CLUSTER_KEPT_SLOTS = 2
+"""On a cluster, the executors' task slots left to micro-batches (a catch-up, the Delta
+queries): a real-time query holds a slot per partition, or leaves partitions unread."""
+
+
 def _live_slots(master: str) -> int | None:
     """The task slots a local master leaves the real-time query beyond the cores' worth the
-    other queries use; None on a cluster (its executors are the deployment's to size)."""
+    other queries use; None on a cluster, whose executors' slots (Spark's default
+    parallelism, their cores) are known once they have registered, less
+    ``CLUSTER_KEPT_SLOTS``."""
     found = re.fullmatch(r"local\[(\d+)(?:,\d+)?\]", master)
     if found is None:
         return 0 if master == "local" else None

@@ -163,6 +163,12 @@ def test_standalone_cluster_matches_local_mode_and_reference(
     finally:
         proc.stop()
     assert proc.proc.returncode == 0, proc.tail()
+    # Two executor cores, both kept for micro-batches: a real-time query would hold a slot
+    # per partition and leave the rest unread, so the map stays on micro-batches, saying so.
+    assert (
+        "map cluster_users stays on micro-batches: its 4 partitions do not fit the 0 task slots"
+        in (tmp_path / "run.log").read_text(errors="replace")
+    ), proc.tail()
 
     local_table = Path(table_path(local_cfg, "local_users"))
     cluster_map = redis_map(redis_client, "cluster_users")
