@@ -10,11 +10,12 @@ feeds it to the end; one event in ten is followed until Redis shows it. After
 ``--seconds`` of its catch-up, with the catch-up's rate (its watermark's
 records per second) beside them.
 
-Variants, one run each on the same topics: ``paced`` (the default
-``catch_up``), ``unpaced`` (``catch_up.max_records_per_batch: null``), ``realtime``
-(``paced``, with the live map on the real-time path: ``path: realtime``).
+Variants, one run each on the same topics: ``realtime`` (every setting at its default:
+the live map on the real-time path, the backlog paced), ``paced`` (the default
+``catch_up``, every map on micro-batches: ``spark.path: microbatch``), ``unpaced``
+(``paced`` with ``catch_up.max_records_per_batch: null``).
 
-    .venv/bin/python bench/isolation.py [--backlog 10000000] [--variants paced,unpaced,realtime]
+    .venv/bin/python bench/isolation.py [--backlog 10000000] [--variants realtime,paced,unpaced]
 """
 
 from __future__ import annotations
@@ -88,8 +89,8 @@ def run_variant(
     backlog = map_section(backlog_topic, "latest")
     if variant == "unpaced":
         backlog["catch_up"] = {"max_records_per_batch": None}
-    if variant == "realtime":  # the live map on the real-time path, the backlog paced
-        doc["maps"][args.mode]["path"] = "realtime"
+    if variant != "realtime":  # realtime: the run's default, the live map on the path
+        doc["spark"]["path"] = "microbatch"
     doc["maps"][BACKLOG_MAP] = backlog
     config.write_text(yaml.safe_dump(doc))
     # Paused before the run starts: it starts only when resumed.
@@ -153,7 +154,7 @@ def main() -> None:
     parser.add_argument("--window-seconds", type=float, default=30)
     parser.add_argument("--seconds", type=float, default=120, help="measured of the catch-up")
     parser.add_argument("--sample-every", type=int, default=10)
-    parser.add_argument("--variants", default="paced,unpaced")
+    parser.add_argument("--variants", default="realtime,paced,unpaced")
     parser.add_argument("--keep-logs")
     args = parser.parse_args()
 

@@ -169,10 +169,10 @@ def write_config(
     spark_conf: dict[str, str] | None = None,
     *,
     catalog: dict[str, Any] | None = None,
-    path: str = "microbatch",
+    path: str | None = None,
 ) -> Path:
-    """The run's YAML: one map named ``mode`` over ``topic``, and the ``catalog`` section
-    if given (maps created at runtime)."""
+    """The run's YAML: one map named ``mode`` over ``topic``, folded on ``path`` (None: the
+    run's default), and the ``catalog`` section if given (maps created at runtime)."""
     delta: dict[str, Any] = {"root": str(work / "warehouse")}
     if delta_trigger is not None:
         delta["trigger_interval"] = delta_trigger
@@ -186,7 +186,7 @@ def write_config(
         "spark": {
             "checkpoint_root": str(work / "checkpoints"),
             "conf": spark_conf or {},
-            "path": path,
+            **({"path": path} if path is not None else {}),
         },
         "metrics": {"port": 0},
         "maps": {mode: map_section(topic, mode)},
@@ -402,8 +402,8 @@ def main() -> None:
     )
     parser.add_argument(
         "--paths",
-        default="microbatch",
-        help="run each mode once per fold path (spark.path), e.g. 'microbatch,realtime'",
+        default="microbatch,realtime",
+        help="run each mode once per fold path (spark.path), in turn",
     )
     add_spark_conf(parser)
     args = parser.parse_args()
