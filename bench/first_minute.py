@@ -14,6 +14,7 @@ Goals: p99 ≤ 1 s in every window from 30 s after the first entity; p99 ≤ 0.5
 a steady state (each window).
 
     .venv/bin/python bench/first_minute.py [--modes latest,merge,aggregate] [--seconds 180]
+        [--path microbatch|realtime]
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def measure(
     work: Path,
     args: argparse.Namespace,
 ) -> None:
-    config = write_config(work, bootstrap, redis_url, topic, mode)
+    config = write_config(work, bootstrap, redis_url, topic, mode, path=args.path)
     follower = Follower(redis_url, mode)
     feed = Feed(bootstrap, topic, args.rate, args.keys, args.sample_every, follower)
     follower.thread.start()
@@ -124,6 +125,7 @@ def measure(
         judged = [w for w in per_window if w["from_s"] >= 30]
         emit(
             name=f"first_minute_{mode}_{start}",
+            path=args.path or "default",
             units="s, ms",
             rate=args.rate,
             achieved_events_per_s=feed.achieved(),
@@ -147,6 +149,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=180)
     parser.add_argument("--window-seconds", type=float, default=30)
     parser.add_argument("--sample-every", type=int, default=10)
+    parser.add_argument(
+        "--path", choices=("microbatch", "realtime"), help="spark.path (default: the run's)"
+    )
     parser.add_argument("--keep-logs")
     args = parser.parse_args()
 
