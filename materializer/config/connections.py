@@ -223,7 +223,8 @@ class SparkConfig(_Model):
     the caught-up maps share queries in Spark's Real-time Mode whose writers fold each
     record as it arrives, milliseconds behind Kafka; ``microbatch``, each map's query folds
     a batch per trigger, a few hundred milliseconds behind, for a map that needs what only
-    it does (``history``, ``on_error: fail`` and a Redis cluster stay there by themselves)
+    it does (``history``, ``on_error: fail``, Avro from a registry, Protobuf and a Redis
+    cluster stay there by themselves)
     (docs/decisions/0032-the-live-path-in-real-time-mode.md). A map catches up in
     micro-batches on either path."""
     live_slots: Annotated[int, Field(ge=1)] = 128

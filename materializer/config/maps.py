@@ -239,8 +239,10 @@ class MapConfig(_Model):
     """When the map counts as catching up (not ready for read-your-writes callers)."""
     path: FoldPath | None = None
     """How the map folds once caught up (None: the run's ``spark.path``). ``realtime`` folds
-    maps without ``history`` whose errors go to dead letters or are skipped, on
-    one Redis server; a map that asks for it otherwise is refused, by key path."""
+    maps without ``history`` whose errors go to dead letters or are skipped and whose
+    records Spark decodes in the JVM (not Avro from a registry, not Protobuf), on one Redis
+    server; a map that asks for it otherwise is refused, by key path, and one that leaves it
+    to the run's default stays on micro-batches."""
 
     @model_validator(mode="after")
     def _realtime_folds_it(self) -> MapConfig:
@@ -303,6 +305,12 @@ def realtime_problems(map_config: MapConfig) -> list[str]:
         problems.append("it writes no history (history: true)")
     if map_config.on_error == "fail":
         problems.append("it sends failed records to dead letters or skips them (on_error: fail)")
+    src = map_config.source
+    if src.format == "protobuf" or (src.format == "avro" and not src.schema_file):
+        problems.append(
+            f"it decodes {src.format} in Python (mapInArrow), which Spark's Real-time Mode "
+            "does not run (source.format)"
+        )
     return problems
 
 

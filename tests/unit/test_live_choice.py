@@ -10,8 +10,9 @@ from materializer.config import parse_config
 from materializer.errors import ConfigError
 from materializer.redis.functions import CopyLost
 from materializer.run.lifecycle import FENCED_ERROR, RECOVERABLE
-from materializer.run.live import _live_slots, group_with_room
+from materializer.run.live import group_with_room
 from materializer.run.shared_fold import in_lifecycle_terms
+from materializer.spark.slots import local_live_slots
 
 
 def config(spark: dict[str, Any] | None = None, **maps: dict[str, Any]) -> Any:
@@ -108,10 +109,10 @@ def test_a_local_master_leaves_the_real_time_query_its_slots_beyond_the_cores() 
     import os
 
     cores = os.cpu_count() or 1
-    assert _live_slots(f"local[{cores + 10}]") == 10
-    assert _live_slots("local[1]") == max(0, 1 - cores)
-    assert _live_slots("local") == 0
-    assert _live_slots("spark://host:7077") is None
+    assert local_live_slots(f"local[{cores + 10}]") == 10
+    assert local_live_slots("local[1]") == max(0, 1 - cores)
+    assert local_live_slots("local") == 0
+    assert local_live_slots("spark://host:7077") is None
 
 
 def test_a_joining_map_goes_to_the_first_group_with_room_else_the_lowest_free_number() -> None:
@@ -122,3 +123,25 @@ def test_a_joining_map_goes_to_the_first_group_with_room_else_the_lowest_free_nu
     assert group_with_room({2: 1, 1: 8}, 8) == 2  # by number, not by age
     assert group_with_room({0: 8, 2: 8}, 8) == 1  # a group that went is numbered again
     assert group_with_room({0: 1, 1: 1}, 1) == 2
+
+
+def test_maps_spark_decodes_in_python_stay_on_micro_batches() -> None:
+    registry = {"topics": ["t"], "format": "avro", "schema_registry_url": "http://registry:8080"}
+    protobuf = {**registry, "format": "protobuf", "message": "shop.Order"}
+    avro_file = {"topics": ["t"], "format": "avro", "schema_file": "order.avsc"}
+    doc = {
+        "maps": {
+            name: {"source": source, "key": "id"}
+            for name, source in {"avro": registry, "proto": protobuf, "file": avro_file}.items()
+        }
+    }
+    cfg = parse_config(doc)
+    paths = {name: cfg.fold_path(name) for name in cfg.maps}
+    assert paths == {"avro": "microbatch", "proto": "microbatch", "file": "realtime"}
+    doc["maps"]["avro"]["path"] = "realtime"
+    with pytest.raises(ConfigError) as bad:
+        parse_config(doc)
+    assert bad.value.problems == [
+        "maps.avro.path: realtime cannot fold this map: it decodes avro in Python (mapInArrow), "
+        "which Spark's Real-time Mode does not run (source.format)"
+    ]
