@@ -28,8 +28,6 @@ others fold on in the query started again without it.
 from __future__ import annotations
 
 import logging
-import os
-import re
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -51,6 +49,7 @@ from materializer.run.shared_fold import NAMED, SharedFold
 from materializer.run.supervised import InForce, SupervisedMap
 from materializer.runtime.metrics import BatchMetrics, records_behind
 from materializer.runtime.query_group import FINISH_BATCH_TIMEOUT, FoldQuery, stop_after_batch
+from materializer.spark.slots import cluster_live_slots, local_live_slots
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -144,7 +143,7 @@ class LivePath:
         self._started_at = 0.0
         self._checkpoints: set[str] = set()
         """The shared queries' checkpoints started on: a close discards them."""
-        self._slots = _live_slots(spark.sparkContext.master or "")
+        self._slots = local_live_slots(spark.sparkContext.master or "")
         self._partitions: dict[str, int] = {}
         self.failures: dict[str, str] = {}
         """Maps whose failure stopped their shared query (or the Delta one), until they leave."""
@@ -174,10 +173,8 @@ class LivePath:
 
     def _fits(self, config: AppConfig, name: str) -> bool:
         """Whether the map's partitions fit the real-time query's slots (said once if not)."""
-        if self._slots is None:  # a cluster: its executors' slots, once they have registered
-            slots = max(0, self._spark.sparkContext.defaultParallelism - CLUSTER_KEPT_SLOTS)
-        else:
-            slots = self._slots
+        # A cluster's slots are its registered executors'.
+        slots = cluster_live_slots(self._spark) if self._slots is None else self._slots
         if name not in self._partitions:
             topics = partition_ids(admin_client(config.kafka), config.map(name).source.topics)
             self._partitions[name] = sum(len(p) for p in topics.values())
@@ -189,7 +186,7 @@ class LivePath:
                     "the executors' cores)",
                     name,
                     self._partitions[name],
-                    slots - held,
+                    max(0, slots - held),
                 )
         held = sum(self._partitions.get(n, 0) for n in self._members)
         return held + self._partitions[name] <= slots
@@ -482,19 +479,3 @@ def group_with_room(sizes: dict[int, int], per_query: int) -> int:
         if sizes[index] < per_query:
             return index
     return next(i for i in range(len(sizes) + 1) if i not in sizes)
-
-
-CLUSTER_KEPT_SLOTS = 2
-"""On a cluster, the executors' task slots left to micro-batches (a catch-up, the Delta
-queries): a real-time query holds a slot per partition, or leaves partitions unread."""
-
-
-def _live_slots(master: str) -> int | None:
-    """The task slots a local master leaves the real-time query beyond the cores' worth the
-    other queries use; None on a cluster, whose executors' slots (Spark's default
-    parallelism, their cores) are known once they have registered, less
-    ``CLUSTER_KEPT_SLOTS``."""
-    found = re.fullmatch(r"local\[(\d+)(?:,\d+)?\]", master)
-    if found is None:
-        return 0 if master == "local" else None
-    return max(0, int(found.group(1)) - (os.cpu_count() or 1))
