@@ -118,11 +118,15 @@ class LogEnds:
     def __init__(self, kafka: KafkaConfig) -> None:
         self._kafka = kafka
         self._admin: Any = None
+        self._lock = threading.Lock()
+        self._late: threading.Thread | None = None
+        """A lookup that outstayed ``ENDS_WAIT_S`` and has not returned yet."""
 
     def _client(self) -> Any:
-        if self._admin is None:
-            self._admin = admin_client(self._kafka)
-        return self._admin
+        with self._lock:
+            if self._admin is None:
+                self._admin = admin_client(self._kafka)
+            return self._admin
 
     async def ends(self, topics: Sequence[str]) -> dict[str, dict[int, int]] | None:
         """Per topic and partition, the log end offset now; ``None`` when Kafka cannot say
@@ -131,31 +135,44 @@ class LogEnds:
         Asked on a daemon thread of its own, not the loop's executor: librdkafka's
         metadata call can outstay its own timeout while no broker answers, and a thread of
         the executor held by it would hold the service's stop too (the loop waits for its
-        executor's threads as it closes)."""
+        executor's threads as it closes). While such a lookup has not returned, statuses
+        do not ask again (each would leave a thread behind); the next lookup after it
+        takes a new client."""
+        named = ", ".join(topics)
+        late = self._late
+        if late is not None and late.is_alive():
+            log.warning("cannot read log end offsets of %s: Kafka has not answered", named)
+            return None
         loop = asyncio.get_running_loop()
         answer: asyncio.Future[dict[str, dict[int, int]]] = loop.create_future()
+        admin = self._client()
 
         def ask() -> None:
             try:
-                found = partition_offsets(self._client(), list(topics))
+                found = partition_offsets(admin, list(topics))
             except Exception as exc:  # reported to the waiting call, if it still waits
                 _settle(loop, answer, exc)
             else:
                 _settle(loop, answer, found)
 
-        threading.Thread(target=ask, name="log-ends", daemon=True).start()
+        asking = threading.Thread(target=ask, name="log-ends", daemon=True)
+        asking.start()
         try:
             return await asyncio.wait_for(answer, ENDS_WAIT_S)
+        except TimeoutError:
+            with self._lock:
+                self._late, self._admin = asking, None
+            log.warning("cannot read log end offsets of %s: no answer in %d s", named, ENDS_WAIT_S)
+            return None
         except Exception as exc:  # Kafka down or slow: lag is unknown, status still answers
-            reason = str(exc) or f"no answer in {ENDS_WAIT_S:.0f} s"
-            log.warning("cannot read log end offsets of %s: %s", ", ".join(topics), reason)
+            log.warning("cannot read log end offsets of %s: %s", named, exc)
             return None
 
 
-ENDS_WAIT_S = 4 * KAFKA_TIMEOUT_SECONDS
-"""How long a status waits for the log ends: ``partition_offsets`` asks Kafka twice (the
-partitions, then their offsets), each bounded by ``KAFKA_TIMEOUT_SECONDS``, when librdkafka
-keeps to its bounds."""
+ENDS_WAIT_S = 3 * KAFKA_TIMEOUT_SECONDS
+"""How long a status waits for the log ends before it answers with lag unknown: Kafka that
+answers at all answers in a few of ``KAFKA_TIMEOUT_SECONDS``, one per request
+``partition_offsets`` makes in turn (a metadata request per topic, then the offsets)."""
 
 
 def _settle(loop: asyncio.AbstractEventLoop, answer: asyncio.Future[Any], outcome: Any) -> None:
