@@ -37,6 +37,9 @@ def slice_config(
         "metrics": {"port": 0},
         "delta": {"root": str(tmp / "warehouse"), "trigger_interval": "500 milliseconds"},
         "spark": {
+            # local[2] leaves the real-time path no task slots beyond two cores: these maps
+            # fold in micro-batches, said here rather than found out by each run.
+            "path": "microbatch",
             "master": "local[2]",
             "checkpoint_root": str(tmp / "checkpoints"),
             "trigger_interval": "200 milliseconds",
