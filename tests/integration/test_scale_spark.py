@@ -18,6 +18,8 @@ import yaml
 
 from materializer.contract.table_layout import table_path
 from materializer.job import start_map
+from materializer.spark import slots
+from materializer.spark.slots import cluster_live_slots
 from materializer.testing import free_port, produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_latest
@@ -163,12 +165,6 @@ def test_standalone_cluster_matches_local_mode_and_reference(
     finally:
         proc.stop()
     assert proc.proc.returncode == 0, proc.tail()
-    # Two executor cores, both kept for micro-batches: a real-time query would hold a slot
-    # per partition and leave the rest unread, so the map stays on micro-batches, saying so.
-    assert (
-        "map cluster_users stays on micro-batches: its 4 partitions do not fit the 0 task slots"
-        in (tmp_path / "run.log").read_text(errors="replace")
-    ), proc.tail()
 
     local_table = Path(table_path(local_cfg, "local_users"))
     cluster_map = redis_map(redis_client, "cluster_users")
@@ -184,3 +180,14 @@ def test_standalone_cluster_matches_local_mode_and_reference(
     assert local_mark.offsets == cluster_mark.offsets == ends
     # Each run took several batches: its later batches folded onto state it had stored.
     assert local_mark.batch_id > 0 and cluster_mark.batch_id > 0
+
+
+def test_the_real_time_path_counts_the_tasks_spark_runs_at_once(
+    spark: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a cluster a map joins the real-time path only if its partitions fit the slots
+    Spark says its executors have, less the micro-batches' two; local[2] runs two tasks."""
+    assert spark.sparkContext.master == "local[2]"
+    assert cluster_live_slots(spark) == 0
+    monkeypatch.setattr(slots, "CLUSTER_KEPT_SLOTS", 0)
+    assert cluster_live_slots(spark) == 2
