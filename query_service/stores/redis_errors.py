@@ -1,8 +1,10 @@
 """Redis not answering, as the store's error: ``StoreUnavailable`` (UNAVAILABLE to clients),
-naming the host, never the URL, which may hold a password."""
+naming the host, never the URL, which may hold a password; and a call's cancellation
+kept when the client loses it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -16,11 +18,22 @@ log = logging.getLogger(__name__)
 @asynccontextmanager
 async def unavailable_on_connection_errors(where: str) -> AsyncIterator[None]:
     """Connection failures, timeouts and a Redis Cluster down or moving slots (a master
-    restarting) as ``StoreUnavailable`` (UNAVAILABLE to clients)."""
+    restarting) as ``StoreUnavailable`` (UNAVAILABLE to clients).
+
+    A cancellation asked for during the call is raised even when the client lost it.
+    redis-py sends each command under ``asyncio.wait_for`` when a socket timeout is
+    set, and Python 3.11's ``wait_for`` returns the result, not the cancellation, when
+    both come in the same step: the caller would go on as if never cancelled (an
+    ``Enrich`` stream whose client had gone waited out its freshness budget).
+    """
+    task = asyncio.current_task()
+    asked = task.cancelling() if task is not None else 0
     try:
         yield
     except TRANSIENT_ERRORS as exc:
         raise unavailable(where, exc) from exc
+    if task is not None and task.cancelling() > asked:
+        raise asyncio.CancelledError
 
 
 def unavailable(where: str, exc: BaseException) -> StoreUnavailable:

@@ -341,3 +341,37 @@ def test_a_generation_read_outlives_an_asker_given_up_on(redis_url: str):
     first, second = asyncio.run(main())
     assert isinstance(first, asyncio.CancelledError)
     assert second == 0  # a map never rebuilt is in its first generation
+
+
+def test_a_store_read_cancelled_at_any_step_ends_cancelled(
+    redis_url: str, redis_client: redis.Redis
+):
+    """A cancelled read never returns as if it had not been cancelled, whichever step of the
+    send and the reply the cancellation meets (the client sends under ``wait_for``, which
+    can drop one on Python 3.11); a caller that went on would wait out its whole budget."""
+    name = f"co{uuid.uuid4().hex[:8]}"
+    redis_client.hset(meta_key(name), mapping=Watermark(5, {"t": {0: 9}}).to_hash())
+
+    async def main() -> dict[int, int]:
+        """Per number of loop turns before the cancellation, the reads that returned."""
+        store = RedisMapStore.from_url(redis_url)
+        returned: dict[int, int] = {}
+        try:
+            await store.watermark(name)  # connected, generation known
+            for attempt in range(600):
+                steps = attempt % 8  # loop turns before the cancellation
+                read = asyncio.create_task(store.watermark(name))
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+                if not read.cancel():
+                    continue  # done before it could be cancelled
+                try:
+                    await read
+                except asyncio.CancelledError:
+                    continue
+                returned[steps] = returned.get(steps, 0) + 1
+            return returned
+        finally:
+            await store.close()
+
+    assert asyncio.run(main()) == {}
