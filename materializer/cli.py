@@ -14,6 +14,7 @@ from materializer.commands import catalog, maps, offsets, rebuild, rehydrate, sq
 from materializer.commands.cli_support import ConfigOption, err, load
 from materializer.config import WorkerConfig, config_problems
 from materializer.errors import ConfigError, MaterializerError
+from materializer.spark.signals import STOP_SIGNALS
 
 app = typer.Typer(help="Fold Kafka topics into Delta tables and Redis maps.", no_args_is_help=True)
 
@@ -73,7 +74,7 @@ def run(
         ),
     ] = None,
 ) -> None:
-    """Run every map and enrichment (or the named ones) until SIGTERM or Ctrl-C; with
+    """Run every map and enrichment (or the named ones) until SIGTERM, SIGHUP or Ctrl-C; with
     --group, the share of them the worker group gives this run."""
     from materializer.run import run_maps
 
@@ -94,7 +95,7 @@ def run(
         raise typer.Exit(2)
 
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, lambda *_: stop.set())
     try:
         failed = run_maps(cfg, map_names or None, stop)

@@ -1,17 +1,19 @@
 """Stop signals, to the driver or to its JVM, routed to one stop that drains.
 
-A terminal's Ctrl-C and systemd's default ``KillMode=control-group`` signal
-every process of the run, the JVM that PySpark starts included. Two handlers
-stand in the way of a drain, and both are replaced here once the session runs:
+A terminal's Ctrl-C or its closing (SIGHUP) and systemd's default
+``KillMode=control-group`` signal every process of the run, the JVM that
+PySpark starts included. Two handlers stand in the way of a drain, and both
+are replaced here once the session runs:
 
-- the JVM's SIGTERM handler runs its shutdown hooks, and Spark's stops the
-  SparkContext while the driver is still draining, so the Delta tables miss
-  the last batches. It becomes one that asks the driver to stop, so the JVM
-  keeps serving until the drain is done and ``SparkSession.stop`` ends it.
-  (PySpark starts the JVM ignoring SIGINT already.)
+- the JVM's SIGTERM and SIGHUP handlers run its shutdown hooks, and Spark's
+  stops the SparkContext while the driver is still draining, so the Delta
+  tables miss the last batches. They become one that asks the driver to stop,
+  so the JVM keeps serving until the drain is done and ``SparkSession.stop``
+  ends it. (PySpark starts the JVM ignoring SIGINT already.)
 - PySpark's SIGINT handler in the driver cancels every running job and
   raises ``KeyboardInterrupt``: a batch is cut short and the run fails. It
-  becomes the same stop as SIGTERM.
+  becomes the same stop as SIGTERM; so does SIGHUP, whose default would end
+  the driver at once.
 
 If the driver dies, the JVM still goes: PySpark's gateway exits when its
 stdin, the driver's pipe, closes.
@@ -30,8 +32,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-ROUTED = ("TERM",)
-"""The signals routed; SIGINT needs none, the JVM ignores it from the start."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""The signals that stop a run with a drain, wherever they arrive."""
+ROUTED = ("TERM", "HUP")
+"""The JVM's signals routed; SIGINT needs none, the JVM ignores it from the start."""
 
 
 class _StopHandler:
@@ -50,12 +54,13 @@ class _StopHandler:
 
 
 def route_stop_signals(spark: SparkSession, on_signal: Callable[[str], None]) -> None:
-    """From now on, SIGTERM or SIGINT to the driver, or SIGTERM to the session's JVM, calls
-    ``on_signal`` with the signal's name and stops nothing itself. Call it from the main
-    thread, after the session has started (PySpark installs its SIGINT handler then)."""
+    """From now on, SIGTERM, SIGINT or SIGHUP to the driver, or SIGTERM or SIGHUP to the
+    session's JVM, calls ``on_signal`` with the signal's name and stops nothing itself.
+    Call it from the main thread, after the session has started (PySpark installs its
+    SIGINT handler then)."""
     from pyspark.java_gateway import ensure_callback_server_started
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:
         signal.signal(sig, lambda n, _: on_signal(f"{signal.Signals(n).name} to the driver"))
 
     gateway = spark.sparkContext._gateway

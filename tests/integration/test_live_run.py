@@ -4,15 +4,17 @@ fold in a shared real-time query (all in one, or each in its own with
 ``spark.live_maps_per_query: 1``). A kill -9 of the whole process group mid-stream, a
 pause and a resume (a switch back to micro-batches and forth again) while records stream
 in, a map whose Redis copy is lost meanwhile (the others fold on; the lost map, an
-``aggregate`` one, seeds its states from the restored entities), and a stop by SIGTERM
-leave Redis, the changelog, the dead letters and the Delta tables equal to the
-plain-Python reference, with nothing folded twice. In a query of its own, another map's
-query never starts again meanwhile."""
+``aggregate`` one, seeds its states from the restored entities), and a stop by a signal to
+the whole process group (a terminal's Ctrl-C, or its closing) leave Redis, the changelog,
+the dead letters and the Delta tables equal to the plain-Python reference, with nothing
+folded twice. In a query of its own, another map's query never starts again meanwhile."""
 
 from __future__ import annotations
 
+import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -76,13 +78,14 @@ class Streams:
         return thread
 
 
-@pytest.mark.parametrize("per_query", [8, 1])
+@pytest.mark.parametrize(("per_query", "stop"), [(8, signal.SIGINT), (1, signal.SIGHUP)])
 def test_realtime_maps_through_materializer_run_equal_the_reference(
     kafka_bootstrap: str,
     redis_url: str,
     redis_client: redis.Redis,
     tmp_path: Path,
     per_query: int,
+    stop: signal.Signals,
 ) -> None:
     spark = {"path": "realtime", "live_maps_per_query": per_query}
     names, topics, path = live_maps("rt", kafka_bootstrap, redis_url, tmp_path, spark)
@@ -217,7 +220,8 @@ def test_realtime_maps_through_materializer_run_equal_the_reference(
         streaming = streams.stream(20, 10)
         time.sleep(0.2)
         before_stop = len(log.read_text(errors="replace"))
-        proc.stop()  # SIGTERM to the process group, mid-stream: a drain, then the end
+        os.killpg(proc.proc.pid, stop)  # mid-stream: a drain, then the end
+        proc.proc.wait(150)
         assert proc.proc.returncode == 0, proc.tail(60)
         # The shared Delta query merged each map's changelog past the map's own Delta
         # checkpoint, which stood still while the map was on the path: the drain's own

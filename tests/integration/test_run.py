@@ -79,20 +79,25 @@ def _gone(pid: int) -> bool:
 
 def _deliver(proc: ManagedProcess, path: str) -> None:
     """A stop as the world sends it: to the driver alone (kill), to the run's whole process
-    group (a terminal's Ctrl-C, systemd's KillMode=control-group), or to the JVM alone."""
+    group (a terminal's Ctrl-C or its closing, systemd's KillMode=control-group), or to the
+    JVM alone."""
     if path == "driver-sigterm":
         proc.proc.send_signal(signal.SIGTERM)
     elif path == "group-sigterm":
         os.killpg(proc.proc.pid, signal.SIGTERM)
     elif path == "group-sigint":
         os.killpg(proc.proc.pid, signal.SIGINT)
+    elif path == "group-sighup":
+        os.killpg(proc.proc.pid, signal.SIGHUP)
     elif path == "jvm-sigterm":
         os.kill(_jvm_of(proc.proc.pid), signal.SIGTERM)
     else:
         raise ValueError(path)
 
 
-@pytest.mark.parametrize("path", ["driver-sigterm", "group-sigterm", "group-sigint", "jvm-sigterm"])
+@pytest.mark.parametrize(
+    "path", ["driver-sigterm", "group-sigterm", "group-sigint", "group-sighup", "jvm-sigterm"]
+)
 def test_a_stop_right_after_redis_shows_every_entity_leaves_delta_equal_to_it(
     kafka_bootstrap, redis_url, redis_client, new_topic, tmp_path: Path, path: str
 ):
