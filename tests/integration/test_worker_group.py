@@ -31,7 +31,7 @@ from redis.cluster import RedisCluster as ClusterClient
 
 from materializer.config import AppConfig, parse_config
 from materializer.group.fencing import take_over
-from materializer.redis.functions import FENCED, LATEST, PUT
+from materializer.redis.functions import FENCED, LATEST, LIVE, PUT
 from materializer.testing import free_port, produce
 from materializer.testing.group import running_workers
 from materializer.testing.object_store import S3Server
@@ -302,13 +302,25 @@ def test_a_whole_group_stopped_at_once_leaves_every_delta_table_equal_to_redis(
 
 
 @pytest.mark.timeout(900)
+@pytest.mark.parametrize("path", ["microbatch", "realtime"])
 def test_a_worker_paused_past_its_session_is_fenced_and_writes_nothing_more(
-    kafka_bootstrap, redis_url, redis_client: redis.Redis, new_topic, tmp_path: Path, group_of
+    kafka_bootstrap,
+    redis_url,
+    redis_client: redis.Redis,
+    new_topic,
+    tmp_path: Path,
+    group_of,
+    path: str,
 ):
+    """The paused worker's write in flight is its micro-batch fold's, or, on the real-time
+    path, its real-time query's (the JVM's writer, calling the same functions)."""
     tag = uuid.uuid4().hex[:6]
     topics = {f"{n}{tag}": new_topic(2) for n in ("p", "q_agg")}
     names = list(topics)
     doc = group_config(tmp_path, kafka_bootstrap, redis_url, topics, f"fenced-{tag}")
+    if path == "realtime":
+        # Two task slots beyond the cores: room for a map's two partitions.
+        doc["spark"].update(path="realtime", master="local[4]")
     cfg = parse_config(doc)
     group = group_of(doc)
     server = urlsplit(redis_url)
@@ -330,9 +342,18 @@ def test_a_worker_paused_past_its_session_is_fenced_and_writes_nothing_more(
         claims = re.findall(rf"map {lost} taken over by worker w1 \(epoch (\d+)\)", w1.log())
         assert claims, w1.tail()
         epoch = int(claims[-1])  # its last claim: the group may have moved the map before
+        if path == "realtime":
+            stream.burst()  # a batch that shows the map caught up: it joins the path
+            group.wait(
+                "w1 to fold its map on the real-time path",
+                lambda: (
+                    re.search(rf"real-time query \S+ started .*: .*\b{lost}\b", w1.log())
+                    is not None
+                ),
+            )
 
         # w1 pauses in the middle of a batch of its map, its write not yet sent.
-        function = PUT if lost.endswith("agg") else LATEST
+        function = LIVE if path == "realtime" else PUT if lost.endswith("agg") else LATEST
         writes.arm(b"FCALL\r\n$%d\r\n%s\r\n" % (len(function), function.encode()))
         stream.burst()
         group.wait("w1 to send its next write of the map", writes.held.is_set)
@@ -352,13 +373,19 @@ def test_a_worker_paused_past_its_session_is_fenced_and_writes_nothing_more(
         assert refusal.startswith(f"-{FENCED} epoch {epoch} is no longer"), refusal
         assert redis_map(redis_client, lost) == expected
 
-        # Woken, w1 reads the refusal: the map's batch fails on it, and its log says why.
         w1.resume()
-        fence = (
-            f"map {lost}: fenced: another worker took the map over "
-            f"(this worker's epoch {epoch} is older than the owner's"
-        )
-        group.wait("w1 to log the fence", lambda: fence in w1.log())
+        if path == "microbatch":
+            # Woken, w1 reads the refusal: the map's batch fails on it, and its log says why.
+            fence = (
+                f"map {lost}: fenced: another worker took the map over "
+                f"(this worker's epoch {epoch} is older than the owner's"
+            )
+            group.wait("w1 to log the fence", lambda: fence in w1.log())
+        else:
+            # The refusal fails the real-time query as w1's group session, long over, ends:
+            # whichever w1 sees first, it stops the map's queries and says so.
+            stopped = f"map {lost}: .*; its queries stopped, the worker goes on with its others"
+            group.wait("w1 to stop the map", lambda: re.search(stopped, w1.log()) is not None)
         # It goes on: back in the group, it takes a fair share again.
         group.wait(
             "w1 to run a map again",

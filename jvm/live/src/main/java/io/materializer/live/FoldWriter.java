@@ -97,6 +97,7 @@ public final class FoldWriter extends ForeachWriter<Row> {
         }
         taken.add(first);
         queue.drainTo(taken, MOST - 1);
+        transactions.ready(taken);
         for (Effects effects : fold.apply(taken)) {
           transactions.submit(effects);
         }

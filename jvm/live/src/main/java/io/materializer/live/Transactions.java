@@ -2,6 +2,7 @@ package io.materializer.live;
 
 import java.time.Duration;
 import java.util.ArrayList;
+import java.util.HashMap;
 import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
@@ -20,10 +21,13 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  * every {@code commitEveryMs} of the spec, with the source position after them committed to the
  * map's group, as Kafka's own exactly-once pipelines commit theirs.
  *
- * <p>One transactional producer per source partition a task reads, its {@code
+ * <p>One transactional producer per map and source partition a task reads, its {@code
  * transactional.id} the map's prefix and the partition: a task started again for the
  * partition (after a crash, or on another worker) fences the one before it, whose open
- * transaction Kafka aborts.
+ * transaction Kafka aborts. Each is started ({@link #ready}) before the first record it will
+ * carry reaches Redis: a worker that took the map over fences the ids, and a producer
+ * started only after that (a paused worker waking up with records it applied before the
+ * takeover) would be the newest and commit them over the new owner's.
  */
 final class Transactions {
   /** Rounds queued at most: past it, the Redis side waits for Kafka to catch up. */
@@ -34,8 +38,12 @@ final class Transactions {
   private final Thread committer;
   private volatile boolean closing;
   private volatile Throwable failure;
-  private KafkaProducer<byte[], byte[]> producer;
-  private String transactionalId;
+  /** The started producers, by {@code transactional.id}. */
+  private final Map<String, KafkaProducer<byte[], byte[]>> producers = new HashMap<>();
+  /** The map and source partition of the last record {@link #ready} saw. */
+  private int readyMap = -1;
+  private String readyTopic;
+  private int readyPartition = -1;
 
   Transactions(Spec spec, long partitionId) {
     this.spec = spec;
@@ -50,6 +58,23 @@ final class Transactions {
     do {
       check();
     } while (!queue.offer(effects, 100, TimeUnit.MILLISECONDS));
+  }
+
+  /**
+   * Starts the producer of each map and source partition of {@code records} not started yet
+   * (Kafka's {@code initTransactions}, which fences the producers before it of the same id);
+   * called before the records go to Redis.
+   */
+  void ready(List<Record> records) {
+    for (Record r : records) {
+      if (r.map == readyMap && r.partition == readyPartition && r.topic.equals(readyTopic)) {
+        continue;
+      }
+      producerFor(spec.maps.get(r.map).transactionalId + "." + r.topic + "-" + r.partition);
+      readyMap = r.map;
+      readyTopic = r.topic;
+      readyPartition = r.partition;
+    }
   }
 
   /** Raises the failure of a transaction, if one failed. */
@@ -126,27 +151,33 @@ final class Transactions {
     p.commitTransaction();
   }
 
-  private KafkaProducer<byte[], byte[]> producerFor(String id) {
-    if (producer != null && id.equals(transactionalId)) {
+  /** The producer of {@code id}, started if it was not: the applier's thread starts them,
+   * the committer's uses them. */
+  private synchronized KafkaProducer<byte[], byte[]> producerFor(String id) {
+    KafkaProducer<byte[], byte[]> producer = producers.get(id);
+    if (producer != null) {
       return producer;
     }
-    release();
     Properties props = new Properties();
     props.putAll(spec.producer);
     props.put("enable.idempotence", "true");
     props.put("acks", "all");
     props.put("transactional.id", id);
     producer = new KafkaProducer<>(props, new ByteArraySerializer(), new ByteArraySerializer());
-    transactionalId = id;
-    producer.initTransactions();
+    try {
+      producer.initTransactions();
+    } catch (RuntimeException e) {
+      producer.close(Duration.ZERO);
+      throw e;
+    }
+    producers.put(id, producer);
     return producer;
   }
 
-  private void release() {
-    if (producer != null) {
+  private synchronized void release() {
+    for (KafkaProducer<byte[], byte[]> producer : producers.values()) {
       producer.close(Duration.ofSeconds(10));
-      producer = null;
-      transactionalId = null;
     }
+    producers.clear();
   }
 }
