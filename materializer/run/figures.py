@@ -50,6 +50,11 @@ class MapFigures:
         if self._history is not None:
             self._history.reported({n: r for n, r in reports.items() if n in self._run.config.maps})
 
+    def forget(self, name: str) -> None:
+        """A map deleted: its history gets no sample more (see ``HistoryRecorder.forget``)."""
+        if self._history is not None:
+            self._history.forget(name)
+
     def stop_sampling(self) -> None:
         """Stop the state sizes and the history (at the run's end, before the maps stop)."""
         self._sizes.stop()

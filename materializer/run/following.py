@@ -10,6 +10,7 @@ import logging
 from materializer.catalog.changes import state_bound_changes
 from materializer.catalog.live import LiveMaps
 from materializer.contract.control import Control
+from materializer.run.figures import MapFigures
 from materializer.run.supervised import SupervisedMap
 from materializer.run.supervisor import Supervisor
 from materializer.runtime.control_channel import ControlChannel
@@ -20,10 +21,13 @@ log = logging.getLogger(__name__)
 class CatalogChanges:
     """The catalog's changes brought to the run's maps, and a map's first start in this run."""
 
-    def __init__(self, supervisor: Supervisor, live: LiveMaps, channel: ControlChannel) -> None:
+    def __init__(
+        self, supervisor: Supervisor, live: LiveMaps, channel: ControlChannel, figures: MapFigures
+    ) -> None:
         self._supervisor = supervisor
         self._live = live
         self._channel = channel
+        self._figures = figures
 
     def first_start(self, m: SupervisedMap, request: Control) -> None:
         """A map's first start in this run; one whose definition a rebuild has yet to fold is
@@ -51,6 +55,8 @@ class CatalogChanges:
                 m.state = "stopping"
                 channel.report({name: m.report()})
             lifecycle.stop_all([m] if m.state == "stopping" else [])
+            # Before the report that lets a purge start: nothing of this run writes it after.
+            self._figures.forget(name)
             m.state = "stopped"
             channel.report({name: m.report()})
             log.info("map %s deleted by %s: its queries stopped", name, self.by(name))

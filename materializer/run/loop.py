@@ -93,7 +93,8 @@ class RunLoop:
             busy=self.supervisor.busy,
             grace_seconds=REBUILD_GRACE,
         )
-        self.changes = CatalogChanges(self.supervisor, live, self.channel)
+        self.figures = MapFigures(config, self.supervisor.run, metrics)
+        self.changes = CatalogChanges(self.supervisor, live, self.channel, self.figures)
         self.share = None
         if self.worker is not None:
             self.share = GroupShare(
@@ -102,7 +103,6 @@ class RunLoop:
         # A worker of a group starts the maps the group gives it, as it gives them.
         if self.worker is None:
             self.supervisor.maps = {name: SupervisedMap(name) for name in self.in_force()}
-        self.figures = MapFigures(config, self.supervisor.run, metrics)
         self._following = config.catalog.enabled
         self._poll = config.catalog.poll_interval.total_seconds()
         self._next_poll = 0.0

@@ -180,10 +180,20 @@ class HistoryRecorder(DaemonLoop):
         self._reports: Mapping[str, MapReport] = {}
         self._last: dict[str, float] = {}
         self._started = time.monotonic()
+        self._sampling = threading.Lock()
+        """Held while a round samples the maps, so that ``forget`` returns after it."""
 
     def reported(self, reports: Mapping[str, MapReport]) -> None:
         """The maps' last reports (the supervisor's loop): the maps to sample, as they stand."""
         self._reports = dict(reports)
+
+    def forget(self, name: str) -> None:
+        """Sample the map no more, from a round under way too: once this returns nothing
+        writes its history (a deleted map's purge may come at once, and a sample after it
+        would leave the key behind)."""
+        with self._sampling:
+            self._reports = {n: r for n, r in self._reports.items() if n != name}
+            self._last.pop(name, None)
 
     def start(self) -> None:
         """The first samples one interval from now, then one every interval."""
@@ -196,6 +206,10 @@ class HistoryRecorder(DaemonLoop):
 
     def record(self) -> None:
         """One sample of every reported map, in one round trip."""
+        with self._sampling:
+            self._record()
+
+    def _record(self) -> None:
         now, now_ms = time.monotonic(), int(time.time() * 1000)
         samples = []
         for name, report in self._reports.items():
