@@ -28,7 +28,7 @@ from typing import Any
 
 import redis
 
-from materializer.clients.redis import client_for
+from materializer.clients.redis import connect
 from materializer.config import RedisConfig
 from materializer.contract.history import PHASES, HistorySample
 from materializer.contract.redis_layout import history_key
@@ -182,10 +182,18 @@ class HistoryRecorder(DaemonLoop):
         self._started = time.monotonic()
         self._sampling = threading.Lock()
         """Held while a round samples the maps, so that ``forget`` returns after it."""
+        self._client = connect(redis_config, socket_timeout=2.0, socket_connect_timeout=2.0)
+        """A client of the recorder's own whose calls end within seconds: a round holds
+        ``_sampling`` through its write, and ``forget`` waits on the supervisor's loop."""
 
     def reported(self, reports: Mapping[str, MapReport]) -> None:
         """The maps' last reports (the supervisor's loop): the maps to sample, as they stand."""
         self._reports = dict(reports)
+
+    def stop(self) -> None:
+        """Stop after the round under way, and close the recorder's client."""
+        super().stop()
+        self._client.close()
 
     def forget(self, name: str) -> None:
         """Sample the map no more, from a round under way too: once this returns nothing
@@ -218,7 +226,7 @@ class HistoryRecorder(DaemonLoop):
             samples.append((name, sample_of(report, self._intervals.take(name), elapsed, now_ms)))
         if not samples:
             return
-        with client_for(self._redis).pipeline(transaction=False) as pipe:
+        with self._client.pipeline(transaction=False) as pipe:
             for name, sample in samples:
                 fields: dict[Any, Any] = sample.to_fields()
                 pipe.xadd(history_key(name), fields, maxlen=self._max_len, approximate=True)

@@ -32,9 +32,14 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-"""The signals that stop a run with a drain, wherever they arrive."""
-ROUTED = ("TERM", "HUP")
+_HUP_IGNORED = signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+"""Whether the process started ignoring SIGHUP (``nohup``): read when the command line
+imports this module, before any handler is installed. The JVM, started later, inherits
+the ignore as well."""
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT) + (() if _HUP_IGNORED else (signal.SIGHUP,))
+"""The signals that stop a run with a drain, wherever they arrive; a run started under
+``nohup`` goes on ignoring SIGHUP, as it asked."""
+ROUTED = ("TERM",) + (() if _HUP_IGNORED else ("HUP",))
 """The JVM's signals routed; SIGINT needs none, the JVM ignores it from the start."""
 
 

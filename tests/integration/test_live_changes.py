@@ -41,6 +41,9 @@ def test_a_map_rebuilt_and_another_deleted_while_the_others_fold_in_real_time(
     names, topics, path = live_maps("lc", kafka_bootstrap, redis_url, tmp_path, {})
     doc = yaml.safe_load(path.read_text())
     doc["catalog"] = {"topic": f"maps-{uuid.uuid4().hex[:8]}", "poll_interval": "200 ms"}
+    # A sample of each map's history every second: one of the purged map after its purge
+    # would leave its history's key behind.
+    doc["metrics"]["history"] = {"interval": "1 s"}
     path.write_text(yaml.safe_dump(doc))
     config = load_config(path)
     rebuilt, left_alone = names[0], names[1:]

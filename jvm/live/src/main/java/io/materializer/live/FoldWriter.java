@@ -19,7 +19,8 @@ import redis.clients.jedis.Jedis;
  * (one record when they trickle in, up to {@link #MOST} when they pour) and applies it in
  * one Redis call per map ({@link Fold}), so a record waits for one round trip, not for a
  * batch to fill; what they owe Kafka goes out on another thread ({@link Transactions}), so
- * Redis never waits for Kafka. {@code close}, at the end of the real-time batch, waits until
+ * Redis does not wait for Kafka, but for a producer's start before the first record of each
+ * map and source partition. {@code close}, at the end of the real-time batch, waits until
  * every queued record is applied and its Kafka transaction committed, then Spark checkpoints
  * the batch. A failure (a refused call, a transaction Kafka did not commit)
  * fails the next {@code process} or the {@code close}: the task fails, and with it the

@@ -16,8 +16,9 @@ import org.apache.kafka.common.TopicPartition;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 
 /**
- * A task's Kafka transactions, on a thread of their own so that Redis never waits for
- * Kafka: the rounds of {@link Effects} that queue go out together, one transaction at most
+ * A task's Kafka transactions, on a thread of their own so that Redis does not wait for
+ * Kafka (but for a producer's start, once per map and source partition, before the first
+ * record it carries): the rounds of {@link Effects} that queue go out together, one transaction at most
  * every {@code commitEveryMs} of the spec, with the source position after them committed to the
  * map's group, as Kafka's own exactly-once pipelines commit theirs.
  *
@@ -40,6 +41,8 @@ final class Transactions {
   private volatile Throwable failure;
   /** The started producers, by {@code transactional.id}. */
   private final Map<String, KafkaProducer<byte[], byte[]>> producers = new HashMap<>();
+  /** Set once the producers are closed: none starts after (it would outlive the writer). */
+  private boolean released;
   /** The map and source partition of the last record {@link #ready} saw. */
   private int readyMap = -1;
   private String readyTopic;
@@ -151,30 +154,46 @@ final class Transactions {
     p.commitTransaction();
   }
 
-  /** The producer of {@code id}, started if it was not: the applier's thread starts them,
-   * the committer's uses them. */
-  private synchronized KafkaProducer<byte[], byte[]> producerFor(String id) {
-    KafkaProducer<byte[], byte[]> producer = producers.get(id);
-    if (producer != null) {
-      return producer;
+  /**
+   * The producer of {@code id}, started if it was not: the applier's thread starts them, the
+   * committer's uses them. The start (which may wait on Kafka's coordinator) holds no lock.
+   */
+  private KafkaProducer<byte[], byte[]> producerFor(String id) {
+    synchronized (this) {
+      closedCheck();
+      KafkaProducer<byte[], byte[]> known = producers.get(id);
+      if (known != null) {
+        return known;
+      }
     }
     Properties props = new Properties();
     props.putAll(spec.producer);
     props.put("enable.idempotence", "true");
     props.put("acks", "all");
     props.put("transactional.id", id);
-    producer = new KafkaProducer<>(props, new ByteArraySerializer(), new ByteArraySerializer());
+    KafkaProducer<byte[], byte[]> producer =
+        new KafkaProducer<>(props, new ByteArraySerializer(), new ByteArraySerializer());
     try {
       producer.initTransactions();
+      synchronized (this) {
+        closedCheck();
+        producers.put(id, producer);
+      }
+      return producer;
     } catch (RuntimeException e) {
       producer.close(Duration.ZERO);
       throw e;
     }
-    producers.put(id, producer);
-    return producer;
+  }
+
+  private void closedCheck() {
+    if (released) {
+      throw new IllegalStateException("the writer's Kafka producers are closed");
+    }
   }
 
   private synchronized void release() {
+    released = true;
     for (KafkaProducer<byte[], byte[]> producer : producers.values()) {
       producer.close(Duration.ofSeconds(10));
     }
