@@ -78,8 +78,17 @@ class Streams:
         return thread
 
 
-@pytest.mark.parametrize(("per_query", "stop"), [(8, signal.SIGINT), (1, signal.SIGHUP)])
-def test_realtime_maps_through_materializer_run_equal_the_reference(
+def test_realtime_maps_sharing_a_query_through_materializer_run_equal_the_reference(
+    kafka_bootstrap: str, redis_url: str, redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """All in one query, stopped by Ctrl-C (``test_live_own_queries`` runs each map in a
+    query of its own, in a file of its own so that the suite's workers share the two)."""
+    realtime_maps_equal_the_reference(
+        kafka_bootstrap, redis_url, redis_client, tmp_path, 8, signal.SIGINT
+    )
+
+
+def realtime_maps_equal_the_reference(
     kafka_bootstrap: str,
     redis_url: str,
     redis_client: redis.Redis,
