@@ -3,6 +3,8 @@ and the order the longest files run in on two workers."""
 
 from __future__ import annotations
 
+import signal
+
 import pytest
 
 pytest_plugins = [
@@ -31,6 +33,13 @@ on two cores would starve each other's micro-batches."""
 CLUSTERS = ("test_scale_kafka.py", "test_scale_spark.py")
 """The next longest: a three-node Kafka cluster, and a Spark standalone cluster with a run
 of its own. They start first on the other worker."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The runs the tests start see SIGHUP as a terminal's children do, even when the suite
+    itself runs under ``nohup``: a run started with SIGHUP ignored keeps ignoring it (as
+    ``nohup materializer run`` must), and the tests that close a terminal send it."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
