@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 
@@ -26,6 +27,11 @@ class Batch:
     records: DataFrame | None = None
     """The batch's records as read, decoded and keyed, when the fold ran inside the batch
     (a map folded in Redis): the dead letters and the history come from them."""
+    collected: pa.Table | None = None
+    """``rows`` already collected on the driver, in the same Arrow columns (its entity a
+    struct): a query that feeds many maps collects its batch for all of them in one job,
+    and a sink that reads the rows in Arrow takes them from here, not from a job of its
+    own (``live.delta``)."""
 
 
 class Sink(ABC):

@@ -236,7 +236,7 @@ class DeltaSink(Sink):
         done = table.transaction_version(batch.app_id)
         if done is not None and done >= batch.batch_id:
             return
-        rows = _last_per_key(source.toArrow())
+        rows = _last_per_key(_arrow_source(source, batch.collected))
         self._rows_out = rows.num_rows
         if rows.num_rows == 0:
             self._commit_mark(batch)
@@ -294,6 +294,22 @@ class DeltaSink(Sink):
 
     def _metadata(self, batch: Batch) -> str | None:
         return None if self._user_metadata is None else self._user_metadata(batch.batch_id)
+
+
+def _arrow_source(source: DataFrame, collected: pa.Table | None) -> pa.Table:
+    """The MERGE's source rows in Arrow: collected by a job of their own, or the same columns
+    taken from the batch's rows already collected (``Batch.collected``), which hold
+    ``source``'s inputs: its entity fields are the entity struct's children, nulls and all."""
+    if collected is None:
+        return source.toArrow()
+    import pyarrow as pa
+
+    entity = collected[c.ENTITY]
+    fields = dict(zip([f.name for f in entity.type], entity.flatten(), strict=True))
+    own = {c.TABLE_KEY: c.KEY, c.TABLE_UPDATED_AT: c.TIMESTAMP}
+    own.update((n, n) for n in (c.DELETED, c.PARTITION, c.OFFSET))
+    columns = [collected[own[n]] if n in own else fields[n] for n in source.columns]
+    return pa.Table.from_arrays(columns, names=source.columns)
 
 
 def _last_per_key(rows: pa.Table) -> pa.Table:

@@ -5,7 +5,10 @@ Each map's own Delta query plans, schedules and checkpoints a batch per trigger 
 driver, and keeps its threads and a Kafka consumer while its map is idle: sixteen maps
 were sixteen queries contending for the cores the real-time fold needs, a hundred idle
 maps a hundred. One query costs one plan and one checkpoint per trigger, and a map
-without changes in a batch costs nothing in it.
+without changes in a batch costs nothing in it: the checkpoint's offset log says whose
+changelogs moved. The rows of the maps that moved are collected to the driver in one job
+(a Spark job's floor is a good part of a second of CPU here, whatever its size), which
+each map's MERGE takes its part of in Arrow.
 
 The query's checkpoint is new at every start (the set of maps changed): each map starts
 where its table stands (``delta.positions.resume_at``), and every MERGE records the
@@ -50,6 +53,7 @@ from materializer.delta.query import (
     changelog_changes,
     delta_projector,
     delta_sinks,
+    entities_collected,
     with_entity,
 )
 from materializer.fold.entity_types import Project, typed_batches
@@ -102,6 +106,8 @@ class _Member:
         self.projector = delta_projector(config, physical, sinks, checkpoint, rows_out)
         meta = table_meta(config.map(member.name))
         self.project: Project = typed_batches(self.projector, table, self.inferred, meta)
+        self.in_arrow = not self.inferred and config.delta.merge_engine == "delta_rs"
+        """Its MERGE reads the rows in Arrow: they come from the batch's one collect."""
 
 
 RowsOut = Callable[[str, int, int], None] | None
@@ -131,6 +137,7 @@ class SharedDelta:
         self._failed = failed
         self._broken: set[str] = set()
         self._stopping = threading.Event()
+        self._starting: dict[str, dict[int, int]] = {}
         self.query: StreamingQuery | None = None
 
     def start(self) -> StreamingQuery:
@@ -145,6 +152,7 @@ class SharedDelta:
         # Each reads its table's newest commits: a hundred maps' reads overlap.
         with ThreadPoolExecutor(max_workers=READS_AT_ONCE) as pool:
             starting = dict(zip(changelogs, pool.map(start_of, self._members), strict=True))
+        self._starting = {t: {int(p): o for p, o in at.items()} for t, at in starting.items()}
         self._checkpoint.discard()
         changes = changelog_changes(
             self._spark,
@@ -164,35 +172,50 @@ class SharedDelta:
         return self.query
 
     def _batch(self, changes: DataFrame, batch_id: int) -> None:
-        """Each map with rows in the batch gets them through its projector, in turn."""
+        """Each map whose changelog moved in the batch gets its rows through its projector,
+        in turn; the rows of those that merge in Arrow are collected in one job for all."""
         started = time.monotonic()
         changes.sparkSession.sparkContext.setLocalProperty("spark.scheduler.pool", DELTA_POOL)
-        changes.persist()  # read from Kafka once, however many maps it feeds
-        counts: dict[str, int] = {}
+        moved = self._moved(batch_id)
+        members = [m for m in self._members if m.changelog in moved and m.name not in self._broken]
+        in_arrow = [m for m in members if m.in_arrow]
+        jobs = len(members) - len(in_arrow) + (1 if in_arrow else 0)
+        if jobs > 1:
+            changes.persist()  # read from Kafka once, however many jobs read the batch
         try:
-            counts = {r[c.TOPIC]: r["count"] for r in changes.groupBy(c.TOPIC).count().collect()}
-            for member in self._members:
-                if not counts.get(member.changelog) or member.name in self._broken:
-                    continue
+            collected = entities_collected(changes, {m.changelog: m.entity for m in in_arrow})
+            for member in members:
                 if self._stopping.is_set():
                     return  # the maps left record nothing: the next start merges their rows
                 rows = changes.where(changes[c.TOPIC] == member.changelog)
+                rows = with_entity(rows, member.entity, member.inferred)
                 try:
-                    member.project(with_entity(rows, member.entity, member.inferred), batch_id)
+                    if member.in_arrow:
+                        member.projector(rows, batch_id, collected[member.changelog])
+                    else:
+                        member.project(rows, batch_id)
                 except Exception as exc:  # noqa: BLE001 - the map's alone; the others go on
                     if self._stopping.is_set():
                         return  # cancelled by the stop, not the map's failure
                     self._broken.add(member.name)
                     self._failed(member.name, f"{type(exc).__module__}.{type(exc).__name__}: {exc}")
         finally:
-            changes.unpersist()
+            if jobs > 1:
+                changes.unpersist()
         log.debug(
             "query=%s batch=%d maps=%d projected_ms=%d",
             QUERY_NAME,
             batch_id,
-            sum(1 for m in self._members if counts.get(m.changelog)),
+            len(members),
             (time.monotonic() - started) * 1000,
         )
+
+    def _moved(self, batch_id: int) -> set[str]:
+        """The changelogs whose offsets the batch moves, from the checkpoint's offset log (a
+        count would be a job): a map whose changelog stood still has nothing to merge."""
+        ends = self._checkpoint.end_offsets(batch_id)
+        before = self._checkpoint.end_offsets(batch_id - 1) if batch_id else self._starting
+        return {topic for topic, offsets in ends.items() if offsets != before.get(topic)}
 
     def changelogs(self) -> dict[str, str]:
         """Each member's changelog topic, by map."""

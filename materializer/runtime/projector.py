@@ -15,6 +15,7 @@ from materializer.runtime.metrics import BatchMetrics
 from materializer.runtime.progress import BatchLog
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
 log = logging.getLogger(__name__)
@@ -74,8 +75,9 @@ class Projector:
         for sink in self.sinks:
             sink.close()
 
-    def __call__(self, rows: DataFrame, batch_id: int) -> None:
-        """Project one batch into every sink, in order."""
+    def __call__(self, rows: DataFrame, batch_id: int, collected: pa.Table | None = None) -> None:
+        """Project one batch into every sink, in order. ``collected``: the rows already
+        collected in Arrow (``Batch.collected``), which are then neither cached nor counted."""
         if self._pace is not None:
             self._pace()
         started = time.monotonic()
@@ -85,13 +87,20 @@ class Projector:
         if self._prepare is not None:
             rows = self._prepare(rows)
         # The batch is read by each sink; caching it reads and computes it once.
-        if self._persist:
+        persist = self._persist and collected is None
+        if persist:
             rows.persist()
         try:
             # With the records kept, the first sink makes the rows out and counts them.
-            count = rows.count() if records is None and self._count else None
+            counted = records is None and self._count and collected is None
+            count = rows.count() if counted else None
             batch = Batch(
-                rows=rows, batch_id=batch_id, app_id=self.app_id(), records=records, count=count
+                rows=rows,
+                batch_id=batch_id,
+                app_id=self.app_id(),
+                records=records,
+                count=count,
+                collected=collected,
             )
             self._drill.batch_started()
             for sink in self.sinks:
@@ -100,7 +109,7 @@ class Projector:
                 if count is None:
                     count = sink.rows_out()
         finally:
-            if self._persist:
+            if persist:
                 rows.unpersist()
         count = count or 0
         if self._on_rows_out is not None:

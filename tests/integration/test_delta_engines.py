@@ -232,3 +232,60 @@ def test_a_type_delta_rs_would_write_otherwise_leaves_the_ddl_with_spark(spark, 
     assert _table(spark, path) == [
         {c.TABLE_KEY: "k1", "s": "x", "at": dt.datetime(2026, 1, 2, 3, 4, 5)}
     ]
+
+
+def test_rows_collected_for_several_maps_in_one_job_merge_as_each_maps_own(spark, warehouse: Path):
+    """The shared Delta query collects every map's changelog rows in one job
+    (``entities_collected``); each map's table must be what its own job's rows write: the
+    same columns and types, a deleted record's null entity, the change time a TTL keeps."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StructType
+
+    from materializer.delta.query import entities_collected, with_entity
+    from materializer.encoding import entity_json
+
+    small = "id STRING, n BIGINT"
+    maps = {"cl-wide": (ENTITY, _entity), "cl-small": (small, lambda i, _: (f"s{i}", i))}
+    changes = None
+    for topic, (schema, make) in maps.items():
+        records = [  # key, deleted, entity, partition (the key's), offset: 4 changes a key
+            (f"k{i % 5}", i % 7 == 5, None if i % 7 == 5 else make(i, f"{topic} {i}"), i % 5 % 2, i)
+            for i in range(20)
+        ]
+        rows = spark.createDataFrame(
+            records,
+            f"{c.KEY} STRING, {c.DELETED} BOOLEAN, e STRUCT<{schema}>, "
+            f"{c.PARTITION} INT, {c.OFFSET} BIGINT",
+        )
+        rows = rows.select(
+            F.lit(topic).alias(c.TOPIC),
+            c.KEY,
+            c.DELETED,
+            entity_json(rows["e"]).alias("value"),
+            c.PARTITION,
+            c.OFFSET,
+            (F.lit(dt.datetime(2026, 1, 1)) + F.make_interval(secs=rows[c.OFFSET])).alias(
+                c.TIMESTAMP
+            ),
+        )
+        changes = rows if changes is None else changes.unionByName(rows)
+    assert changes is not None
+    entities = {t: StructType.fromDDL(schema) for t, (schema, _) in maps.items()}
+    collected = entities_collected(changes, entities)
+
+    assert {t: rows.num_rows for t, rows in collected.items()} == {t: 20 for t in maps}
+    for topic, entity in entities.items():
+        rows = with_entity(changes.where(changes[c.TOPIC] == topic), entity, False)
+        own, shared = str(warehouse / f"{topic}-own"), str(warehouse / f"{topic}-shared")
+        DeltaSink(own, updated_at=True).write(Batch(rows, 0, "app"))
+        DeltaSink(shared, updated_at=True).write(Batch(rows, 0, "app", collected=collected[topic]))
+        table = _table(spark, shared)
+        assert table == _table(spark, own)
+        # Plain Python: each key's change at its greatest offset; k4's (19) deletes it, the
+        # deletes of k0 and k2 (offsets 5 and 12) lose to their later changes.
+        last = {f"k{k}": max(i for i in range(20) if i % 5 == k) for k in range(5)}
+        assert {r[c.TABLE_KEY]: r[c.TABLE_UPDATED_AT] for r in table} == {
+            key: dt.datetime(2026, 1, 1) + dt.timedelta(seconds=i)
+            for key, i in last.items()
+            if i % 7 != 5
+        }
