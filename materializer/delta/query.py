@@ -163,12 +163,14 @@ def with_entity(changes: DataFrame, entity: StructType, inferred: bool) -> DataF
     )
 
 
-def entities_collected(changes: DataFrame, entities: dict[str, StructType]) -> dict[str, pa.Table]:
+def entities_collected(
+    changes: DataFrame, entities: dict[str, StructType], *, one_task: bool = False
+) -> dict[str, pa.Table]:
     """``with_entity``'s rows of each changelog in ``entities`` (by topic, their entity
     structs, none schemaless), collected to the driver in Arrow by one job: every Spark
     job costs the driver and the cores its planning and tasks, whatever its size, and a
-    job per map made sixteen maps' Delta batch sixteen jobs."""
-    import pyarrow as pa
+    job per map made sixteen maps' Delta batch sixteen jobs. ``one_task``: the job reads
+    every partition in one task, on one core."""
     import pyarrow.compute as pc
     from pyspark.sql import functions as F
 
@@ -180,13 +182,15 @@ def entities_collected(changes: DataFrame, entities: dict[str, StructType]) -> d
         for i, (changelog, entity) in enumerate(entities.items())
     ]
     positions = _positions(changes)
-    table = changes.select(c.TOPIC, c.KEY, c.DELETED, *read, *positions).toArrow()
+    ours = changes.where(topic.isin(list(entities)))  # a map not among them is no column here
+    rows = ours.select(c.TOPIC, c.KEY, c.DELETED, *read, *positions)
+    table = (rows.coalesce(1) if one_task else rows).toArrow()
     collected = {}
     for i, changelog in enumerate(entities):
-        rows = table.filter(pc.equal(table[c.TOPIC], changelog))
-        columns = [c.KEY, c.DELETED, f"{c.ENTITY}{i}", *positions]
-        names = [c.KEY, c.DELETED, c.ENTITY, *positions]
-        collected[changelog] = pa.Table.from_arrays([rows[n] for n in columns], names=names)
+        columns = [c.TOPIC, c.KEY, c.DELETED, f"{c.ENTITY}{i}", *positions]
+        own = table.select(columns)  # the other maps' entity columns are not copied
+        own = own.filter(pc.equal(own[c.TOPIC], changelog)).drop_columns([c.TOPIC])
+        collected[changelog] = own.rename_columns([c.KEY, c.DELETED, c.ENTITY, *positions])
     return collected
 
 

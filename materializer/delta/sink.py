@@ -48,6 +48,10 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
     from pyspark.sql.types import StructField, StructType
 
+_Taken = tuple[str, str, str | None]
+"""A column of a MERGE's source: its name, the batch's column it comes from, and the
+entity's field it is (None: the column itself)."""
+
 TXN_APP_ID = "spark.databricks.delta.write.txnAppId"
 TXN_VERSION = "spark.databricks.delta.write.txnVersion"
 USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
@@ -178,13 +182,20 @@ class DeltaSink(Sink):
             return
         fields = [f.name for f in entity.fields]  # type: ignore[attr-defined]
         own = [f.name for f in self._own_columns()]
-        stamp = [batch.rows[c.TIMESTAMP].alias(c.TABLE_UPDATED_AT)] if self.updated_at else []
-        source = batch.rows.select(
-            batch.rows[c.KEY].alias(c.TABLE_KEY),
-            *stamp,
-            c.DELETED,
-            *[batch.rows[c.ENTITY].getField(f).alias(f) for f in fields],
-            *[n for n in (c.PARTITION, c.OFFSET) if n in batch.rows.columns],
+        # The MERGE's source: each column, the batch's column it is, and its entity field.
+        taken: list[_Taken] = [
+            (c.TABLE_KEY, c.KEY, None),
+            *([(c.TABLE_UPDATED_AT, c.TIMESTAMP, None)] if self.updated_at else []),
+            (c.DELETED, c.DELETED, None),
+            *[(f, c.ENTITY, f) for f in fields],
+            *[(n, n, None) for n in (c.PARTITION, c.OFFSET) if n in batch.rows.columns],
+        ]
+        rows = batch.rows
+        source = rows.select(
+            *[
+                (rows[column] if field is None else rows[column].getField(field)).alias(name)
+                for name, column, field in taken
+            ]
         )
         written = [*own, *fields]
         # A column this batch's entities lack (an older field) is cleared, not kept.
@@ -194,7 +205,7 @@ class DeltaSink(Sink):
                 raise ValueError("Spark's MERGE takes one row per key, not changes")
             self._merge_spark(source, batch, written, cleared)
         else:
-            self._merge_delta_rs(source, batch, written, cleared)
+            self._merge_delta_rs(source, taken, batch, written, cleared)
 
     def _merge_spark(
         self, source: DataFrame, batch: Batch, written: list[str], cleared: list[str]
@@ -227,7 +238,12 @@ class DeltaSink(Sink):
             spark.conf.unset(USER_METADATA)
 
     def _merge_delta_rs(
-        self, source: DataFrame, batch: Batch, written: list[str], cleared: list[str]
+        self,
+        source: DataFrame,
+        taken: list[_Taken],
+        batch: Batch,
+        written: list[str],
+        cleared: list[str],
     ) -> None:
         from deltalake import CommitProperties, DeltaTable, Transaction
 
@@ -236,7 +252,7 @@ class DeltaSink(Sink):
         done = table.transaction_version(batch.app_id)
         if done is not None and done >= batch.batch_id:
             return
-        rows = _last_per_key(_arrow_source(source, batch.collected))
+        rows = _last_per_key(_arrow_source(source, taken, batch.collected))
         self._rows_out = rows.num_rows
         if rows.num_rows == 0:
             self._commit_mark(batch)
@@ -296,20 +312,18 @@ class DeltaSink(Sink):
         return None if self._user_metadata is None else self._user_metadata(batch.batch_id)
 
 
-def _arrow_source(source: DataFrame, collected: pa.Table | None) -> pa.Table:
+def _arrow_source(source: DataFrame, taken: list[_Taken], collected: pa.Table | None) -> pa.Table:
     """The MERGE's source rows in Arrow: collected by a job of their own, or the same columns
-    taken from the batch's rows already collected (``Batch.collected``), which hold
-    ``source``'s inputs: its entity fields are the entity struct's children, nulls and all."""
+    (``taken``, as ``source`` selects them) from the batch's rows already collected
+    (``Batch.collected``): an entity field is the entity struct's child, its nulls and all."""
     if collected is None:
         return source.toArrow()
     import pyarrow as pa
 
     entity = collected[c.ENTITY]
     fields = dict(zip([f.name for f in entity.type], entity.flatten(), strict=True))
-    own = {c.TABLE_KEY: c.KEY, c.TABLE_UPDATED_AT: c.TIMESTAMP}
-    own.update((n, n) for n in (c.DELETED, c.PARTITION, c.OFFSET))
-    columns = [collected[own[n]] if n in own else fields[n] for n in source.columns]
-    return pa.Table.from_arrays(columns, names=source.columns)
+    columns = [collected[column] if f is None else fields[f] for _, column, f in taken]
+    return pa.Table.from_arrays(columns, names=[name for name, _, _ in taken])
 
 
 def _last_per_key(rows: pa.Table) -> pa.Table:

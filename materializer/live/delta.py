@@ -51,6 +51,7 @@ from materializer.delta.positions import MergedPositions, resume_at
 from materializer.delta.query import (
     OwnerGuard,
     changelog_changes,
+    changes_per_batch,
     delta_projector,
     delta_sinks,
     entities_collected,
@@ -61,6 +62,7 @@ from materializer.runtime.projector import DELTA_POOL
 from materializer.runtime.query_group import stop_after_batch
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
     from pyspark.sql.types import StructType
@@ -71,6 +73,15 @@ QUERY_NAME = "live-delta"
 """Without a dot: the run's metrics take it for no map's query (``split_query_name``)."""
 READS_AT_ONCE = 8
 """Tables whose merged positions a start reads at once."""
+ONE_TASK_RECORDS = 50_000
+"""A batch of at most this many records (10 s of a map at 5,000 events/s) is collected by
+one task: the real-time fold keeps the other cores (one map's p99 was the Delta batch's
+second on both of two), and sixteen maps' 64 changelog partitions cost one task, not 64.
+A larger one, a catch-up, reads its partitions in parallel."""
+TOGETHER_CELLS = 1_000_000
+"""At most this many records times maps are collected in one job: each map's entity is a
+column of its own, allocated for every record of the batch; a larger batch (a catch-up of
+many maps) is collected map by map from the batch cached."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +118,7 @@ class _Member:
         meta = table_meta(config.map(member.name))
         self.project: Project = typed_batches(self.projector, table, self.inferred, meta)
         self.in_arrow = not self.inferred and config.delta.merge_engine == "delta_rs"
-        """Its MERGE reads the rows in Arrow: they come from the batch's one collect."""
+        """Its MERGE reads the rows in Arrow: they can come from the batch's one collect."""
 
 
 RowsOut = Callable[[str, int, int], None] | None
@@ -173,24 +184,30 @@ class SharedDelta:
 
     def _batch(self, changes: DataFrame, batch_id: int) -> None:
         """Each map whose changelog moved in the batch gets its rows through its projector,
-        in turn; the rows of those that merge in Arrow are collected in one job for all."""
+        in turn; the rows of those that merge in Arrow are collected in one job for all,
+        unless the batch is too large for that (``TOGETHER_CELLS``)."""
         started = time.monotonic()
         changes.sparkSession.sparkContext.setLocalProperty("spark.scheduler.pool", DELTA_POOL)
         moved = self._moved(batch_id)
         members = [m for m in self._members if m.changelog in moved and m.name not in self._broken]
         in_arrow = [m for m in members if m.in_arrow]
-        jobs = len(members) - len(in_arrow) + (1 if in_arrow else 0)
+        records = min(sum(moved.values()), changes_per_batch(self._config))
+        together = in_arrow if records * len(in_arrow) <= TOGETHER_CELLS else []
+        jobs = len(members) - len(together) + (1 if together else 0)
         if jobs > 1:
             changes.persist()  # read from Kafka once, however many jobs read the batch
         try:
-            collected = entities_collected(changes, {m.changelog: m.entity for m in in_arrow})
+            if self._stopping.is_set():
+                return  # the maps record nothing: the next start merges their rows
+            entities = {m.changelog: m.entity for m in together}
+            collected = self._collected(changes, entities, records <= ONE_TASK_RECORDS)
             for member in members:
                 if self._stopping.is_set():
                     return  # the maps left record nothing: the next start merges their rows
                 rows = changes.where(changes[c.TOPIC] == member.changelog)
                 rows = with_entity(rows, member.entity, member.inferred)
                 try:
-                    if member.in_arrow:
+                    if member.changelog in collected:
                         member.projector(rows, batch_id, collected[member.changelog])
                     else:
                         member.project(rows, batch_id)
@@ -210,12 +227,34 @@ class SharedDelta:
             (time.monotonic() - started) * 1000,
         )
 
-    def _moved(self, batch_id: int) -> set[str]:
-        """The changelogs whose offsets the batch moves, from the checkpoint's offset log (a
-        count would be a job): a map whose changelog stood still has nothing to merge."""
+    def _collected(
+        self, changes: DataFrame, entities: dict[str, StructType], one_task: bool
+    ) -> dict[str, pa.Table]:
+        """The maps' rows from one collect; none when it fails (Arrow or the driver refused
+        it), so that each map collects its own and a failure is that map's alone."""
+        try:
+            return entities_collected(changes, entities, one_task=one_task)
+        except Exception as exc:  # noqa: BLE001 - each map then fails or merges on its own
+            if self._stopping.is_set():
+                raise
+            log.warning("%s: the batch's maps collect their rows one by one: %s", QUERY_NAME, exc)
+            return {}
+
+    def _moved(self, batch_id: int) -> dict[str, int]:
+        """The changelogs whose offsets the batch moves, each with how many offsets (more than
+        it has records where a start is the earliest, or the topic's log was compacted), from
+        the checkpoint's offset log (a count would be a job): a map whose changelog stood
+        still has nothing to merge. One that moved by transaction markers alone merges
+        nothing and records its newer mark, as its own Delta query does."""
         ends = self._checkpoint.end_offsets(batch_id)
         before = self._checkpoint.end_offsets(batch_id - 1) if batch_id else self._starting
-        return {topic for topic, offsets in ends.items() if offsets != before.get(topic)}
+        moved = {}
+        for topic, offsets in ends.items():
+            start = before.get(topic, {})
+            if offsets != start:  # a start at the earliest (negative) counts from offset 0
+                spans = (end - max(start.get(p, 0), 0) for p, end in offsets.items())
+                moved[topic] = sum(max(span, 0) for span in spans)
+        return moved
 
     def changelogs(self) -> dict[str, str]:
         """Each member's changelog topic, by map."""

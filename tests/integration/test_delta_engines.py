@@ -237,17 +237,22 @@ def test_a_type_delta_rs_would_write_otherwise_leaves_the_ddl_with_spark(spark, 
 def test_rows_collected_for_several_maps_in_one_job_merge_as_each_maps_own(spark, warehouse: Path):
     """The shared Delta query collects every map's changelog rows in one job
     (``entities_collected``); each map's table must be what its own job's rows write: the
-    same columns and types, a deleted record's null entity, the change time a TTL keeps."""
+    same columns and types, a deleted record's null entity, the change time a TTL keeps,
+    and a field of a map without a TTL named like that time's column."""
     from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
 
     from materializer.delta.query import entities_collected, with_entity
     from materializer.encoding import entity_json
 
-    small = "id STRING, n BIGINT"
-    maps = {"cl-wide": (ENTITY, _entity), "cl-small": (small, lambda i, _: (f"s{i}", i))}
+    small = f"id STRING, n BIGINT, {c.TABLE_UPDATED_AT} STRING"
+    maps = {  # the changelog: its entity, an entity made of a record's index, a TTL kept
+        "cl-wide": (ENTITY, _entity, True),
+        "cl-small": (small, lambda i, _: (f"s{i}", i, f"at {i}"), False),
+        "cl-other": ("id STRING", lambda i, _: (f"o{i}",), False),  # no column in the collect
+    }
     changes = None
-    for topic, (schema, make) in maps.items():
+    for topic, (schema, make, _) in maps.items():
         records = [  # key, deleted, entity, partition (the key's), offset: 4 changes a key
             (f"k{i % 5}", i % 7 == 5, None if i % 7 == 5 else make(i, f"{topic} {i}"), i % 5 % 2, i)
             for i in range(20)
@@ -270,22 +275,29 @@ def test_rows_collected_for_several_maps_in_one_job_merge_as_each_maps_own(spark
         )
         changes = rows if changes is None else changes.unionByName(rows)
     assert changes is not None
-    entities = {t: StructType.fromDDL(schema) for t, (schema, _) in maps.items()}
+    entities = {t: StructType.fromDDL(schema) for t, (schema, _, _) in maps.items()}
+    del entities["cl-other"]
     collected = entities_collected(changes, entities)
 
-    assert {t: rows.num_rows for t, rows in collected.items()} == {t: 20 for t in maps}
+    assert {t: rows.num_rows for t, rows in collected.items()} == {t: 20 for t in entities}
+    # A small batch, read by one task: the same rows.
+    one_task = entities_collected(changes.repartition(3), entities, one_task=True)
+    assert {t: sorted(r.to_pylist(), key=str) for t, r in one_task.items()} == {
+        t: sorted(r.to_pylist(), key=str) for t, r in collected.items()
+    }
+    # Plain Python: each key's change at its greatest offset; k4's (19) deletes it, the
+    # deletes of k0 and k2 (offsets 5 and 12) lose to their later changes.
+    last = {f"k{k}": max(i for i in range(20) if i % 5 == k) for k in range(5)}
+    kept = {key: i for key, i in last.items() if i % 7 != 5}
     for topic, entity in entities.items():
+        ttl = maps[topic][2]
         rows = with_entity(changes.where(changes[c.TOPIC] == topic), entity, False)
         own, shared = str(warehouse / f"{topic}-own"), str(warehouse / f"{topic}-shared")
-        DeltaSink(own, updated_at=True).write(Batch(rows, 0, "app"))
-        DeltaSink(shared, updated_at=True).write(Batch(rows, 0, "app", collected=collected[topic]))
+        DeltaSink(own, updated_at=ttl).write(Batch(rows, 0, "app"))
+        DeltaSink(shared, updated_at=ttl).write(Batch(rows, 0, "app", collected=collected[topic]))
         table = _table(spark, shared)
         assert table == _table(spark, own)
-        # Plain Python: each key's change at its greatest offset; k4's (19) deletes it, the
-        # deletes of k0 and k2 (offsets 5 and 12) lose to their later changes.
-        last = {f"k{k}": max(i for i in range(20) if i % 5 == k) for k in range(5)}
         assert {r[c.TABLE_KEY]: r[c.TABLE_UPDATED_AT] for r in table} == {
-            key: dt.datetime(2026, 1, 1) + dt.timedelta(seconds=i)
-            for key, i in last.items()
-            if i % 7 != 5
+            key: dt.datetime(2026, 1, 1) + dt.timedelta(seconds=i) if ttl else f"at {i}"
+            for key, i in kept.items()
         }

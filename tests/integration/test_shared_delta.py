@@ -11,12 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from deltalake import DeltaTable
 
 from materializer.checkpoints.files import CheckpointFiles
 from materializer.config.names import changelog_topic
 from materializer.contract.table_layout import table_path
 from materializer.contract.table_marks import table_positions
+from materializer.live import delta as live_delta
 from materializer.live.delta import DeltaMember, SharedDelta
 from materializer.redis.functions import Fenced
 from materializer.run.lifecycle import FENCED_ERROR
@@ -51,10 +53,28 @@ def reference(records: list[Change]) -> dict[str, Any]:
     return table
 
 
+@pytest.mark.parametrize("together", [True, False], ids=["one-collect", "collect-fails"])
 def test_each_map_merges_its_own_changelog_and_a_fenced_map_alone_stops(
-    spark: Any, kafka_bootstrap: str, redis_url: str, new_topic: Any, tmp_path: Path
+    spark: Any,
+    kafka_bootstrap: str,
+    redis_url: str,
+    new_topic: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    together: bool,
 ) -> None:
+    """``collect-fails``: the batch's one collect fails (as one the driver cannot hold
+    would); each map collects its own rows, and the maps go on as before."""
     from pyspark.sql.types import _parse_datatype_string
+
+    if not together:
+
+        def fails(changes: Any, entities: dict[str, Any], one_task: bool = False) -> Any:
+            if entities:
+                raise RuntimeError("the collect of every map's rows fails")
+            return {}
+
+        monkeypatch.setattr(live_delta, "entities_collected", fails)
 
     names = ["sda", "sdb", "sdc"]
     doc: dict[str, Any] = {"maps": {}}
