@@ -163,14 +163,11 @@ def with_entity(changes: DataFrame, entity: StructType, inferred: bool) -> DataF
     )
 
 
-def entities_collected(
-    changes: DataFrame, entities: dict[str, StructType], *, one_task: bool = False
-) -> dict[str, pa.Table]:
+def entities_collected(changes: DataFrame, entities: dict[str, StructType]) -> dict[str, pa.Table]:
     """``with_entity``'s rows of each changelog in ``entities`` (by topic, their entity
     structs, none schemaless), collected to the driver in Arrow by one job: every Spark
     job costs the driver and the cores its planning and tasks, whatever its size, and a
-    job per map made sixteen maps' Delta batch sixteen jobs. ``one_task``: the job reads
-    every partition in one task, on one core."""
+    job per map made sixteen maps' Delta batch sixteen jobs."""
     import pyarrow.compute as pc
     from pyspark.sql import functions as F
 
@@ -184,7 +181,7 @@ def entities_collected(
     positions = _positions(changes)
     ours = changes.where(topic.isin(list(entities)))  # a map not among them is no column here
     rows = ours.select(c.TOPIC, c.KEY, c.DELETED, *read, *positions)
-    table = (rows.coalesce(1) if one_task else rows).toArrow()
+    table = rows.toArrow()
     collected = {}
     for i, changelog in enumerate(entities):
         columns = [c.TOPIC, c.KEY, c.DELETED, f"{c.ENTITY}{i}", *positions]

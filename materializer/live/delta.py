@@ -73,11 +73,6 @@ QUERY_NAME = "live-delta"
 """Without a dot: the run's metrics take it for no map's query (``split_query_name``)."""
 READS_AT_ONCE = 8
 """Tables whose merged positions a start reads at once."""
-ONE_TASK_RECORDS = 50_000
-"""A batch of at most this many records (10 s of a map at 5,000 events/s) is collected by
-one task: the real-time fold keeps the other cores (one map's p99 was the Delta batch's
-second on both of two), and sixteen maps' 64 changelog partitions cost one task, not 64.
-A larger one, a catch-up, reads its partitions in parallel."""
 TOGETHER_CELLS = 1_000_000
 """At most this many records times maps are collected in one job: each map's entity is a
 column of its own, allocated for every record of the batch; a larger batch (a catch-up of
@@ -200,7 +195,7 @@ class SharedDelta:
             if self._stopping.is_set():
                 return  # the maps record nothing: the next start merges their rows
             entities = {m.changelog: m.entity for m in together}
-            collected = self._collected(changes, entities, records <= ONE_TASK_RECORDS)
+            collected = self._collected(changes, entities)
             for member in members:
                 if self._stopping.is_set():
                     return  # the maps left record nothing: the next start merges their rows
@@ -228,12 +223,12 @@ class SharedDelta:
         )
 
     def _collected(
-        self, changes: DataFrame, entities: dict[str, StructType], one_task: bool
+        self, changes: DataFrame, entities: dict[str, StructType]
     ) -> dict[str, pa.Table]:
         """The maps' rows from one collect; none when it fails (Arrow or the driver refused
         it), so that each map collects its own and a failure is that map's alone."""
         try:
-            return entities_collected(changes, entities, one_task=one_task)
+            return entities_collected(changes, entities)
         except Exception as exc:  # noqa: BLE001 - each map then fails or merges on its own
             if self._stopping.is_set():
                 raise

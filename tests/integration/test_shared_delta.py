@@ -69,7 +69,7 @@ def test_each_map_merges_its_own_changelog_and_a_fenced_map_alone_stops(
 
     if not together:
 
-        def fails(changes: Any, entities: dict[str, Any], one_task: bool = False) -> Any:
+        def fails(changes: Any, entities: dict[str, Any]) -> Any:
             if entities:
                 raise RuntimeError("the collect of every map's rows fails")
             return {}
