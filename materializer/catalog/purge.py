@@ -19,6 +19,7 @@ from materializer.config.names import LIVE_GROUP, MAP_GROUP, changelog_topic, ch
 from materializer.contract.redis_layout import (
     MAP_SUFFIXES,
     generation_key,
+    index_keys_pattern,
     live_freshness_key,
     marker_key,
     parse_generation,
@@ -65,7 +66,7 @@ class GenerationFiles:
 
 def drop_redis_copy(client: Client, map_name: str, generation: int) -> int:
     """Delete a generation's keys (entities, watermark, changes, the fold's states, its
-    table marks and markers); the map's own keys stay."""
+    table marks, markers and indexes); the map's own keys stay."""
     physical = physical_name(map_name, generation)
     keep = {f"{map_name}:{s}".encode() for s in MAP_KEYS}
     dropped = 0
@@ -76,6 +77,7 @@ def drop_redis_copy(client: Client, map_name: str, generation: int) -> int:
         state_keys_pattern(physical),
         table_marks_pattern(physical),
         markers,
+        index_keys_pattern(physical).encode(),
     )
     for pattern in patterns:
         for key in client.scan_iter(match=pattern, count=5000):

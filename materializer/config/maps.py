@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import (
     ConfigDict,
     Field,
+    field_validator,
     model_validator,
 )
 
@@ -218,6 +219,27 @@ class CatchUpConfig(_Model):
     batch waits for a core; a whole backlog folds faster in few big ones. None: no bound."""
 
 
+class IndexConfig(_Model):
+    """One index of the map's entities in Redis: which entities hold a value of ``field``.
+
+    The fold keeps it atomically with every entity it writes, so a filtered read answered
+    from it is as fresh as a lookup by key (``materializer.contract.index_entries``).
+    Written as the field's name alone for a ``hash`` index.
+    """
+
+    field: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[^\x00]+$")]
+    """A top-level field of the entity; its booleans, numbers and strings are indexed (a
+    null, an object or a list is not)."""
+    kind: Literal["hash", "sorted"] = "hash"
+    """``hash``: equality and ``IN``; ``sorted``: ranges (``<``, ``>=``, ``BETWEEN``) too.
+    Both take one entry per entity in Redis."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _field_alone(cls, data: object) -> object:
+        return {"field": data} if isinstance(data, str) else data
+
+
 class MapConfig(_Model):
     """One materialized map: its source, key, fold and error handling."""
 
@@ -237,12 +259,25 @@ class MapConfig(_Model):
     """Expire entities not updated for a while, in Redis and/or the Delta table."""
     catch_up: CatchUpConfig = CatchUpConfig()
     """When the map counts as catching up (not ready for read-your-writes callers)."""
+    indexes: list[IndexConfig] = Field(default_factory=list)
+    """Fields of the entity kept indexed in Redis, each a field's name (a ``hash`` index) or
+    ``{field, kind}``; added or dropped while the map runs, without a rebuild."""
     path: FoldPath | None = None
     """How the map folds once caught up (None: the run's ``spark.path``). ``realtime`` folds
     maps without ``history`` whose errors go to dead letters or are skipped and whose
     records Spark decodes in the JVM (not Avro from a registry, not Protobuf), on one Redis
     server; a map that asks for it otherwise is refused, by key path, and one that leaves it
     to the run's default stays on micro-batches."""
+
+    @field_validator("indexes")
+    @classmethod
+    def _one_index_a_field(cls, indexes: list[IndexConfig]) -> list[IndexConfig]:
+        seen: set[str] = set()
+        for index in indexes:
+            if index.field in seen:
+                raise ValueError(f"field {index.field!r} is indexed twice")
+            seen.add(index.field)
+        return indexes
 
     @model_validator(mode="after")
     def _realtime_folds_it(self) -> MapConfig:

@@ -49,7 +49,12 @@ ever clashing, which is checked by reading this one page.
   (``live_freshness_key``; ``materializer.live.freshness``);
 - ``<map>\\0e:`` sorted set and ``<map>\\0x:`` set (tagged per master like the
   marker), a map with ``ttl.redis`` only: keys by when they expire, and keys
-  expired whose changelog tombstone is not yet sent (``expiry_index_key``).
+  expired whose changelog tombstone is not yet sent (``expiry_index_key``);
+- ``<map>\\0I:`` hash, ``<map>\\0i:<field>`` sorted set and ``<map>\\0j:`` hash (each
+  tagged per master like the marker, the tag before the field), a map with ``indexes``
+  only: the fields this server indexes (field to ``IndexState`` JSON), one index's
+  entries (``materializer.contract.index_entries``), and what each expiring entity is
+  indexed under (``index_keys``).
 
 A map's data (entities, ``__meta__``, ``__changes__``) lives under its
 *physical* name: the map's own name for generation 0, ``<map>~<n>`` for the
@@ -276,6 +281,37 @@ def expired_key(map_name: str, tag: str | None = None) -> str:
     (set), tagged as the marker is: a crash between the two sends them at the next sweep."""
     base = f"{map_name}{EXPIRED_MARK}"
     return base if tag is None else f"{base}{{{tag}}}"
+
+
+INDEXES_MARK = "\x00I:"
+INDEX_MARK = "\x00i:"
+INDEXED_MARK = "\x00j:"
+
+
+def index_fields_key(map_name: str, tag: str | None = None) -> str:
+    """Where a server lists the map's indexed fields (hash of field to ``IndexState`` JSON),
+    tagged as the marker is: the fold's functions read it at each call, so an index
+    declared or dropped while the map runs is kept, or no longer, from the next write on."""
+    return f"{map_name}{INDEXES_MARK}" + ("" if tag is None else f"{{{tag}}}")
+
+
+def index_key(map_name: str, field: str, tag: str | None = None) -> str:
+    """One index's entries on a server (sorted set, every score 0: ordered by the entry's
+    bytes, ``index_entries``): ``<map>\\0i:``, the marker's tag, then the field, so a brace
+    in a field's name never moves the key's slot."""
+    return f"{map_name}{INDEX_MARK}" + ("" if tag is None else f"{{{tag}}}") + field
+
+
+def indexed_key(map_name: str, tag: str | None = None) -> str:
+    """What each expiring entity on a server is indexed under (hash of key to its entries,
+    MessagePack), for a map with ``ttl.redis`` and indexes: Redis expires an entity without
+    a word, and its entries must still be found to be taken out."""
+    return f"{map_name}{INDEXED_MARK}" + ("" if tag is None else f"{{{tag}}}")
+
+
+def index_keys_pattern(map_name: str) -> str:
+    """A ``SCAN`` pattern for every index key of a map (fields, entries, expiring records)."""
+    return f"{map_name}\x00[Iij]:*"
 
 
 # A worker group's keys: who owns a map, and the group's work slots.

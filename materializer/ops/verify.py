@@ -13,7 +13,7 @@ from materializer.config import AppConfig
 from materializer.contract.control import MapControl
 from materializer.contract.redis_layout import physical_name
 from materializer.contract.watermark import Watermark
-from materializer.restore.bulk import entity_values
+from materializer.redis.map_keys import entity_values
 from materializer.restore.changelog_tail import Tail, read_tail
 from materializer.restore.expected_state import ExpectedState, fold_watermark
 

@@ -1,5 +1,5 @@
 -- Materializer's fold functions (the last part of the materializer library, after
--- text.lua, merge.lua and aggregate.lua). Loaded with FUNCTION LOAD REPLACE at every start.
+-- text.lua, merge.lua, aggregate.lua and index.lua). Loaded with FUNCTION LOAD REPLACE at every start.
 --
 -- KEYS[1] is one entity key of the call, which routes it to its master on a cluster;
 -- every key a call touches comes in ARGV, and lives on that master (the flag below).
@@ -52,10 +52,12 @@ end
 -- A deleted entity's state stays for the map's deleted_retention (or its TTL if shorter):
 -- long enough that a replay cannot bring the entity back, short enough that churn does
 -- not grow the map; the entity's next write takes the expiry off. An expiring entity is
--- (re)scored in the expiry index, a deleted one leaves it.
-local function write(args, entity, state_key, state, value)
+-- (re)scored in the expiry index, a deleted one leaves it. ``ix``: the map's indexes on
+-- this server (``indexes_of``), whose entries move with the entity.
+local function write(args, ix, entity, state_key, state, value)
   local stream, ttl, batch, maxlen = args[1], args[2], args[3], args[4]
   local key = string.sub(entity, tonumber(args[5]) + 1)
+  index_write(ix, entity, key, value, args[8] ~= '')
   local op = 'upsert'
   local px = ttl
   if value == '' then
@@ -81,10 +83,10 @@ end
 
 -- Applies a record whose order is greater than the stored one: 1 when applied, else the
 -- entity's current value (false: none).
-local function later(args, entity, state_key, order, value)
+local function later(args, ix, entity, state_key, order, value)
   local current = redis.call('GET', state_key)
   if (not current) or after(order, current) then
-    write(args, entity, state_key, order, value)
+    write(args, ix, entity, state_key, order, value)
     return 1
   end
   return redis.call('GET', entity)
@@ -96,9 +98,10 @@ end
 local function latest(keys, args)
   local refusal = refused(args)
   if refusal then return refusal end
+  local ix = indexes_of(args[6])
   local out = {}
   for i = 0, (#args - 10) / 4 - 1 do
-    out[i + 1] = later(args, args[11 + 4 * i], args[12 + 4 * i], args[13 + 4 * i],
+    out[i + 1] = later(args, ix, args[11 + 4 * i], args[12 + 4 * i], args[13 + 4 * i],
       args[14 + 4 * i])
   end
   return out
@@ -115,7 +118,7 @@ end
 
 -- A record of a merge or aggregate map folded into its key's state: the entity after it
 -- (false: none). A record that changes nothing (folded before) writes nothing.
-local function folded(args, fold, place, offset, entity, state_key, order, value, aux)
+local function folded(args, ix, fold, place, offset, entity, state_key, order, value, aux)
   local state = redis.call('GET', state_key) or nil
   local current = nil
   if state == nil then current = redis.call('GET', entity) or nil end
@@ -128,7 +131,7 @@ local function folded(args, fold, place, offset, entity, state_key, order, value
     after_state, built = aggregate_fold(fold.aggregate, state, current, place, offset, payload)
   end
   if after_state == nil or after_state == state then return redis.call('GET', entity) end
-  write(args, entity, state_key, after_state, built or '')
+  write(args, ix, entity, state_key, after_state, built or '')
   return built or false
 end
 
@@ -155,6 +158,7 @@ local function live(keys, args)
   local offsets = {}
   if raw then offsets = cjson.decode(raw) end
   local fold = fold_of(args[13])
+  local ix = indexes_of(args[6])
   local moved = false
   local out = {}
   for i = 0, (#args - 13) / 8 - 1 do
@@ -175,10 +179,10 @@ local function live(keys, args)
       if order == '' then
         out[i + 1] = 0
       elseif fold then
-        out[i + 1] = folded(args, fold, topic .. ':' .. partition, args[b + 2], entity,
+        out[i + 1] = folded(args, ix, fold, topic .. ':' .. partition, args[b + 2], entity,
           state_key, order, value, args[b + 7])
       else
-        out[i + 1] = later(args, entity, state_key, order, value)
+        out[i + 1] = later(args, ix, entity, state_key, order, value)
       end
     end
   end
@@ -215,37 +219,86 @@ end
 local function put(keys, args)
   local refusal = refused(args)
   if refusal then return refusal end
+  local ix = indexes_of(args[6])
   local out = {}
   for i = 0, (#args - 10) / 5 - 1 do
     local entity, state_key = args[11 + 5 * i], args[12 + 5 * i]
     if (redis.call('GET', state_key) or '') ~= args[13 + 5 * i] then
       out[i + 1] = 0
     else
-      write(args, entity, state_key, args[14 + 5 * i], args[15 + 5 * i])
+      write(args, ix, entity, state_key, args[14 + 5 * i], args[15 + 5 * i])
       out[i + 1] = 1
     end
   end
   return out
 end
 
--- ARGV: per key its entity key, state key, value and PX milliseconds ('' for none).
--- Restores an entity this server lost: written only where neither it nor its state is
--- (a key the fold wrote since, or deleted, keeps what the fold made of it). Returns how
--- many were written.
-local function fill(keys, args)
+-- ARGV from ``first``: per key its entity key, state key, value and PX milliseconds (''
+-- for none). Restores an entity this server lost: written only where neither it nor its
+-- state is (a key the fold wrote since, or deleted, keeps what the fold made of it), and
+-- indexed (``ix``; ``prefix``: the entity keys' prefix length). Returns how many were
+-- written.
+local function restored(args, ix, prefix, first)
   local written = 0
-  for i = 0, #args / 4 - 1 do
-    local entity, state_key = args[1 + 4 * i], args[2 + 4 * i]
+  for i = 0, (#args - first + 1) / 4 - 1 do
+    local b = first + 4 * i
+    local entity, state_key, value, px = args[b], args[b + 1], args[b + 2], args[b + 3]
     if redis.call('EXISTS', entity, state_key) == 0 then
-      if args[4 + 4 * i] == '' then
-        redis.call('SET', entity, args[3 + 4 * i])
+      index_write(ix, entity, string.sub(entity, prefix + 1), value, px ~= '')
+      if px == '' then
+        redis.call('SET', entity, value)
       else
-        redis.call('SET', entity, args[3 + 4 * i], 'PX', args[4 + 4 * i])
+        redis.call('SET', entity, value, 'PX', px)
       end
       written = written + 1
     end
   end
   return written
+end
+
+-- ARGV: the map's marker on this server, the entity keys' prefix length, then the
+-- entities as ``restored`` takes them.
+local function fill(keys, args)
+  return restored(args, indexes_of(args[1]), tonumber(args[2]), 3)
+end
+
+-- ARGV: the map's marker on this server, the entity keys' prefix length, whether the map
+-- expires entities ('1' or ''), one indexed field, its state as the build found it and
+-- its state once built ('' for none), then entity keys. Adds each entity's entry to the
+-- field's index: what builds an index declared while the map runs, a chunk of the
+-- server's entities at a time, while the fold keeps the entries of what it writes. With
+-- the states, marks the field built, if it is still as found (not dropped, nor declared
+-- again, meanwhile). Returns how many entries were added.
+local function index_build(keys, args)
+  local ix = indexes_of(args[1])
+  if not ix then return 0 end
+  local at = nil
+  for i, field in ipairs(ix.fields) do if field == args[4] then at = i end end
+  if not at then return 0 end -- dropped meanwhile
+  local one = {fields = {args[4]}, sets = {ix.sets[at]}}
+  local prefix = tonumber(args[2])
+  local added = 0
+  for i = 7, #args do
+    local key = string.sub(args[i], prefix + 1)
+    local entry = entries_of(one, redis.call('GET', args[i]), key)[args[4]]
+    if entry then
+      redis.call('ZADD', one.sets[1], 0, entry)
+      added = added + 1
+      if args[3] ~= '' then
+        local packed = redis.call('HGET', ix.reverse, key)
+        local recorded = {}
+        if packed then recorded = cmsgpack.unpack(packed) end
+        recorded[args[4]] = entry
+        remember(ix, key, recorded)
+      end
+    end
+  end
+  if args[6] ~= '' then
+    if redis.call('HGET', ix.declared, args[4]) == args[5] then
+      redis.call('HSET', ix.declared, args[4], args[6])
+    end
+  end
+  return added
 end
 
 -- ARGV: the change stream ('' for none), its MAXLEN, the entity keys' prefix, the map's
@@ -255,6 +308,7 @@ end
 -- PTTL) is scored again. Returns the keys it found expired.
 local function expire(keys, args)
   if redis.call('EXISTS', args[4]) == 0 then return lost() end
+  local ix = indexes_of(args[4])
   local now = now_ms()
   local out = {}
   local due = redis.call('ZRANGE', args[5], '-inf', now, 'BYSCORE', 'LIMIT', 0, args[7])
@@ -265,6 +319,7 @@ local function expire(keys, args)
     else
       redis.call('ZREM', args[5], key)
       if left == -2 then
+        index_expired(ix, key)
         redis.call('SADD', args[6], key)
         if args[1] ~= '' then
           redis.call('XADD', args[1], 'MAXLEN', '~', args[2], '*',
@@ -324,7 +379,12 @@ redis.register_function{function_name='materializer_put_v4', callback=put,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_next_epoch_v4', callback=next_epoch}
 redis.register_function{function_name='materializer_raise_epoch_v4', callback=raise}
-redis.register_function{function_name='materializer_fill_v3', callback=fill,
+redis.register_function{function_name='materializer_fill_v3',
+  callback=function(keys, args) return restored(args, nil, 0, 1) end,
+  flags={'allow-cross-slot-keys'}}
+redis.register_function{function_name='materializer_fill_v4', callback=fill,
+  flags={'allow-cross-slot-keys'}}
+redis.register_function{function_name='materializer_index_build_v1', callback=index_build,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_expire_v3', callback=expire,
   flags={'allow-cross-slot-keys'}}

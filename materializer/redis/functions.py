@@ -4,8 +4,8 @@ calls write to.
 
 One library holds every function (``materializer_<name>_v<n>``), written in parts:
 ``text.lua`` (byte order, and JSON read keeping each value's text), ``merge.lua`` and
-``aggregate.lua`` (the folds the real-time path applies) and ``functions.lua`` (the
-functions),
+``aggregate.lua`` (the folds the real-time path applies), ``index.lua`` (the entries of a
+map's indexes, kept with each write) and ``functions.lua`` (the functions),
 loaded with ``FUNCTION LOAD REPLACE`` on every master before a map folds, and
 again by a call that finds it gone. A function that writes first checks the
 map's marker: a server restarted empty answers ``MATERIALIZER_LOST`` instead of
@@ -35,7 +35,12 @@ READ = READ_FUNCTION
 PUT = "materializer_put_v4"
 NEXT_EPOCH = "materializer_next_epoch_v4"
 RAISE_EPOCH = "materializer_raise_epoch_v4"
-LEGACY = ("materializer_latest_v3", "materializer_put_v3", "materializer_live_v5")
+LEGACY = (
+    "materializer_latest_v3",
+    "materializer_put_v3",
+    "materializer_live_v5",
+    "materializer_fill_v3",
+)
 """The writing functions of the previous release, with its arguments (no owner, no
 epoch): kept so that its workers and this release's run side by side in a rolling
 upgrade without replacing each other's library."""
@@ -43,7 +48,10 @@ LIVE = "materializer_live_v6"
 """The real-time path's writing function: ``latest`` applied, ``merge`` and ``aggregate``
 folded, idempotent by source position, the watermark's offsets moved in the same call
 (``materializer.live``)."""
-FILL = "materializer_fill_v3"
+FILL = "materializer_fill_v4"
+INDEX_BUILD = "materializer_index_build_v1"
+"""Adds entities' entries to an index declared while the map runs, and marks it built
+(``materializer.redis.indexes``)."""
 EXPIRE = "materializer_expire_v3"
 
 LOST = "MATERIALIZER_LOST"
@@ -54,7 +62,7 @@ FENCED = "MATERIALIZER_FENCED"
 
 FIXED_ARGS = 10
 
-PARTS = ("text.lua", "merge.lua", "aggregate.lua", "functions.lua")
+PARTS = ("text.lua", "merge.lua", "aggregate.lua", "index.lua", "functions.lua")
 """The library's Lua, beside this module, in the order its parts are joined: each part's
 local functions are seen by the parts after it."""
 

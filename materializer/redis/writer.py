@@ -43,15 +43,18 @@ def fill(
     config: RedisConfig, map_name: str, entities: list[tuple[str, tuple[bytes, int | None]]]
 ) -> int:
     """Write the entities (key, (JSON, PX milliseconds or None)) a server lost: each only
-    where neither it nor its fold state is (``FILL``); how many were written."""
+    where neither it nor its fold state is, with its index entries (``FILL``); how many
+    were written."""
     client = client_for(config)
+    marks = markers(client, map_name)
+    prefix = str(len(entity_key(map_name, "").encode())).encode()
     written = 0
     for node, chunk in chunks_by_master(client, map_name, entities):
-        args: list[bytes] = []
+        args = [marks["" if node is None else node.name].encode(), prefix]
         for key, (value, px) in chunk:
             args += [entity_key(map_name, key).encode(), state_key(map_name, key), value]
             args.append(b"" if px is None else str(px).encode())
-        written += int(client.execute_command("FCALL", FILL, 1, args[0], *args, **on(node)))  # type: ignore[no-untyped-call]
+        written += int(client.execute_command("FCALL", FILL, 1, args[2], *args, **on(node)))  # type: ignore[no-untyped-call]
     expiring = [(key, px) for key, (_, px) in entities if px is not None]
     if expiring:
         keys, left = zip(*expiring, strict=True)

@@ -17,8 +17,7 @@ slot's master (``ClusterBulkWriter``).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
@@ -26,16 +25,14 @@ import pyarrow.compute as pc
 import redis
 from redis.cluster import RedisCluster
 
-from materializer.clients.redis import Client, get_many, is_cluster
-from materializer.contract.redis_layout import RESERVED_KEYS
+from materializer.clients.redis import Client, is_cluster
+from materializer.redis.map_keys import chunked
 
 PAIRS_PER_COMMAND = 4096
 """Entities per MSET: large enough that Redis's per-command cost vanishes, small enough that
 one command holds the server for a few milliseconds only (live lookups wait behind it)."""
 IN_FLIGHT = 8
 """Commands sent before their replies are read."""
-SCAN_COUNT = 5000
-KEYS_PER_READ = 2000
 
 
 _SET_PX = (b"*5\r\n$3\r\nSET\r\n", b"$2\r\nPX\r\n")
@@ -79,7 +76,7 @@ class BulkWriter:
     def delete(self, keys: Iterable[bytes]) -> int:
         """``DEL`` the keys, in commands of ``PAIRS_PER_COMMAND``; the number asked."""
         asked = 0
-        for chunk in _chunks(keys, PAIRS_PER_COMMAND):
+        for chunk in chunked(keys, PAIRS_PER_COMMAND):
             self._send(b"DEL", _bulk_strings(pa.array(chunk, pa.binary())), len(chunk))
             asked += len(chunk)
         return asked
@@ -168,7 +165,7 @@ class ClusterBulkWriter:
     def delete(self, keys: Iterable[bytes]) -> int:
         """``DEL`` the keys (split by slot); the number asked."""
         asked = 0
-        for chunk in _chunks(keys, PAIRS_PER_COMMAND):
+        for chunk in chunked(keys, PAIRS_PER_COMMAND):
             self._client.delete(*chunk)
             asked += len(chunk)
         return asked
@@ -187,18 +184,6 @@ def bulk_writer(client: Client) -> BulkWriter | ClusterBulkWriter:
     return BulkWriter(client)
 
 
-def _chunks(keys: Iterable[bytes], size: int) -> Iterator[list[bytes]]:
-    """``keys`` in lists of at most ``size``."""
-    chunk: list[bytes] = []
-    for key in keys:
-        chunk.append(key)
-        if len(chunk) >= size:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
-
-
 def _bulk_strings(items: pa.Array) -> pa.Array:
     """Each item as a RESP bulk string, ``$<len>\\r\\n<bytes>\\r\\n``."""
     binary = pc.cast(items, pa.binary())
@@ -209,27 +194,3 @@ def _bulk_strings(items: pa.Array) -> pa.Array:
 def _bulk_pairs(keys: pa.Array, values: pa.Array) -> pa.Array:
     """Each key and its value as two RESP bulk strings, one array element per pair."""
     return pc.binary_join_element_wise(_bulk_strings(keys), _bulk_strings(values), b"")
-
-
-def match_pattern(prefix: str) -> str:
-    """A SCAN pattern for keys starting with ``prefix`` (its glob characters escaped)."""
-    escaped = "".join(f"\\{ch}" if ch in "*?[]\\" else ch for ch in prefix)
-    return f"{escaped}*"
-
-
-def entity_keys(client: Client, physical: str) -> Iterator[list[bytes]]:
-    """The map's entity keys (``<physical>:<key>``, bookkeeping keys left out), a page at a time.
-
-    ``SCAN`` over every master of a cluster, one after the other."""
-    prefix = f"{physical}:".encode()
-    reserved = {prefix + name.encode() for name in RESERVED_KEYS}
-    found = client.scan_iter(match=match_pattern(f"{physical}:"), count=SCAN_COUNT)
-    yield from _chunks((k for k in found if isinstance(k, bytes) and k not in reserved), SCAN_COUNT)
-
-
-def entity_values(client: Client, physical: str) -> Iterator[tuple[list[bytes], list[Any]]]:
-    """Each page of ``entity_keys`` with its values (``None`` for a key gone in between)."""
-    for keys in entity_keys(client, physical):
-        for start in range(0, len(keys), KEYS_PER_READ):
-            chunk = keys[start : start + KEYS_PER_READ]
-            yield chunk, get_many(client, chunk)

@@ -33,7 +33,9 @@ from materializer.contract.markers import mark_whole
 from materializer.contract.redis_layout import meta_key, physical_name
 from materializer.contract.watermark import Watermark
 from materializer.redis.expiry import index_expiring
-from materializer.restore.bulk import bulk_writer, entity_keys
+from materializer.redis.indexes import rebuild as rebuild_indexes
+from materializer.redis.map_keys import entity_keys
+from materializer.restore.bulk import bulk_writer
 from materializer.restore.changelog_tail import Tail
 from materializer.restore.expected_state import ExpectedState, fold_watermark
 
@@ -79,7 +81,7 @@ def rehydrate(
     Entities go first and the watermark last, the pipeline's own write order,
     so a lookup during the load never sees a watermark ahead of its entity.
     Keys Redis holds that the expected state does not (stale, or deleted in the
-    tail) are removed after the load.
+    tail) are removed after the load; the map's indexes are built again last.
     """
     config.map(map_name)
     control = MapControl(client, map_name)
@@ -117,6 +119,13 @@ def rehydrate(
                 pipe.hset(meta_key(physical), mapping=dict(watermark.to_hash()))  # type: ignore[arg-type]
             pipe.execute()
         mark_whole(client, physical)
+        map_config = config.map(map_name)
+        rebuild_indexes(
+            client,
+            physical,
+            map_config.indexes,
+            map_config.ttl is not None and map_config.ttl.redis is not None,
+        )
     return RehydrateReport(
         map_name=map_name,
         generation=gen,

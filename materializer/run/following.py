@@ -9,6 +9,7 @@ import logging
 
 from materializer.catalog.changes import state_bound_changes
 from materializer.catalog.live import LiveMaps
+from materializer.config import MapConfig
 from materializer.contract.control import Control
 from materializer.run.figures import MapFigures
 from materializer.run.supervised import SupervisedMap
@@ -76,6 +77,14 @@ class CatalogChanges:
                 if old is not None and new is not None and state_bound_changes(old, new):
                     supervisor.rebuild(m, before, version)
                     continue
+                if old is not None and new is not None and _indexes_only(old, new):
+                    log.info(
+                        "map %s changed by %s (version %d): its indexes, kept while it folds",
+                        name, self.by(name), version,
+                    )  # fmt: skip
+                    if m.state == "running":
+                        lifecycle.index(m)
+                    continue
                 log.info(
                     "map %s changed by %s (version %d): restarting its queries",
                     name, self.by(name), version,
@@ -91,3 +100,8 @@ class CatalogChanges:
         """Who made the map's last change in the catalog (``file`` for a map of the file)."""
         record = self._live.maps.records.get(name)
         return "file" if record is None or name in self._live.file_config.maps else record.by or "?"
+
+
+def _indexes_only(old: MapConfig, new: MapConfig) -> bool:
+    """Whether a change touches the map's indexes alone: the fold need not stop for it."""
+    return old.model_copy(update={"indexes": []}) == new.model_copy(update={"indexes": []})

@@ -31,6 +31,7 @@ from materializer.group.fencing import take_over
 from materializer.job import start_map
 from materializer.live.positions import handed_back
 from materializer.redis.functions import CopyLost, Fenced
+from materializer.redis.indexes import IndexBuilds
 from materializer.restore.automatic import ensure_whole
 from materializer.run.rebuilds import Rebuilds
 from materializer.run.supervised import InForce, SupervisedMap
@@ -73,10 +74,12 @@ class MapLifecycle:
         metrics: BatchMetrics | None,
         report: Callable[[dict[str, MapReport]], None],
         in_group: bool,
+        indexes: IndexBuilds,
     ) -> None:
         """``report`` writes maps' states at once, for a state the loop would report late;
         ``in_group``: the run is a worker of a group (a map's bad config fails the map alone
-        there, never the worker)."""
+        there, never the worker); ``indexes``: where a started map's indexes are declared
+        and built."""
         self._spark = spark
         self._run = run
         self._rebuilds = rebuilds
@@ -85,6 +88,7 @@ class MapLifecycle:
         self._metrics = metrics
         self._report = report
         self._in_group = in_group
+        self._indexes = indexes
         self._access_checked = False
 
     def _check_access(self) -> None:
@@ -151,10 +155,20 @@ class MapLifecycle:
             self.fail(m, f"could not start: {exc}")
             return
         m.state, m.error = "running", ""
+        if not enrichment:
+            self.index(m)
         if m.queries.opening:
             log.info("map %s opening: one batch of its fold first", m.name)
         else:
             log.info("map %s running", m.name)
+
+    def index(self, m: SupervisedMap) -> None:
+        """Declare the map's indexes as its definition in force says, and build what is
+        new while it folds; a Redis that does not answer leaves it to the next start."""
+        try:
+            self._indexes.want(self._rebuilds.config_for(m), m.name, m.generation)
+        except TRANSIENT_ERRORS as exc:
+            log.warning("map %s: its indexes could not be declared: %s", m.name, exc)
 
     def first_start(self, m: SupervisedMap, request: Control) -> None:
         """A map's first start in this run: paused if operators paused it before."""

@@ -183,6 +183,7 @@ class RunLoop:
         running = [m for m in self.maps.values() if m.state == "running"]
         self.supervisor.lifecycle.stop_all(running)
         self.supervisor.live.close()
+        self.supervisor.indexes.close()
         self.channel.report(self._reports())
         self.operations.close()
         if self.worker is not None:  # drained: the others take the maps over at once

@@ -12,6 +12,7 @@ from materializer.config import AppConfig
 from materializer.contract.control import Control
 from materializer.contract.status import MapReport
 from materializer.group.worker import Worker
+from materializer.redis.indexes import IndexBuilds
 from materializer.run.lifecycle import MapLifecycle
 from materializer.run.live import LivePath
 from materializer.run.pacing import CatchUpPacing
@@ -49,6 +50,7 @@ class Supervisor:
             from_file = frozenset(config.maps) | frozenset(config.enrichments)
         self.run = InForce(config, from_file)
         self.rebuilds = Rebuilds(spark, self.run, generation)
+        self.indexes = IndexBuilds()
         self.lifecycle = MapLifecycle(
             spark,
             self.run,
@@ -58,6 +60,7 @@ class Supervisor:
             metrics,
             report,
             in_group=worker is not None,
+            indexes=self.indexes,
         )
         self.pacing = CatchUpPacing(self.run, self.lifecycle, self.rebuilds, metrics)
         worker_id = config.worker.worker_id() if worker is None else worker.id

@@ -174,7 +174,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
              "The map's section of the configuration", ADMIN_RPC + "GetMapConfig", (MAP,),
              answer=shapes.MapSection),
     Endpoint("PUT", "/v1/maps/{map}/config", "put_map_config",
-             "Create the map or change it: only its queries restart",
+             "Create the map or change it: only its queries restart (its indexes alone: none)",
              ADMIN_RPC + "PutMapConfig",
              (MAP, Param("rebuild", "query",
                          "let a change its state cannot follow through: rebuilt into a new "

@@ -27,6 +27,7 @@ from materializer.testing import create_topic, produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import fold_latest
 from materializer.testing.waiting import eventually, wait_until
+from tests.helpers.indexes import index_members, mismatched, ready
 from tests.helpers.query_redis import front
 from tests.helpers.slices import FIELDS, SCHEMA, delta_map_rs, read_committed, redis_map
 from tests.integration.test_live_path import MODES, live_maps, reference
@@ -51,6 +52,11 @@ def test_a_map_rebuilt_and_another_deleted_while_the_others_fold_in_real_time(
     streams = Streams(kafka_bootstrap, topics)
     log = tmp_path / "run.log"
     args = [sys.executable, "-m", "materializer", "run", "-c", str(path)]
+
+    def starts_of(name: str) -> int:
+        """How many real-time queries started with the map in them."""
+        found = STARTED.findall(log.read_text(errors="replace"))
+        return sum(name in members.split(", ") for members in found)
 
     def members() -> set[str]:
         """The maps of the real-time queries started last (each query's last start)."""
@@ -87,6 +93,28 @@ def test_a_map_rebuilt_and_another_deleted_while_the_others_fold_in_real_time(
                 )
                 await asyncio.to_thread(
                     wait_until, "the created map on the path", lambda: extra in members(), 240
+                )
+                # Indexes declared while it folds on the path: built beside the fold, which
+                # goes on (its real-time query never restarts); then one of them dropped.
+                starts = starts_of(extra)
+                for indexes in (["name", {"field": "age", "kind": "sorted"}], ["age"]):
+                    fields = [i if isinstance(i, str) else i["field"] for i in indexes]
+                    put = f"/v1/maps/{extra}/config"
+                    await api.json("PUT", put, json={**section, "indexes": indexes})
+                    await asyncio.to_thread(
+                        wait_until,
+                        f"the created map's indexes on {fields}",
+                        lambda fields=fields: (
+                            ready(redis_client, extra, fields)
+                            and not mismatched(redis_client, extra, expected, fields)
+                        ),
+                        120,
+                        proc.alive,
+                    )
+                assert index_members(redis_client, extra, "name") == set()
+                assert starts_of(extra) == starts
+                assert f"map {extra} changed by anonymous (version 3): its indexes" in (
+                    log.read_text(errors="replace")
                 )
                 # Records stream in while one map is rebuilt and the created one deleted.
                 streaming = streams.stream(150, 10)

@@ -55,6 +55,19 @@ FOLDS: dict[str, dict[str, Any]] = {
 }
 
 
+INDEXES: dict[str, list[Any]] = {
+    "latest": ["name", {"field": "seq", "kind": "sorted"}],
+    "merge": ["name", {"field": "seq", "kind": "sorted"}],
+    "aggregate": ["top", {"field": "total", "kind": "sorted"}],
+}
+"""The indexes of ``live_maps``' maps, by fold mode."""
+
+
+def indexed(mode: str) -> list[str]:
+    """The fields a map of ``mode`` indexes."""
+    return [i if isinstance(i, str) else i["field"] for i in INDEXES[mode]]
+
+
 def reference(mode: str, events: list[Event]) -> dict[str, dict[str, Any]]:
     """What a map folded as ``mode`` holds after ``events``, folded in plain Python."""
     if mode == "aggregate":
@@ -146,6 +159,7 @@ def live_maps(
                 "key": "id",
                 "on_error": "dead_letter",
                 "fold": FOLDS[mode],
+                "indexes": INDEXES[mode],
             }
             for (name, topic), mode in zip(topics.items(), MODES, strict=True)
         },

@@ -36,8 +36,16 @@ from materializer.testing import produce
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import Event
 from materializer.testing.waiting import wait_until
+from tests.helpers.indexes import mismatched, ready
 from tests.helpers.slices import delta_map_rs, read_committed, redis_map
-from tests.integration.test_live_path import MODES, failing, live_maps, records, reference
+from tests.integration.test_live_path import (
+    MODES,
+    failing,
+    indexed,
+    live_maps,
+    records,
+    reference,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -282,6 +290,10 @@ def realtime_maps_equal_the_reference(
         produced = [e for e in streams.produced[name] if e[1] < reached.get(e[0], 0)]
         expected = reference(mode, produced)
         assert redis_map(redis_client, name) == expected, name
+        # Its indexes, kept by the fold (on both paths, through the kill and the restore,
+        # built again where Redis lost them), hold each entity's entry and nothing else.
+        assert ready(redis_client, name, indexed(mode)), name
+        assert mismatched(redis_client, name, expected, indexed(mode)) == [], name
         assert delta_map_rs(tmp_path / "warehouse" / name) == expected, name
         assert table_offsets(name) == reached, name  # the last mark, once its writers stopped
         last: dict[str, bytes | None] = {}

@@ -4,6 +4,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+import yaml
 
 from materializer.config import load_config, parse_config
 from materializer.config.durations import processing_time
@@ -395,3 +396,27 @@ def test_subject_names_follow_confluents_strategies():
     assert subject_name("topic", "users", "shop.User") == "users-value"
     assert subject_name("record", "users", "shop.User") == "shop.User"
     assert subject_name("topic_record", "users", "shop.User") == "users-shop.User"
+
+
+def test_indexes_as_the_docs_write_them_and_their_problems_by_key_path():
+    # docs/maps.md#indexes: a field's name alone is a hash index.
+    docs = (Path(__file__).parents[2] / "docs" / "maps.md").read_text()
+    section = docs.split("## Indexes", 1)[1].split("```yaml", 1)[1].split("```", 1)[0]
+    indexes = yaml.safe_load(section)["maps"]["orders"]["indexes"]
+    cfg = parse_config({"maps": {"orders": {**MAP, "indexes": indexes}}})
+    assert [(i.field, i.kind) for i in cfg.maps["orders"].indexes] == [
+        ("status", "hash"),
+        ("total", "sorted"),
+    ]
+    assert parse_config({"maps": {"users": MAP}}).maps["users"].indexes == []
+    bad = {"indexes": ["city", {"field": "city", "kind": "sorted"}, {"field": "x", "kind": "tree"}]}
+    with pytest.raises(ConfigError) as info:
+        parse_config({"maps": {"users": {**MAP, **bad}}})
+    problems = "\n".join(info.value.problems)
+    assert "maps.users.indexes.2.kind: " in problems
+    with pytest.raises(ConfigError) as info:
+        parse_config({"maps": {"users": {**MAP, "indexes": ["city", "city"]}}})
+    assert "maps.users.indexes: field 'city' is indexed twice" in "\n".join(info.value.problems)
+    with pytest.raises(ConfigError) as info:
+        parse_config({"maps": {"users": {**MAP, "indexes": [""]}}})
+    assert "maps.users.indexes.0.field: " in "\n".join(info.value.problems)

@@ -1,0 +1,117 @@
+-- A map's indexes as the fold keeps them (the fourth part of the materializer library),
+-- laid out as materializer.contract.index_entries says: per server, the map's indexed
+-- fields in a hash (<map>\0I:[{tag}], field -> how it is declared) and per field one
+-- sorted set of entries (<map>\0i:[{tag}]<field>), all at score 0, each the field's value
+-- encoded so that byte order is value order, then the entity's key. The tag is the
+-- marker's: a server's entries index the entities it holds.
+
+-- The map's name and this server's tag, from its marker (<map>\0m:[{tag}]); nil for a
+-- marker named otherwise (a test's own), whose map has no indexes.
+local function marker_parts(marker)
+  local at = string.find(marker, '\0m:', 1, true)
+  if not at then return nil end
+  return string.sub(marker, 1, at - 1), string.sub(marker, at + 3)
+end
+
+-- The map's indexes on this server (nil: none): their fields, each field's sorted set,
+-- and the hash of what each expiring entity is indexed under (an entity Redis expired
+-- can no longer be read: its entries are found there).
+local function indexes_of(marker)
+  local map, tag = marker_parts(marker)
+  if not map then return nil end
+  local declared = map .. '\0I:' .. tag
+  local fields = redis.call('HKEYS', declared)
+  if #fields == 0 then return nil end
+  local sets = {}
+  for i, field in ipairs(fields) do sets[i] = map .. '\0i:' .. tag .. field end
+  return {declared = declared, fields = fields, sets = sets, reverse = map .. '\0j:' .. tag}
+end
+
+-- A number as 8 bytes whose byte order is its order: the IEEE double, big-endian, with
+-- the sign bit flipped for a positive one and every bit flipped for a negative one.
+local function ordered_number(x)
+  if x == 0 then x = 0 end -- -0 and 0 are one value
+  local b = {string.byte(struct.pack('>d', x), 1, 8)}
+  if b[1] >= 128 then
+    for i = 1, 8 do b[i] = 255 - b[i] end
+  else
+    b[1] = b[1] + 128
+  end
+  return string.char(unpack(b))
+end
+
+-- The entry of one field's value for an entity's key, nil for a value no index holds
+-- (missing, null, an object or a list). Booleans 'b' and one byte, numbers 'n' and eight,
+-- then the key; strings 's', their bytes with each zero byte as 0x00 0xFF, a zero byte,
+-- then the key (no key's UTF-8 starts with 0xFF, so the end is never in doubt).
+local function index_entry(value, key)
+  local t = type(value)
+  if t == 'string' then
+    return 's' .. (string.gsub(value, '%z', '\0\255')) .. '\0' .. key
+  elseif t == 'number' then
+    return 'n' .. ordered_number(value) .. key
+  elseif t == 'boolean' then
+    if value then return 'b\1' .. key end
+    return 'b\0' .. key
+  end
+  return nil
+end
+
+-- An entity's entries by field (JSON text; nil or '' for no entity).
+local function entries_of(ix, text, key)
+  local out = {}
+  if not text or text == '' then return out end
+  local ok, decoded = pcall(cjson.decode, text)
+  if not ok or type(decoded) ~= 'table' then return out end
+  for _, field in ipairs(ix.fields) do out[field] = index_entry(decoded[field], key) end
+  return out
+end
+
+-- Moves a key's entries from what it was indexed under to what it is now. An entry that
+-- stays is added again (a no-op when it is there, and cheap): an index being built may
+-- lack it yet, and the record of an expiring entity may name an entry of a field since
+-- dropped and declared again.
+local function reindex(ix, before, after)
+  for i, field in ipairs(ix.fields) do
+    local old, new = before[field], after[field]
+    if old and old ~= new then redis.call('ZREM', ix.sets[i], old) end
+    if new then redis.call('ZADD', ix.sets[i], 0, new) end
+  end
+end
+
+-- What an entity is indexed under: for an expiring map the record kept beside it (it may
+-- have expired, unswept), else its entries read from the value it holds.
+local function indexed_under(ix, entity, key, expiring)
+  if expiring then
+    local packed = redis.call('HGET', ix.reverse, key)
+    if packed then return cmsgpack.unpack(packed) end
+  end
+  return entries_of(ix, redis.call('GET', entity), key)
+end
+
+-- Records an expiring entity's entries (none: forgets it).
+local function remember(ix, key, entries)
+  if next(entries) == nil then
+    redis.call('HDEL', ix.reverse, key)
+  else
+    redis.call('HSET', ix.reverse, key, cmsgpack.pack(entries))
+  end
+end
+
+-- Before an entity is written: its entries move to the new value ('' deletes it).
+-- ``expiring``: the map has ttl.redis, so the entries are recorded beside the entity.
+local function index_write(ix, entity, key, value, expiring)
+  if not ix then return end
+  local after = entries_of(ix, value, key)
+  reindex(ix, indexed_under(ix, entity, key, expiring), after)
+  if expiring then remember(ix, key, after) end
+end
+
+-- An entity Redis expired: its recorded entries leave the indexes.
+local function index_expired(ix, key)
+  if not ix then return end
+  local packed = redis.call('HGET', ix.reverse, key)
+  if not packed then return end
+  reindex(ix, cmsgpack.unpack(packed), {})
+  redis.call('HDEL', ix.reverse, key)
+end

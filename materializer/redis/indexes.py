@@ -1,0 +1,259 @@
+"""A map's indexes in Redis: declared on every master, built from the entities there, dropped.
+
+The fold's functions keep the entries of every index a server lists
+(``redis_layout.index_fields_key``) with each entity they write, in the same call
+(``index.lua``). So an index declared while the map runs is kept from its declaration
+on, and what it lacks is the entities written before: a build reads those, a chunk at a
+time, and adds each one's entry as Redis holds it at that moment. A write that comes
+between changes the entity and its entry together, and the build's entry is the value
+it reads, so the index ends equal to the entities whatever the order. Only then is the
+field marked ready on that master, and only a ready field answers a read.
+
+Entries live on the master that holds their entity (tagged as the map's marker is,
+``contract.markers``), so a write touches one server and a read asks every master. A
+master's slots are recorded with its fields: slots moved by a reshard take their
+entities away from (or bring them to) a master's entries, and such a master's indexes
+are built again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from materializer.clients.redis import (
+    Client,
+    chunks_by_master,
+    client_for,
+    is_cluster,
+    masters,
+    on,
+    per_master,
+)
+from materializer.config import AppConfig, IndexConfig
+from materializer.contract.markers import markers
+from materializer.contract.redis_layout import (
+    entity_key,
+    index_fields_key,
+    index_key,
+    indexed_key,
+    marker_key,
+    physical_name,
+)
+from materializer.redis.functions import CHUNK, INDEX_BUILD
+from materializer.redis.map_keys import entity_keys
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class IndexState:
+    """What a master records of one indexed field (JSON in the fields' hash)."""
+
+    kind: str
+    ready: bool
+    slots: str
+    """The master's slots when its entries were built (``slots_of``)."""
+    since_ms: int
+    """When the field was declared there: a build marks ready only the declaration it built
+    (a field dropped and declared again meanwhile lost the entries it made)."""
+
+    def dumps(self) -> str:
+        """The state as the fields' hash holds it."""
+        return json.dumps(
+            {"kind": self.kind, "ready": self.ready, "slots": self.slots, "since_ms": self.since_ms}
+        )
+
+    @classmethod
+    def loads(cls, raw: bytes | str) -> IndexState:
+        """A state as the fields' hash holds it."""
+        data = json.loads(raw)
+        return cls(
+            kind=str(data["kind"]),
+            ready=bool(data["ready"]),
+            slots=str(data["slots"]),
+            since_ms=int(data["since_ms"]),
+        )
+
+
+def slots_of(client: Client) -> dict[str, str]:
+    """Each master's slots, as a digest (``""`` on one server, whose slots never move)."""
+    if not is_cluster(client):
+        return {"": ""}
+    owned: dict[str, list[int]] = {}
+    for slot, nodes in client.nodes_manager.slots_cache.items():
+        owned.setdefault(nodes[0].name, []).append(slot)
+    return {
+        name: hashlib.sha256(",".join(map(str, sorted(slots))).encode()).hexdigest()[:16]
+        for name, slots in owned.items()
+    }
+
+
+def declared_states(client: Client, physical: str) -> dict[str, dict[str, IndexState]]:
+    """Each master's indexed fields and their states, by node name."""
+    nodes = masters(client)
+    out: dict[str, dict[str, IndexState]] = {}
+    for name, key in per_master(client, physical, index_fields_key).items():
+        raw = client.execute_command("HGETALL", key, **on(nodes[name]))  # type: ignore[no-untyped-call]
+        out[name] = {_text(f): IndexState.loads(v) for f, v in _pairs(raw)}
+    return out
+
+
+def declare(client: Client, physical: str, indexes: list[IndexConfig]) -> list[str]:
+    """Make every master list exactly ``indexes``: drop the others (their entries go), add
+    the new ones unbuilt, and start again on a master whose slots moved. Returns the
+    fields some master has yet to build."""
+    wanted = {index.field: index.kind for index in indexes}
+    slots = slots_of(client)
+    nodes = masters(client)
+    unbuilt: set[str] = set()
+    for name, states in declared_states(client, physical).items():
+        node = nodes[name]
+        tag = _tag(client, physical, name)
+        fields_key = index_fields_key(physical, tag)
+        moved = any(state.slots != slots[name] for state in states.values())
+        gone = [f for f in states if f not in wanted or moved]
+        if gone:
+            # The fields first: from then on no write keeps their entries.
+            client.execute_command("HDEL", fields_key, *gone, **on(node))  # type: ignore[no-untyped-call]
+            sets = [index_key(physical, f, tag) for f in gone]
+            client.execute_command("UNLINK", *sets, **on(node))  # type: ignore[no-untyped-call]
+        if moved or not wanted:
+            client.execute_command("UNLINK", indexed_key(physical, tag), **on(node))  # type: ignore[no-untyped-call]
+        for field, kind in wanted.items():
+            state = states.get(field)
+            if state is None or moved:
+                state = IndexState(kind, ready=False, slots=slots[name], since_ms=_now_ms())
+            elif state.kind != kind:
+                state = replace(state, kind=kind)
+            else:
+                if not state.ready:
+                    unbuilt.add(field)
+                continue
+            client.execute_command("HSET", fields_key, field, state.dumps(), **on(node))  # type: ignore[no-untyped-call]
+            if not state.ready:
+                unbuilt.add(field)
+    return sorted(unbuilt)
+
+
+def build(client: Client, physical: str, field: str, expiring: bool) -> int:
+    """Add the entry of every entity the masters hold to ``field``'s index, then mark it
+    ready where it is still declared. Returns how many entries were added."""
+    marks = {name: key.encode() for name, key in markers(client, physical).items()}
+    prefix = str(len(entity_key(physical, "").encode())).encode()
+    flag = b"1" if expiring else b""
+    states = declared_states(client, physical)
+    added = 0
+    for keys in entity_keys(client, physical):
+        for node, chunk in chunks_by_master(client, keys, lambda key: key, CHUNK):
+            mark = marks["" if node is None else node.name]
+            args = [mark, prefix, flag, field.encode(), b"", b"", *chunk]
+            call = ("FCALL", INDEX_BUILD, 1, chunk[0], *args)
+            added += int(client.execute_command(*call, **on(node)))  # type: ignore[no-untyped-call]
+    for name, node in masters(client).items():
+        state = states.get(name, {}).get(field)
+        if state is None or state.ready:
+            continue  # dropped meanwhile, or a master new since: built at its next declare
+        found, ready = state.dumps().encode(), replace(state, ready=True).dumps().encode()
+        args = [marks[name], prefix, flag, field.encode(), found, ready]
+        client.execute_command("FCALL", INDEX_BUILD, 1, marks[name], *args, **on(node))  # type: ignore[no-untyped-call]
+    return added
+
+
+def rebuild(client: Client, physical: str, indexes: list[IndexConfig], expiring: bool) -> None:
+    """Drop the map's indexes and build them again from the entities: after its copy was
+    written anew outside the fold (``rehydrate``), while the map is held still."""
+    declare(client, physical, [])
+    for field in declare(client, physical, indexes):
+        build(client, physical, field, expiring)
+
+
+class IndexBuilds:
+    """The run's index builds: one thread builds the fields maps declared, one after the
+    other, while their folds go on. A build cut short (the run stopped) is done again at
+    the map's next start: its field is ready nowhere it was not finished."""
+
+    def __init__(self, on_built: Callable[[str, str, int, float], None] | None = None) -> None:
+        self._lock = threading.Lock()
+        self._queue: list[tuple[AppConfig, str, str, str]] = []
+        self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self._on_built = on_built
+
+    def want(self, config: AppConfig, map_name: str, generation: int) -> list[str]:
+        """Declare the map's indexes on every master and queue what is left to build;
+        the fields queued."""
+        physical = physical_name(map_name, generation)
+        client = client_for(config.redis)
+        unbuilt = declare(client, physical, config.map(map_name).indexes)
+        with self._lock:
+            queued = {(p, f) for _, _, p, f in self._queue}
+            for field in unbuilt:
+                if (physical, field) not in queued:
+                    self._queue.append((config, map_name, physical, field))
+            if self._queue and (self._thread is None or not self._thread.is_alive()):
+                self._thread = threading.Thread(
+                    target=self._run, name="materializer-index-builds", daemon=True
+                )
+                self._thread.start()
+        return unbuilt
+
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            with self._lock:
+                if not self._queue:
+                    return
+                config, map_name, physical, field = self._queue[0]
+            started = time.monotonic()
+            try:
+                ttl = config.map(map_name).ttl
+                expiring = ttl is not None and ttl.redis is not None
+                added = build(client_for(config.redis), physical, field, expiring)
+            except Exception:  # noqa: BLE001 - Redis's: the map's next start builds it again
+                log.exception("map %s: building the index on %s failed", map_name, field)
+            else:
+                seconds = time.monotonic() - started
+                log.info(
+                    "map %s: index on %s built: %d entries in %.1f s",
+                    map_name, field, added, seconds,
+                )  # fmt: skip
+                if self._on_built is not None:
+                    self._on_built(map_name, field, added, seconds)
+            with self._lock:
+                self._queue.pop(0)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop after the chunk in flight; wait for the thread."""
+        self._stopped.set()
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _tag(client: Client, physical: str, node_name: str) -> str | None:
+    """The tag of the map's keys on a master (None on one server), as the marker's."""
+    if not is_cluster(client):
+        return None
+    marker = markers(client, physical)[node_name]
+    base = marker_key(physical)
+    return marker[len(base) + 1 : -1]
+
+
+def _pairs(raw: Any) -> list[tuple[Any, Any]]:
+    if isinstance(raw, dict):
+        return list(raw.items())
+    return list(zip(raw[::2], raw[1::2], strict=True))
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else raw
