@@ -275,7 +275,7 @@ local function index_build(keys, args)
   local at = nil
   for i, field in ipairs(ix.fields) do if field == args[4] then at = i end end
   if not at then return 0 end -- dropped meanwhile
-  local one = {fields = {args[4]}, sets = {ix.sets[at]}}
+  local one = {fields = {args[4]}, ready = {false}, sets = {ix.sets[at]}}
   local prefix = tonumber(args[2])
   local added = 0
   for i = 7, #args do

@@ -13,31 +13,35 @@ local function marker_parts(marker)
   return string.sub(marker, 1, at - 1), string.sub(marker, at + 3)
 end
 
--- The map's indexes on this server (nil: none): their fields, each field's sorted set,
--- and the hash of what each expiring entity is indexed under (an entity Redis expired
--- can no longer be read: its entries are found there).
+-- The map's indexes on this server (nil: none): their fields, whether each is built, each
+-- field's sorted set, and the hash of what each expiring entity is indexed under (an
+-- entity Redis expired can no longer be read: its entries are found there).
 local function indexes_of(marker)
   local map, tag = marker_parts(marker)
   if not map then return nil end
   local declared = map .. '\0I:' .. tag
-  local fields = redis.call('HKEYS', declared)
-  if #fields == 0 then return nil end
-  local sets = {}
-  for i, field in ipairs(fields) do sets[i] = map .. '\0i:' .. tag .. field end
-  return {declared = declared, fields = fields, sets = sets, reverse = map .. '\0j:' .. tag}
+  local listed = redis.call('HGETALL', declared)
+  if #listed == 0 then return nil end
+  local fields, ready, sets = {}, {}, {}
+  for i = 1, #listed, 2 do
+    local n = #fields + 1
+    fields[n] = listed[i]
+    ready[n] = cjson.decode(listed[i + 1]).ready == true
+    sets[n] = map .. '\0i:' .. tag .. listed[i]
+  end
+  return {declared = declared, fields = fields, ready = ready, sets = sets,
+    reverse = map .. '\0j:' .. tag}
 end
 
 -- A number as 8 bytes whose byte order is its order: the IEEE double, big-endian, with
 -- the sign bit flipped for a positive one and every bit flipped for a negative one.
 local function ordered_number(x)
   if x == 0 then x = 0 end -- -0 and 0 are one value
-  local b = {string.byte(struct.pack('>d', x), 1, 8)}
-  if b[1] >= 128 then
-    for i = 1, 8 do b[i] = 255 - b[i] end
-  else
-    b[1] = b[1] + 128
-  end
-  return string.char(unpack(b))
+  local packed = struct.pack('>d', x)
+  local b1 = string.byte(packed, 1)
+  if b1 < 128 then return string.char(b1 + 128) .. string.sub(packed, 2) end
+  local a, b, c, d, e, f, g, h = string.byte(packed, 1, 8)
+  return string.char(255 - a, 255 - b, 255 - c, 255 - d, 255 - e, 255 - f, 255 - g, 255 - h)
 end
 
 -- The entry of one field's value for an entity's key, nil for a value no index holds
@@ -47,7 +51,8 @@ end
 local function index_entry(value, key)
   local t = type(value)
   if t == 'string' then
-    return 's' .. (string.gsub(value, '%z', '\0\255')) .. '\0' .. key
+    if string.find(value, '\0', 1, true) then value = string.gsub(value, '%z', '\0\255') end
+    return 's' .. value .. '\0' .. key
   elseif t == 'number' then
     return 'n' .. ordered_number(value) .. key
   elseif t == 'boolean' then
@@ -67,15 +72,14 @@ local function entries_of(ix, text, key)
   return out
 end
 
--- Moves a key's entries from what it was indexed under to what it is now. An entry that
--- stays is added again (a no-op when it is there, and cheap): an index being built may
--- lack it yet, and the record of an expiring entity may name an entry of a field since
--- dropped and declared again.
+-- Moves a key's entries from what it was indexed under to what it is now; an entry that
+-- stays is left alone in a built index, and added again (a no-op when it is there) in
+-- one being built, which may lack it yet.
 local function reindex(ix, before, after)
   for i, field in ipairs(ix.fields) do
     local old, new = before[field], after[field]
     if old and old ~= new then redis.call('ZREM', ix.sets[i], old) end
-    if new then redis.call('ZADD', ix.sets[i], 0, new) end
+    if new and (new ~= old or not ix.ready[i]) then redis.call('ZADD', ix.sets[i], 0, new) end
   end
 end
 

@@ -105,10 +105,16 @@ def declared_states(client: Client, physical: str) -> dict[str, dict[str, IndexS
     return out
 
 
-def declare(client: Client, physical: str, indexes: list[IndexConfig]) -> list[str]:
+def declare(
+    client: Client, physical: str, indexes: list[IndexConfig], expiring: bool = False
+) -> list[str]:
     """Make every master list exactly ``indexes``: drop the others (their entries go), add
     the new ones unbuilt, and start again on a master whose slots moved. Returns the
-    fields some master has yet to build."""
+    fields some master has yet to build.
+
+    ``expiring``: the map has ``ttl.redis``. Its record of what each entity is indexed
+    under may then name entities Redis expired since, whose entries no build can find:
+    so any change of its fields starts every index again, record and all."""
     wanted = {index.field: index.kind for index in indexes}
     slots = slots_of(client)
     nodes = masters(client)
@@ -117,18 +123,19 @@ def declare(client: Client, physical: str, indexes: list[IndexConfig]) -> list[s
         node = nodes[name]
         tag = _tag(client, physical, name)
         fields_key = index_fields_key(physical, tag)
-        moved = any(state.slots != slots[name] for state in states.values())
-        gone = [f for f in states if f not in wanted or moved]
+        anew = any(state.slots != slots[name] for state in states.values())
+        anew = anew or (expiring and bool(states) and set(states) != set(wanted))
+        gone = [f for f in states if f not in wanted or anew]
         if gone:
             # The fields first: from then on no write keeps their entries.
             client.execute_command("HDEL", fields_key, *gone, **on(node))  # type: ignore[no-untyped-call]
             sets = [index_key(physical, f, tag) for f in gone]
             client.execute_command("UNLINK", *sets, **on(node))  # type: ignore[no-untyped-call]
-        if moved or not wanted:
+        if anew or not wanted:
             client.execute_command("UNLINK", indexed_key(physical, tag), **on(node))  # type: ignore[no-untyped-call]
         for field, kind in wanted.items():
             state = states.get(field)
-            if state is None or moved:
+            if state is None or anew:
                 state = IndexState(kind, ready=False, slots=slots[name], since_ms=_now_ms())
             elif state.kind != kind:
                 state = replace(state, kind=kind)
@@ -170,7 +177,7 @@ def rebuild(client: Client, physical: str, indexes: list[IndexConfig], expiring:
     """Drop the map's indexes and build them again from the entities: after its copy was
     written anew outside the fold (``rehydrate``), while the map is held still."""
     declare(client, physical, [])
-    for field in declare(client, physical, indexes):
+    for field in declare(client, physical, indexes, expiring):
         build(client, physical, field, expiring)
 
 
@@ -191,7 +198,9 @@ class IndexBuilds:
         the fields queued."""
         physical = physical_name(map_name, generation)
         client = client_for(config.redis)
-        unbuilt = declare(client, physical, config.map(map_name).indexes)
+        map_config = config.map(map_name)
+        expiring = map_config.ttl is not None and map_config.ttl.redis is not None
+        unbuilt = declare(client, physical, map_config.indexes, expiring)
         with self._lock:
             queued = {(p, f) for _, _, p, f in self._queue}
             for field in unbuilt:
