@@ -36,6 +36,7 @@ from query_service.auth import Authorizer
 from query_service.catalog import FIRST_READ_SECONDS, CatalogWatcher
 from query_service.freshness import FreshnessGate
 from query_service.health import RedisHealth
+from query_service.indexes.queries import IndexQueries
 from query_service.interceptors import add_wrapped
 from query_service.metrics import serve_metrics
 from query_service.near_cache import NearCaches
@@ -192,7 +193,8 @@ async def create_servers(
     # share one opening of a table.
     snapshots = TableSnapshots(DeltaTables(live))
     tables = TableReads(live, store.generation, snapshots)
-    maps = MapServicer(live, store, gate, tables, near_caches)
+    indexes = IndexQueries(live, store, gate, snapshots)
+    maps = MapServicer(live, store, gate, tables, near_caches, indexes)
     enrich = EnrichServicer(live, store, gate)
     admin = AdminServicer(live, ControlStore(store.client), LogEnds(config.kafka), catalog)
     executor = SqlExecutor(live, snapshots, store.generation, store=store, gate=gate)

@@ -18,13 +18,21 @@ equality and ``IN`` read such spans, ranges span from one value's prefix to anot
 Numbers are compared as doubles: a long past 2^53 or a decimal's last digits can share
 an entry with a neighbour, so a reader checks the entities it reads against its
 condition; an index narrows the keys, it never decides alone.
+
+Each master lists the fields it indexes with their ``IndexState``: only a field ready on
+every master, whose slots are still those it was built for, answers a read.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import struct
+from dataclasses import dataclass
 from typing import Any
+
+from materializer.clients.redis import AsyncClient, Client, is_cluster
 
 Scalar = bool | int | float | str
 
@@ -86,3 +94,53 @@ def key_of(member: bytes) -> str:
 def entries(entity: dict[str, Any], key: str, fields: list[str]) -> dict[str, bytes]:
     """An entity's entries by indexed field: what the fold keeps for it."""
     return {f: entry(entity[f], key) for f in fields if indexable(entity.get(f))}
+
+
+@dataclass(frozen=True)
+class IndexState:
+    """What a master records of one indexed field (JSON in the fields' hash)."""
+
+    kind: str
+    ready: bool
+    slots: str
+    """The master's slots when its entries were built (``slots_of``)."""
+    since_ms: int
+    """When the field was declared there: a build marks ready only the declaration it built
+    (a field dropped and declared again meanwhile lost the entries it made)."""
+
+    def dumps(self) -> str:
+        """The state as the fields' hash holds it."""
+        return json.dumps(
+            {"kind": self.kind, "ready": self.ready, "slots": self.slots, "since_ms": self.since_ms}
+        )
+
+    @classmethod
+    def loads(cls, raw: bytes | str) -> IndexState:
+        """A state as the fields' hash holds it."""
+        data = json.loads(raw)
+        return cls(
+            kind=str(data["kind"]),
+            ready=bool(data["ready"]),
+            slots=str(data["slots"]),
+            since_ms=int(data["since_ms"]),
+        )
+
+
+def slots_of(client: Client | AsyncClient) -> dict[str, str]:
+    """Each master's slots, as a digest (``""`` on one server, whose slots never move)."""
+    if not is_cluster(client):
+        return {"": ""}
+    owned: dict[str, list[int]] = {}
+    for slot, nodes in client.nodes_manager.slots_cache.items():
+        owned.setdefault(nodes[0].name, []).append(slot)
+    return {
+        name: hashlib.sha256(",".join(map(str, sorted(slots))).encode()).hexdigest()[:16]
+        for name, slots in owned.items()
+    }
+
+
+def parse_states(raw: Any) -> dict[str, IndexState]:
+    """A master's indexed fields as ``HGETALL`` of its fields' hash answers them (a dict, or
+    a flat list of field and value), each with its state."""
+    pairs = raw.items() if isinstance(raw, dict) else zip(raw[::2], raw[1::2], strict=True)
+    return {(f.decode() if isinstance(f, bytes) else f): IndexState.loads(v) for f, v in pairs}

@@ -25,6 +25,16 @@ def markers(client: Client | AsyncClient, map_name: str) -> dict[str, str]:
     return per_master(client, map_name, marker_key)
 
 
+def tags(client: Client | AsyncClient, map_name: str) -> dict[str, str | None]:
+    """The tag of the map's per-master keys on each master, by node name (None on one
+    server): what the marker, the expiry index and the indexes of that master carry."""
+    base = len(marker_key(map_name))
+    return {
+        name: None if len(key) == base else key[base + 1 : -1]
+        for name, key in markers(client, map_name).items()
+    }
+
+
 def is_whole(client: Client, physical: str) -> bool:
     """Whether every master holds the map's marker."""
     keys = list(markers(client, physical).values())

@@ -370,6 +370,11 @@ returns the values of the keys in its arguments, read-only: readers may call it 
 ``FCALL_RO`` to read many keys of one Redis Cluster master, whatever their slots."""
 
 
+INDEX_READ_FUNCTION = "materializer_index_read_v1"
+"""The Redis Function that reads one index's entries in spans (``index_entries``) with their
+entities, read-only, in one atomic call on the master holding them (``FCALL_RO``)."""
+
+
 def text_fields(raw: Mapping[Any, Any]) -> dict[str, str]:
     """A hash or stream entry as Redis replied it (bytes, or text with decoding on), as
     text: every reader of this layout's hashes parses from this."""

@@ -375,6 +375,8 @@ redis.register_function{function_name='materializer_live_v6', callback=live,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_read_v3', callback=read,
   flags={'no-writes', 'allow-cross-slot-keys'}}
+redis.register_function{function_name='materializer_index_read_v1', callback=index_read,
+  flags={'no-writes', 'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_put_v4', callback=put,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_next_epoch_v4', callback=next_epoch}

@@ -23,6 +23,7 @@ from materializer.clients.redis import chunks_by_master as chunks
 from materializer.clients.redis import client_for, masters, on, where
 from materializer.config import RedisConfig
 from materializer.contract.redis_layout import (
+    INDEX_READ_FUNCTION,
     READ_FUNCTION,
     entity_key,
 )
@@ -32,6 +33,7 @@ from materializer.fold.base import KeyFolder
 LIBRARY = "materializer"
 LATEST = "materializer_latest_v4"
 READ = READ_FUNCTION
+INDEX_READ = INDEX_READ_FUNCTION
 PUT = "materializer_put_v4"
 NEXT_EPOCH = "materializer_next_epoch_v4"
 RAISE_EPOCH = "materializer_raise_epoch_v4"

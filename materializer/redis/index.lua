@@ -119,3 +119,34 @@ local function index_expired(ix, key)
   reindex(ix, cmsgpack.unpack(packed), {})
   redis.call('HDEL', ix.reverse, key)
 end
+
+-- The key an index entry ends with.
+local function entry_key(entry)
+  local kind = string.sub(entry, 1, 1)
+  if kind == 'b' then return string.sub(entry, 3) end
+  if kind == 'n' then return string.sub(entry, 10) end
+  local at = 2
+  while true do
+    local z = string.find(entry, '\0', at, true)
+    if string.byte(entry, z + 1) ~= 255 then return string.sub(entry, z + 1) end
+    at = z + 2
+  end
+end
+
+-- KEYS[1]: one index's sorted set on this server. ARGV: the entity keys' prefix, how many
+-- entries at most, then spans of entries in order, each as ZRANGE BYLEX takes its bounds
+-- (min, max). Returns per entry found the entry and its entity's value, read in the same
+-- atomic call (false: an entity Redis expired, whose entry the next sweep takes out).
+local function index_read(keys, args)
+  local out, left = {}, tonumber(args[2])
+  for i = 3, #args - 1, 2 do
+    if left <= 0 then break end
+    local found = redis.call('ZRANGE', keys[1], args[i], args[i + 1], 'BYLEX', 'LIMIT', 0, left)
+    for _, entry in ipairs(found) do
+      out[#out + 1] = entry
+      out[#out + 1] = redis.call('GET', args[1] .. entry_key(entry))
+    end
+    left = left - #found
+  end
+  return out
+end

@@ -18,32 +18,28 @@ are built again.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 from materializer.clients.redis import (
     Client,
     chunks_by_master,
     client_for,
-    is_cluster,
     masters,
     on,
     per_master,
 )
 from materializer.config import AppConfig, IndexConfig
-from materializer.contract.markers import markers
+from materializer.contract.index_entries import IndexState, parse_states, slots_of
+from materializer.contract.markers import markers, tags
 from materializer.contract.redis_layout import (
     entity_key,
     index_fields_key,
     index_key,
     indexed_key,
-    marker_key,
     physical_name,
 )
 from materializer.redis.functions import CHUNK, INDEX_BUILD
@@ -52,56 +48,13 @@ from materializer.redis.map_keys import entity_keys
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class IndexState:
-    """What a master records of one indexed field (JSON in the fields' hash)."""
-
-    kind: str
-    ready: bool
-    slots: str
-    """The master's slots when its entries were built (``slots_of``)."""
-    since_ms: int
-    """When the field was declared there: a build marks ready only the declaration it built
-    (a field dropped and declared again meanwhile lost the entries it made)."""
-
-    def dumps(self) -> str:
-        """The state as the fields' hash holds it."""
-        return json.dumps(
-            {"kind": self.kind, "ready": self.ready, "slots": self.slots, "since_ms": self.since_ms}
-        )
-
-    @classmethod
-    def loads(cls, raw: bytes | str) -> IndexState:
-        """A state as the fields' hash holds it."""
-        data = json.loads(raw)
-        return cls(
-            kind=str(data["kind"]),
-            ready=bool(data["ready"]),
-            slots=str(data["slots"]),
-            since_ms=int(data["since_ms"]),
-        )
-
-
-def slots_of(client: Client) -> dict[str, str]:
-    """Each master's slots, as a digest (``""`` on one server, whose slots never move)."""
-    if not is_cluster(client):
-        return {"": ""}
-    owned: dict[str, list[int]] = {}
-    for slot, nodes in client.nodes_manager.slots_cache.items():
-        owned.setdefault(nodes[0].name, []).append(slot)
-    return {
-        name: hashlib.sha256(",".join(map(str, sorted(slots))).encode()).hexdigest()[:16]
-        for name, slots in owned.items()
-    }
-
-
 def declared_states(client: Client, physical: str) -> dict[str, dict[str, IndexState]]:
     """Each master's indexed fields and their states, by node name."""
     nodes = masters(client)
     out: dict[str, dict[str, IndexState]] = {}
     for name, key in per_master(client, physical, index_fields_key).items():
         raw = client.execute_command("HGETALL", key, **on(nodes[name]))  # type: ignore[no-untyped-call]
-        out[name] = {_text(f): IndexState.loads(v) for f, v in _pairs(raw)}
+        out[name] = parse_states(raw)
     return out
 
 
@@ -118,10 +71,11 @@ def declare(
     wanted = {index.field: index.kind for index in indexes}
     slots = slots_of(client)
     nodes = masters(client)
+    where = tags(client, physical)
     unbuilt: set[str] = set()
     for name, states in declared_states(client, physical).items():
         node = nodes[name]
-        tag = _tag(client, physical, name)
+        tag = where[name]
         fields_key = index_fields_key(physical, tag)
         anew = any(state.slots != slots[name] for state in states.values())
         anew = anew or (expiring and bool(states) and set(states) != set(wanted))
@@ -247,22 +201,3 @@ class IndexBuilds:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _tag(client: Client, physical: str, node_name: str) -> str | None:
-    """The tag of the map's keys on a master (None on one server), as the marker's."""
-    if not is_cluster(client):
-        return None
-    marker = markers(client, physical)[node_name]
-    base = marker_key(physical)
-    return marker[len(base) + 1 : -1]
-
-
-def _pairs(raw: Any) -> list[tuple[Any, Any]]:
-    if isinstance(raw, dict):
-        return list(raw.items())
-    return list(zip(raw[::2], raw[1::2], strict=True))
-
-
-def _text(raw: bytes | str) -> str:
-    return raw.decode() if isinstance(raw, bytes) else raw

@@ -157,16 +157,28 @@ class Row(_message.Message):
     def __init__(self, key: _Optional[str] = ..., entity: _Optional[bytes] = ...) -> None: ...
 
 class QueryResponse(_message.Message):
-    __slots__ = ("rows", "page_token", "table_version", "watermark")
+    __slots__ = ("rows", "page_token", "table_version", "watermark", "source", "index")
+    class Source(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        SOURCE_UNSPECIFIED: _ClassVar[QueryResponse.Source]
+        TABLE: _ClassVar[QueryResponse.Source]
+        REDIS_INDEX: _ClassVar[QueryResponse.Source]
+    SOURCE_UNSPECIFIED: QueryResponse.Source
+    TABLE: QueryResponse.Source
+    REDIS_INDEX: QueryResponse.Source
     ROWS_FIELD_NUMBER: _ClassVar[int]
     PAGE_TOKEN_FIELD_NUMBER: _ClassVar[int]
     TABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     rows: _containers.RepeatedCompositeFieldContainer[Row]
     page_token: str
     table_version: int
     watermark: _common_pb2.Watermark
-    def __init__(self, rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., page_token: _Optional[str] = ..., table_version: _Optional[int] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ...) -> None: ...
+    source: QueryResponse.Source
+    index: str
+    def __init__(self, rows: _Optional[_Iterable[_Union[Row, _Mapping]]] = ..., page_token: _Optional[str] = ..., table_version: _Optional[int] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ..., source: _Optional[_Union[QueryResponse.Source, str]] = ..., index: _Optional[str] = ...) -> None: ...
 
 class GetAsOfRequest(_message.Message):
     __slots__ = ("map", "key", "version", "timestamp", "freshness")

@@ -99,8 +99,10 @@ class MapServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Query(self, request, context):
-        """The rows of the map's Delta table that match a filter, streamed in pages
-        ordered by key.
+        """The rows of the map that match a filter, streamed in pages: from Redis
+        through one of the map's indexes when the filter's conditions on an indexed
+        field narrow the keys (ordered by that field's value, then key), else from
+        the map's Delta table (ordered by key). `source` says which.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

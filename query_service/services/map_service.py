@@ -1,6 +1,8 @@
 """``materializer.v1.MapService``: lookups, batch lookups and change streams of maps.
 
-``Query`` and ``GetAsOf`` read the Delta tables and are delegated to ``TableReads``.
+``Query`` reads through a map's index in Redis when one serves its filter
+(``IndexQueries``), else its Delta table; ``GetAsOf`` reads the Delta tables. Both
+table reads are delegated to ``TableReads``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from materializer.v1 import map_service_pb2_grpc as pb_grpc
 from query_service.change_stream import ChangeCursor
 from query_service.errors import InvalidArgument, MapNotFound, ResourceExhausted
 from query_service.freshness import FreshnessGate, watermark_to_proto
+from query_service.indexes.queries import IndexQueries
 from query_service.near_cache import NearCaches
 from query_service.services.table_reads import TableReads
 from query_service.stores.base import Change, MapStore
@@ -47,6 +50,7 @@ class MapServicer(pb_grpc.MapServiceServicer):
         gate: FreshnessGate,
         tables: TableReads,
         near_caches: NearCaches | None = None,
+        indexes: IndexQueries | None = None,
     ) -> None:
         self._live = as_live(config)
         self._max_keys = self._live.config.query.max_batch_keys
@@ -54,6 +58,7 @@ class MapServicer(pb_grpc.MapServiceServicer):
         self._gate = gate
         self._tables = tables
         self._reads = near_caches if near_caches is not None else NearCaches(store, {})
+        self._indexes = indexes
         self._protos: dict[str, tuple[Watermark, common.Watermark]] = {}
         """Per map, the last watermark answered and its wire form: lookups share one."""
 
@@ -130,9 +135,11 @@ class MapServicer(pb_grpc.MapServiceServicer):
     async def Query(
         self, request: pb.QueryRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.QueryResponse]:
-        """Rows of the map's Delta table matching a filter, in pages."""
+        """Rows of the map matching a filter, in pages: through an index of its Redis copy
+        when one serves the filter (``query_service.indexes``), else from its Delta table."""
         self._check_map(request.map)
-        async for page in self._tables.query(request, context):
+        pages = None if self._indexes is None else await self._indexes.query(request, context)
+        async for page in pages if pages is not None else self._tables.query(request, context):
             yield page
 
     async def GetAsOf(

@@ -102,6 +102,7 @@ class TableReads:
                     page_token=next_token.encode() if next_token else "",
                     table_version=plan.version,
                     watermark=mark,
+                    source=pb.QueryResponse.TABLE,
                 )
             if not more:
                 return

@@ -57,11 +57,19 @@ def row(schema: pa.Schema, key: str, entity: bytes | None) -> pa.RecordBatch | N
     value does not read back as its column's type."""
     if entity is None:
         return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
+    return typed_rows(schema, [key], [entity])
+
+
+def typed_rows(
+    schema: pa.Schema, keys: Sequence[str], entities: Sequence[bytes]
+) -> pa.RecordBatch | None:
+    """The entities (compact JSON, one per key) as rows of ``schema``, typed as the table
+    types them; ``None`` when a value does not read back as its column's type."""
     fields = [f for f in schema if f.name != TABLE_KEY]
     reading = pa.schema([f.with_type(_as_read(f.type)) for f in fields])
     try:
         read = pa_json.read_json(
-            io.BytesIO(entity),
+            io.BytesIO(b"\n".join(entities)),
             parse_options=pa_json.ParseOptions(
                 explicit_schema=reading, unexpected_field_behavior="ignore"
             ),
@@ -69,7 +77,7 @@ def row(schema: pa.Schema, key: str, entity: bytes | None) -> pa.RecordBatch | N
         columns = {f.name: pc.cast(read.column(f.name), f.type).combine_chunks() for f in fields}
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
-    columns[TABLE_KEY] = pa.array([key], pa.string())
+    columns[TABLE_KEY] = pa.array(keys, pa.string())
     return pa.RecordBatch.from_arrays([columns[f.name] for f in schema], schema=schema)
 
 

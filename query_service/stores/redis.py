@@ -102,6 +102,11 @@ class RedisMapStore(MapStore):
         self._checked: dict[str, float] = {}
 
     @property
+    def where(self) -> str:
+        """Host and port of the server (or the cluster node given), for messages."""
+        return self._where
+
+    @property
     def client(self) -> AsyncClient:
         """The shared client, for the other stores of the process (admin, change streams)."""
         return self._client

@@ -4,6 +4,8 @@ A token is URL-safe base64 of a small JSON object: the table version every
 page reads, the last key sent (the next page starts strictly after it, in the
 engine's key order), how many rows were sent so far (so ``limit`` counts the
 whole query), and a fingerprint of the map, the checked filter and the fields.
+A query answered through an index carries the last index entry read instead of
+a key: the next page reads the entries after it, in the index's order.
 A token presented with a different map, filter or fields is refused rather
 than answered with rows of another query. The token is not secret: forging
 one can only read the same table the caller may query anyway.
@@ -39,16 +41,20 @@ class PageToken:
     last_key: str
     sent: int
     fingerprint: str
+    entry: bytes | None = None
+    """The last index entry read, for a query answered through an index."""
 
     def encode(self) -> str:
         """The token as the client sees it."""
-        doc = {
+        doc: dict[str, object] = {
             "f": FORMAT,
             "v": self.version,
             "k": self.last_key,
             "n": self.sent,
             "q": self.fingerprint,
         }
+        if self.entry is not None:
+            doc["e"] = base64.urlsafe_b64encode(self.entry).decode()
         return base64.urlsafe_b64encode(orjson.dumps(doc)).decode().rstrip("=")
 
     @classmethod
@@ -57,7 +63,14 @@ class PageToken:
         try:
             raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
             doc = orjson.loads(raw)
-            token = cls(version=doc["v"], last_key=doc["k"], sent=doc["n"], fingerprint=doc["q"])
+            entry = doc.get("e") if isinstance(doc, dict) else None
+            token = cls(
+                version=doc["v"],
+                last_key=doc["k"],
+                sent=doc["n"],
+                fingerprint=doc["q"],
+                entry=None if entry is None else base64.urlsafe_b64decode(str(entry)),
+            )
             valid = (
                 doc["f"] == FORMAT
                 and _is_int(token.version)

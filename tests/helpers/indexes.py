@@ -7,26 +7,17 @@ from typing import Any
 
 from materializer.clients.redis import Client, masters, on
 from materializer.contract import index_entries
-from materializer.contract.markers import markers
+from materializer.contract.markers import tags
 from materializer.contract.redis_layout import index_key
 from materializer.redis.indexes import declared_states
 
 
-def tags_of(client: Client, name: str) -> dict[str, str | None]:
-    """Each master's tag of the map's keys (None on one server), from its marker's name."""
-    out: dict[str, str | None] = {}
-    for node_name, marker in markers(client, name).items():
-        at = marker.find("{")
-        out[node_name] = None if at < 0 else marker[at + 1 : -1]
-    return out
-
-
 def index_members(client: Client, name: str, field: str) -> set[bytes]:
     """Every entry of one index, over every master."""
-    tags = tags_of(client, name)
+    where = tags(client, name)
     found: set[bytes] = set()
     for node_name, node in masters(client).items():
-        key = index_key(name, field, tags[node_name])
+        key = index_key(name, field, where[node_name])
         found |= set(client.execute_command("ZRANGE", key, "-", "+", "BYLEX", **on(node)))
     return found
 

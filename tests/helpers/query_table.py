@@ -127,12 +127,20 @@ async def all_pages(
 
 
 def build_table(
-    spark: Any, kafka_bootstrap: str, redis_url: str, tmp: Path, map_name: str
+    spark: Any,
+    kafka_bootstrap: str,
+    redis_url: str,
+    tmp: Path,
+    map_name: str,
+    indexes: list[Any] | None = None,
 ) -> Table:
-    """Both waves through the pipeline into ``map_name``'s table (and its Redis map)."""
+    """Both waves through the pipeline into ``map_name``'s table (and its Redis map), the
+    map declaring ``indexes``."""
     topic = create_topic(kafka_bootstrap, 2)
     doc = slice_config(tmp, kafka_bootstrap, redis_url, topic, map_name=map_name)
     doc["maps"][map_name]["source"]["schema"] = SCHEMA
+    if indexes:
+        doc["maps"][map_name]["indexes"] = indexes
     doc["maps"][NO_TABLE] = {
         "source": {"topics": [f"{topic}-later"], "schema": SCHEMA},
         "key": "id",

@@ -18,7 +18,7 @@ import pytest
 from materializer.clients.redis import Client, client_for, masters, on
 from materializer.config import IndexConfig, KafkaConfig, RedisConfig
 from materializer.contract import index_entries
-from materializer.contract.markers import mark_whole
+from materializer.contract.markers import mark_whole, tags
 from materializer.contract.redis_layout import (
     entity_key,
     index_keys_pattern,
@@ -31,7 +31,7 @@ from materializer.redis.indexes import build, declare, declared_states
 from materializer.redis.map_keys import entity_keys
 from materializer.redis.writer import fill
 from materializer.testing.redis import RedisCluster
-from tests.helpers.indexes import expected_members, index_members, tags_of
+from tests.helpers.indexes import expected_members, index_members
 from tests.helpers.redis_fold import apply
 
 CITIES = ["Oslo", "Zürich", "", "a\x00b", "a", "a\x00", "Ōsaka"]
@@ -197,7 +197,7 @@ def test_expired_entities_leave_the_indexes(target: FoldTarget) -> None:
     # What each expiring entity is indexed under is kept for those only.
     recorded = set()
     for node_name, node in masters(client).items():
-        tag = tags_of(client, name)[node_name]
+        tag = tags(client, name)[node_name]
         recorded |= {
             k.decode() for k in client.execute_command("HKEYS", indexed_key(name, tag), **on(node))
         }

@@ -1,0 +1,206 @@
+"""``Query`` answered from the map's Redis copy through one of its indexes, when its filter
+lets one narrow the keys (``plan.index_scan``): as fresh as a ``Get``, without a scan of
+the table.
+
+The index names candidates; the whole filter then decides, applied by DataFusion to
+the candidates' entities typed as the table types its rows (the table's newest
+schema), so a row is kept exactly when the engine would keep it from the table. Rows
+come in the index's order (the field's value, then the key), a page at a time; the
+page token holds the last entry read, so the next page reads on after it: an entity
+that keeps its value is sent once, whatever is written meanwhile. The answer carries
+the Redis watermark read before each round of entities, which ``min_offsets`` waits on
+as ``Get`` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pyarrow as pa
+from datafusion import SessionContext
+
+from materializer.catalog.live import LiveMaps
+from materializer.contract.entity_json import encode_rows
+from materializer.contract.index_entries import key_of
+from materializer.contract.redis_layout import physical_name
+from materializer.contract.table_layout import TABLE_KEY
+from materializer.v1 import map_service_pb2 as pb
+from query_service.errors import InvalidArgument
+from query_service.filters import render_filter, sql
+from query_service.freshness import FreshnessGate, watermark_to_proto
+from query_service.indexes.plan import IndexScan, index_scan
+from query_service.indexes.reads import Entry, IndexReads
+from query_service.sql.key_lookup import typed_rows
+from query_service.stores.delta import TABLE
+from query_service.stores.redis import RedisMapStore
+from query_service.tables import query_plan
+from query_service.tables.page_token import PageToken, fingerprint
+from query_service.tables.snapshots import TableSnapshots
+
+ORDINAL = "__materializer_entry"
+"""A column of the candidates' own: their place in the index's order."""
+MIN_ROUND = 100
+MAX_ROUND = 10_000
+"""Candidates read per round: twice the rows a page still needs, within these."""
+
+
+class IndexQueries:
+    """Queries a map's indexes answer; the others are left to its table."""
+
+    def __init__(
+        self,
+        live: LiveMaps,
+        store: RedisMapStore,
+        gate: FreshnessGate,
+        snapshots: TableSnapshots,
+    ) -> None:
+        self._live = live
+        self._store = store
+        self._gate = gate
+        self._snapshots = snapshots
+        self._reads = IndexReads(store.client, store.where)
+
+    async def query(
+        self, request: pb.QueryRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.QueryResponse] | None:
+        """The query's pages through an index, or ``None`` when none serves it."""
+        if not self._live.config.maps[request.map].indexes or not request.WhichOneof("filter"):
+            return None
+        token = PageToken.decode(request.page_token) if request.page_token else None
+        if token is not None and token.entry is None:
+            return None  # a continuation of a query the table answered
+        generation = await self._store.generation(request.map)
+        physical = physical_name(request.map, generation)
+        ready = await self._reads.ready(physical)
+        snapshot = await self._snapshots.latest(request.map, generation, (), None)
+        tables = self._snapshots.tables
+        columns = tables.columns(request.map, snapshot.table)
+        filter_sql = render_filter(request, columns)
+        schema = pa.schema(snapshot.table.schema().to_arrow())
+        types = {f.name: f.type for f in schema}
+        scan = index_scan(filter_sql, ready, types)
+        meta = tables.meta_columns(request.map)
+        fields = query_plan.projection(request, columns, meta)
+        stamp = fingerprint(physical + " index", filter_sql, fields)
+        if token is not None:
+            token.check(stamp)
+            if scan is None:
+                raise InvalidArgument(
+                    "page_token: the index this query read no longer answers it (dropped, or "
+                    "being built again); send the query again without the token"
+                )
+        if scan is None or any(
+            sql.identifier(m) in (filter_sql or "") for m in meta if m != TABLE_KEY
+        ):
+            return None  # the table's own columns are the table's to answer
+        reading = pa.schema([f for f in schema if f.name not in meta or f.name == TABLE_KEY])
+        query = _Query(request, scan, physical, filter_sql, fields, reading, stamp)
+        query.version = snapshot.table.version()
+        if token is None and request.freshness.min_offsets:
+            wanted = request.freshness.min_offsets
+            await self._gate.wait(request.map, wanted, context.time_remaining())
+        return self._pages(query, token)
+
+    async def _pages(
+        self, query: _Query, token: PageToken | None
+    ) -> AsyncIterator[pb.QueryResponse]:
+        request = query.request
+        page_size, limit = query_plan.page_size(request), query_plan.limit(request)
+        after = token.entry if token is not None else None
+        sent = token.sent if token is not None else 0
+        while True:
+            watermark = await self._store.watermark(request.map)
+            wanted = page_size if not limit else min(page_size, limit - sent)
+            rows, after, more = await self._page(query, after, wanted)
+            sent += len(rows)
+            more = more and (not limit or sent < limit)
+            next_token = PageToken(query.version, "", sent, query.fingerprint, after)
+            response = pb.QueryResponse(
+                rows=[pb.Row(key=key, entity=entity) for key, entity in rows],
+                page_token=next_token.encode() if more else "",
+                table_version=query.version,
+                source=pb.QueryResponse.REDIS_INDEX,
+                index=query.scan.field,
+            )
+            if watermark is not None:
+                response.watermark.CopyFrom(watermark_to_proto(watermark))
+            yield response
+            if not more:
+                return
+
+    async def _page(
+        self, query: _Query, after: bytes | None, wanted: int
+    ) -> tuple[list[tuple[str, bytes]], bytes | None, bool]:
+        """Up to ``wanted`` rows after entry ``after``: the rows, the last entry read, and
+        whether entries may remain."""
+        rows: list[tuple[str, bytes]] = []
+        while len(rows) < wanted:
+            count = max(MIN_ROUND, min(MAX_ROUND, 2 * (wanted - len(rows))))
+            entries = await self._reads.entries(query.physical, query.scan, after, count)
+            if not entries:
+                return rows, after, False
+            kept = await asyncio.to_thread(query.kept, entries)
+            for place, key, entity in kept:
+                if len(rows) == wanted:  # read on from the entry before this row's
+                    return rows, entries[place - 2][0] if place > 1 else after, True
+                rows.append((key, entity))
+            after = entries[-1][0]
+            if len(entries) < count:
+                return rows, after, False
+        return rows, after, True
+
+
+class _Query:
+    """One query through an index: what each round of candidates is checked and shaped by."""
+
+    def __init__(
+        self,
+        request: pb.QueryRequest,
+        scan: IndexScan,
+        physical: str,
+        filter_sql: str | None,
+        fields: tuple[str, ...],
+        reading: pa.Schema,
+        stamp: str,
+    ) -> None:
+        self.request = request
+        self.scan = scan
+        self.physical = physical
+        self.fields = fields
+        self.reading = reading
+        self.fingerprint = stamp
+        self.version = 0
+        where = f" WHERE {filter_sql}" if filter_sql else ""
+        columns = ", ".join(sql.identifier(c) for c in (ORDINAL, TABLE_KEY, *fields))
+        self.select = (
+            f"SELECT {columns} FROM {sql.identifier(TABLE)}{where} "  # noqa: S608 - checked SQL
+            f"ORDER BY {sql.identifier(ORDINAL)}"
+        )
+
+    def kept(self, entries: list[Entry]) -> list[tuple[int, str, bytes]]:
+        """The candidates the filter keeps: each one's place among ``entries`` (from 1), key
+        and projected entity, in order (blocking: DataFusion)."""
+        present = [(i, e, v) for i, (e, v) in enumerate(entries, 1) if v is not None]
+        if not present:
+            return []
+        keys = [key_of(e) for _, e, _ in present]
+        batch = typed_rows(self.reading, keys, [v for _, _, v in present])
+        if batch is None:
+            raise InvalidArgument(
+                f"map {self.request.map!r}: an entity does not read as its table's row; "
+                "query without an indexed condition to read the table"
+            )
+        batch = batch.append_column(ORDINAL, pa.array([i for i, _, _ in present], pa.int64()))
+        context = SessionContext()
+        context.register_record_batches(TABLE, [[batch]])
+        try:
+            result = context.sql(self.select).to_arrow_table()
+        except Exception as exc:  # noqa: BLE001 - DataFusion's: the filter, as on the table
+            raise InvalidArgument(
+                f"the filter does not apply to the rows of map {self.request.map!r}: {exc}"
+            ) from None
+        places = result.column(ORDINAL).to_pylist()
+        encoded = encode_rows(result.drop_columns([ORDINAL]), TABLE_KEY)
+        return [(place, key, entity) for place, (key, entity) in zip(places, encoded, strict=True)]
