@@ -195,6 +195,8 @@ class HttpFront:
             "next_page_token": (page.page_token or None) if page is not None else None,
             "table_version": page.table_version if page is not None else -1,
             "watermark": self._watermarks.of(page),
+            "source": map_pb.QueryResponse.Source.Name(page.source) if page is not None else None,
+            "index": (page.index or None) if page is not None else None,
         }
         return json_response(body)
 

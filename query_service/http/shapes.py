@@ -143,8 +143,14 @@ class QueryPage(_Shape):
     next_page_token: str | None = None
     table_version: int
     watermark: Watermark | None = Field(
-        None, description="the source offsets the version read reflects; null: not recorded"
+        None,
+        description="the source offsets the rows reflect (TABLE: the version read, null when "
+        "its commits record none; REDIS_INDEX: the Redis watermark read before the rows)",
     )
+    source: Literal["TABLE", "REDIS_INDEX"] | None = Field(
+        None, description="where the rows came from: the Delta table, or Redis through an index"
+    )
+    index: str | None = Field(None, description="the indexed field the rows were found by")
 
 
 class ChangeEvent(_Shape):

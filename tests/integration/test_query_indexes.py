@@ -35,6 +35,7 @@ from tests.helpers.query_table import (
     rows_of,
     run,
 )
+from tests.helpers.query_redis import Front, serve_http
 from tests.helpers.redis_fold import apply
 
 MAP = new_map_name()
@@ -185,3 +186,18 @@ def test_a_continuation_is_refused_for_another_query(table: Table) -> None:
 
     error = run(table.cfg, lambda stub: body(stub))
     assert "issued for another query" in str(error)
+
+
+def test_the_http_query_says_it_read_an_index(table: Table) -> None:
+    async def body(api: Front) -> tuple[Any, Any]:
+        indexed = await api.json("GET", f"/v1/maps/{MAP}/query?where=name%20%3D%20'Bob'")
+        scanned = await api.json("GET", f"/v1/maps/{MAP}/query?where=id%20%3D%20'u06'")
+        return indexed, scanned
+
+    indexed, scanned = serve_http(table.cfg, body)
+    assert (indexed["source"], indexed["index"]) == ("REDIS_INDEX", "name")
+    assert [r["key"] for r in indexed["rows"]] == sorted(
+        k for k, e in table.latest.items() if e.get("name") == "Bob"
+    )
+    assert indexed["watermark"] is not None
+    assert (scanned["source"], scanned["index"]) == ("TABLE", None)
