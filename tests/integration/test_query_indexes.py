@@ -20,6 +20,7 @@ from materializer.redis.deliveries import producer_settings
 from materializer.redis.functions import FoldTarget
 from materializer.redis.indexes import rebuild
 from materializer.v1 import map_service_pb2 as pb
+from tests.helpers.query_redis import Front, serve_http
 from tests.helpers.query_table import (
     Entity,
     Op,
@@ -35,7 +36,6 @@ from tests.helpers.query_table import (
     rows_of,
     run,
 )
-from tests.helpers.query_redis import Front, serve_http
 from tests.helpers.redis_fold import apply
 
 MAP = new_map_name()
