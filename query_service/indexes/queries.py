@@ -15,11 +15,14 @@ as ``Get`` does.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pyarrow as pa
 from datafusion import SessionContext
+from deltalake import DeltaTable
 
 from materializer.catalog.live import LiveMaps
 from materializer.contract.entity_json import encode_rows
@@ -41,6 +44,11 @@ from query_service.tables.snapshots import TableSnapshots
 
 ORDINAL = "__materializer_entry"
 """A column of the candidates' own: their place in the index's order."""
+SCHEMA_SECONDS = 5.0
+"""How old a snapshot of the table may be for its schema to type an answer's rows: a
+column added to the table reaches index answers that much later."""
+PLANS = 256
+"""Query plans kept, over all maps."""
 MIN_ROUND = 100
 MAX_ROUND = 10_000
 """Candidates read per round: twice the rows a page still needs, within these."""
@@ -61,6 +69,7 @@ class IndexQueries:
         self._gate = gate
         self._snapshots = snapshots
         self._reads = IndexReads(store.client, store.where)
+        self._plans: OrderedDict[tuple[Any, ...], _Query] = OrderedDict()
 
     async def query(
         self, request: pb.QueryRequest, context: grpc.aio.ServicerContext
@@ -74,39 +83,60 @@ class IndexQueries:
         generation = await self._store.generation(request.map)
         physical = physical_name(request.map, generation)
         ready = await self._reads.ready(physical)
-        snapshot = await self._snapshots.latest(request.map, generation, (), None)
-        tables = self._snapshots.tables
-        columns = tables.columns(request.map, snapshot.table)
-        filter_sql = render_filter(request, columns)
-        schema = pa.schema(snapshot.table.schema().to_arrow())
-        types = {f.name: f.type for f in schema}
-        scan = index_scan(filter_sql, ready, types)
-        meta = tables.meta_columns(request.map)
-        fields = query_plan.projection(request, columns, meta)
-        stamp = fingerprint(physical + " index", filter_sql, fields)
+        snapshot = await self._snapshots.recent(request.map, generation, SCHEMA_SECONDS)
+        query = self._plan(request, physical, ready, snapshot.table)
         if token is not None:
-            token.check(stamp)
-            if scan is None:
+            token.check(query.fingerprint)
+            if query.scan is None:
                 raise InvalidArgument(
                     "page_token: the index this query read no longer answers it (dropped, or "
                     "being built again); send the query again without the token"
                 )
-        if scan is None or any(
-            sql.identifier(m) in (filter_sql or "") for m in meta if m != TABLE_KEY
-        ):
-            return None  # the table's own columns are the table's to answer
-        reading = pa.schema([f for f in schema if f.name not in meta or f.name == TABLE_KEY])
-        query = _Query(request, scan, physical, filter_sql, fields, reading, stamp)
-        query.version = snapshot.table.version()
+        if query.scan is None:
+            return None
         if token is None and request.freshness.min_offsets:
             wanted = request.freshness.min_offsets
             await self._gate.wait(request.map, wanted, context.time_remaining())
-        return self._pages(query, token)
+        return self._pages(query, request, token)
+
+    def _plan(
+        self, request: pb.QueryRequest, physical: str, ready: dict[str, str], table: DeltaTable
+    ) -> _Query:
+        """The query's plan for this table version and these ready indexes, kept for the
+        next call that asks the same (parsing a filter costs more than reading its rows)."""
+        kind = request.WhichOneof("filter")
+        said = (
+            request.where
+            if kind == "where"
+            else request.predicate.SerializeToString(deterministic=True)
+        )
+        key = (physical, table.version(), said, tuple(request.fields), tuple(sorted(ready.items())))
+        query = self._plans.get(key)
+        if query is not None:
+            self._plans.move_to_end(key)
+            return query
+        tables = self._snapshots.tables
+        columns = tables.columns(request.map, table)
+        filter_sql = render_filter(request, columns)
+        schema = pa.schema(table.schema().to_arrow())
+        meta = tables.meta_columns(request.map)
+        own = [sql.identifier(m) for m in meta if m != TABLE_KEY]
+        scan = index_scan(filter_sql, ready, {f.name: f.type for f in schema})
+        if any(name in (filter_sql or "") for name in own):
+            scan = None  # the table's own columns are the table's to answer
+        fields = query_plan.projection(request, columns, meta)
+        reading = pa.schema([f for f in schema if f.name not in meta or f.name == TABLE_KEY])
+        stamp = fingerprint(physical + " index", filter_sql, fields)
+        query = _Query(request.map, scan, physical, filter_sql, fields, reading, stamp)
+        query.version = table.version()
+        self._plans[key] = query
+        while len(self._plans) > PLANS:
+            self._plans.popitem(last=False)
+        return query
 
     async def _pages(
-        self, query: _Query, token: PageToken | None
+        self, query: _Query, request: pb.QueryRequest, token: PageToken | None
     ) -> AsyncIterator[pb.QueryResponse]:
-        request = query.request
         page_size, limit = query_plan.page_size(request), query_plan.limit(request)
         after = token.entry if token is not None else None
         sent = token.sent if token is not None else 0
@@ -122,7 +152,7 @@ class IndexQueries:
                 page_token=next_token.encode() if more else "",
                 table_version=query.version,
                 source=pb.QueryResponse.REDIS_INDEX,
-                index=query.scan.field,
+                index=query.field,
             )
             if watermark is not None:
                 response.watermark.CopyFrom(watermark_to_proto(watermark))
@@ -136,9 +166,10 @@ class IndexQueries:
         """Up to ``wanted`` rows after entry ``after``: the rows, the last entry read, and
         whether entries may remain."""
         rows: list[tuple[str, bytes]] = []
-        while len(rows) < wanted:
+        scan = query.scan
+        while scan is not None and len(rows) < wanted:
             count = max(MIN_ROUND, min(MAX_ROUND, 2 * (wanted - len(rows))))
-            entries = await self._reads.entries(query.physical, query.scan, after, count)
+            entries = await self._reads.entries(query.physical, scan, after, count)
             if not entries:
                 return rows, after, False
             kept = await asyncio.to_thread(query.kept, entries)
@@ -149,7 +180,7 @@ class IndexQueries:
             after = entries[-1][0]
             if len(entries) < count:
                 return rows, after, False
-        return rows, after, True
+        return rows, after, scan is not None
 
 
 class _Query:
@@ -157,16 +188,17 @@ class _Query:
 
     def __init__(
         self,
-        request: pb.QueryRequest,
-        scan: IndexScan,
+        map_name: str,
+        scan: IndexScan | None,
         physical: str,
         filter_sql: str | None,
         fields: tuple[str, ...],
         reading: pa.Schema,
         stamp: str,
     ) -> None:
-        self.request = request
+        self.map_name = map_name
         self.scan = scan
+        self.field = "" if scan is None else scan.field
         self.physical = physical
         self.fields = fields
         self.reading = reading
@@ -189,7 +221,7 @@ class _Query:
         batch = typed_rows(self.reading, keys, [v for _, _, v in present])
         if batch is None:
             raise InvalidArgument(
-                f"map {self.request.map!r}: an entity does not read as its table's row; "
+                f"map {self.map_name!r}: an entity does not read as its table's row; "
                 "query without an indexed condition to read the table"
             )
         batch = batch.append_column(ORDINAL, pa.array([i for i, _, _ in present], pa.int64()))
@@ -199,7 +231,7 @@ class _Query:
             result = context.sql(self.select).to_arrow_table()
         except Exception as exc:  # noqa: BLE001 - DataFusion's: the filter, as on the table
             raise InvalidArgument(
-                f"the filter does not apply to the rows of map {self.request.map!r}: {exc}"
+                f"the filter does not apply to the rows of map {self.map_name!r}: {exc}"
             ) from None
         places = result.column(ORDINAL).to_pylist()
         encoded = encode_rows(result.drop_columns([ORDINAL]), TABLE_KEY)

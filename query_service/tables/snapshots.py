@@ -99,6 +99,14 @@ class TableSnapshots:
             raise DeadlineExceeded(_not_reached(snapshot, wanted)) from None
         return snapshot
 
+    async def recent(self, map_name: str, generation: int, max_age: float) -> TableSnapshot:
+        """The cached snapshot if it was opened less than ``max_age`` seconds ago, else the
+        newest: for a reader that needs the table's schema, not its rows."""
+        cached = self._latest.get((map_name, generation))
+        if cached is not None and time.monotonic() - cached.opened_at < max_age:
+            return cached.snapshot
+        return await self._fresh(map_name, generation)
+
     async def watermark_of(
         self, map_name: str, generation: int, table: DeltaTable
     ) -> Watermark | None:
