@@ -33,12 +33,19 @@ _KIND_END = {bool: b"c", float: b"o", str: b"t"}
 """Where each kind's entries begin and end: its tag byte, and the one after it."""
 
 
+EXACT_INTEGERS = 2**53
+"""Integers below this in magnitude are doubles of their own: no other shares their entry."""
+
+
 @dataclass(frozen=True)
 class IndexScan:
     """The entries of one index to read: spans ``[start, end)`` of entry bytes, in order."""
 
     field: str
     spans: tuple[tuple[bytes, bytes], ...]
+    exact: bool = False
+    """The entries are the filter's answer: it is one equality or ``IN`` whose values no
+    other value shares an entry with (not a decimal, nor an integer past 2^53)."""
 
 
 def index_scan(
@@ -53,7 +60,8 @@ def index_scan(
     except ParseError:
         return None
     bounds: dict[str, tuple[list[bytes], list[bytes]]] = {}
-    for conjunct in _conjuncts(tree):
+    conjuncts = list(_conjuncts(tree))
+    for conjunct in conjuncts:
         found = _condition(conjunct)
         if found is None:
             continue
@@ -63,7 +71,8 @@ def index_scan(
             continue
         if op == "in":
             prefixes = sorted({value_prefix(v) for v in values})
-            return IndexScan(field, tuple((p, p + END) for p in prefixes))
+            exact = len(conjuncts) == 1 and _exact(types[field], values)
+            return IndexScan(field, tuple((p, p + END) for p in prefixes), exact)
         if indexes[field] != "sorted":
             continue
         lows, highs = bounds.setdefault(field, ([_KIND_START[kind]], [_KIND_END[kind]]))
@@ -77,6 +86,13 @@ def index_scan(
         low, high = max(lows), min(highs)
         return IndexScan(field, ((low, high),) if low < high else ())
     return None
+
+
+def _exact(column: pa.DataType, values: list[Scalar]) -> bool:
+    """Whether these values' entries hold exactly the column's values equal to them."""
+    if pa.types.is_decimal(column):
+        return False
+    return all(isinstance(v, str | bool | float) or abs(v) < EXACT_INTEGERS for v in values)
 
 
 def _conjuncts(node: exp.Expr) -> Iterator[exp.Expr]:

@@ -128,6 +128,7 @@ class IndexQueries:
         reading = pa.schema([f for f in schema if f.name not in meta or f.name == TABLE_KEY])
         stamp = fingerprint(physical + " index", filter_sql, fields)
         query = _Query(request.map, scan, physical, filter_sql, fields, reading, stamp)
+        query.as_stored = scan is not None and scan.exact and not request.fields
         query.version = table.version()
         self._plans[key] = query
         while len(self._plans) > PLANS:
@@ -172,7 +173,12 @@ class IndexQueries:
             entries = await self._reads.entries(query.physical, scan, after, count)
             if not entries:
                 return rows, after, False
-            kept = await asyncio.to_thread(query.kept, entries)
+            # DataFusion blocks: on a worker thread; entities as stored need no work.
+            kept = (
+                query.kept(entries)
+                if query.as_stored
+                else await asyncio.to_thread(query.kept, entries)
+            )
             for place, key, entity in kept:
                 if len(rows) == wanted:  # read on from the entry before this row's
                     return rows, entries[place - 2][0] if place > 1 else after, True
@@ -204,6 +210,9 @@ class _Query:
         self.reading = reading
         self.fingerprint = stamp
         self.version = 0
+        self.as_stored = False
+        """The entries are the answer and every field is asked for: each row is its entity
+        as Redis holds it, which is the JSON a table row of it encodes to, byte for byte."""
         where = f" WHERE {filter_sql}" if filter_sql else ""
         columns = ", ".join(sql.identifier(c) for c in (ORDINAL, TABLE_KEY, *fields))
         self.select = (
@@ -215,8 +224,8 @@ class _Query:
         """The candidates the filter keeps: each one's place among ``entries`` (from 1), key
         and projected entity, in order (blocking: DataFusion)."""
         present = [(i, e, v) for i, (e, v) in enumerate(entries, 1) if v is not None]
-        if not present:
-            return []
+        if self.as_stored or not present:
+            return [(i, key_of(e), v) for i, e, v in present]
         keys = [key_of(e) for _, e, _ in present]
         batch = typed_rows(self.reading, keys, [v for _, _, v in present])
         if batch is None:

@@ -201,3 +201,13 @@ def test_the_http_query_says_it_read_an_index(table: Table) -> None:
     )
     assert indexed["watermark"] is not None
     assert (scanned["source"], scanned["index"]) == ("TABLE", None)
+
+
+def test_an_answer_the_entries_decide_is_the_entities_as_stored(table: Table) -> None:
+    exact = query(table, where="name = 'Ann'")
+    checked = query(table, where="name = 'Ann' AND id >= ''")  # the filter applied as well
+    assert {p.index for p in exact + checked} == {"name"}
+    assert [(r.key, r.entity) for p in exact for r in p.rows] == [
+        (r.key, r.entity) for p in checked for r in p.rows
+    ]
+    assert len(rows_of(exact)) == sum(e.get("name") == "Ann" for e in table.latest.values())
