@@ -146,7 +146,7 @@ def main() -> None:
             producer.produce(topic, key=key.encode(), value=orjson.dumps(doc))
 
         for i in range(args.keys):
-            send(f"k{i:06d}", f"c{i % CITIES}")
+            send(f"user-{i:06d}", f"c{i % CITIES}")
         producer.flush()
         client = redis.Redis.from_url(redis_url)
         run = ManagedProcess(
@@ -169,7 +169,7 @@ def main() -> None:
                 interval = 1.0 / args.rate
                 next_at = time.perf_counter()
                 while not stop.is_set():
-                    send(f"k{rng.randrange(args.keys):06d}", f"c{rng.randrange(CITIES)}")
+                    send(f"user-{rng.randrange(args.keys):06d}", f"c{rng.randrange(CITIES)}")
                     producer.poll(0)
                     next_at += interval
                     time.sleep(max(0.0, next_at - time.perf_counter()))
@@ -183,7 +183,7 @@ def main() -> None:
             ends = time.perf_counter() + args.seconds
             while time.perf_counter() < ends:
                 moves += 1
-                key, city = f"k{rng.randrange(args.keys):06d}", f"moved-{moves}"
+                key, city = f"user-{rng.randrange(args.keys):06d}", f"moved-{moves}"
                 send(key, city)
                 started = time.perf_counter()
                 where = urllib.parse.quote(f"city = '{city}'")
