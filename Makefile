@@ -115,6 +115,8 @@ bench: setup ## run the benchmarks (JSON lines on stdout)
 	$(BIN)/python bench/enrich.py
 	$(BIN)/python bench/redis_cluster.py
 	$(BIN)/python bench/delta_merge.py
+	$(BIN)/python bench/index_reads.py
+	$(BIN)/python bench/index_freshness.py
 
 clean: ## remove the venv, resolved jars and local data
 	rm -rf $(VENV) jvm/lib warehouse checkpoints site tests/interop/node_modules

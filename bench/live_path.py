@@ -17,6 +17,11 @@ the JVM stays, so the second path starts warmer than the first):
   (``live.start_live``), their Delta tables merged by one shared query (``live.delta``),
   as ``materializer run`` runs maps on the real-time path.
 
+With ``--index-sets`` (``none,city+score`` for instance), each path runs once per set of
+indexed fields, declared on every map before it folds (``city`` a hash index, any other
+a sorted one): the fold's cost of keeping them, in freshness and in cores (Redis's among
+them).
+
 After a prefill (every key's first event), a warm-up of
 ``--warmup-seconds`` and then ``--seconds`` measured; one event in ``--sample-every`` is
 followed until Redis shows it. Each line has the percentiles of produce to visible and
@@ -41,6 +46,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import redis
 from confluent_kafka import Producer
 from cpu_window import CpuWindow
 from freshness import Follower, latency_fields, produce_at_rate, topic_of
@@ -48,9 +54,11 @@ from harness import PARTITIONS, broker_pids, emit, event, machine, map_config, s
 from pipeline import FOLDS
 
 from materializer import job
-from materializer.config import AppConfig
+from materializer.clients.redis import client_for
+from materializer.config import AppConfig, IndexConfig
 from materializer.live.delta import DeltaMember, SharedDelta
 from materializer.live.query import LiveMap, query_name, start_live
+from materializer.redis.indexes import build, declare
 from materializer.spark.session import build_spark_session
 from materializer.testing import create_topic
 
@@ -105,7 +113,14 @@ def folding(spark: Any, cfg: AppConfig, path: str, work: Path) -> Iterator[None]
 
 
 def measure(
-    bootstrap: str, redis_url: str, path: str, maps: int, rate: int, commit_every_ms: int, args: Any
+    bootstrap: str,
+    redis_url: str,
+    path: str,
+    maps: int,
+    rate: int,
+    commit_every_ms: int,
+    args: Any,
+    indexes: list[IndexConfig] | None = None,
 ) -> Any:
     """One path at one load: produce-to-visible percentiles and cores. The micro-batch path
     runs on ``local[*]`` as ``materializer run`` does by default; a real-time query needs a
@@ -129,9 +144,20 @@ def measure(
     if args.maps_per_query is not None:
         per_query = {"live_maps_per_query": args.maps_per_query}
         cfg = cfg.model_copy(update={"spark": cfg.spark.model_copy(update=per_query)})
+    if indexes:
+        cfg = cfg.model_copy(
+            update={
+                "maps": {n: m.model_copy(update={"indexes": indexes}) for n, m in cfg.maps.items()}
+            }
+        )
+        client = client_for(cfg.redis)
+        for name in names:
+            for field in declare(client, name, indexes):
+                build(client, name, field, expiring=False)  # nothing yet: ready at once
     spark = build_spark_session(cfg.spark)
     try:
-        return _measure(spark, cfg, bootstrap, redis_url, path, rate, args)
+        line = _measure(spark, cfg, bootstrap, redis_url, path, rate, args)
+        return {**line, "indexes": [i.field for i in indexes or []]}
     finally:
         spark.stop()
 
@@ -168,8 +194,14 @@ def _measure(
             if seq % args.sample_every == 0:
                 follower.samples.put((key, seq, sent_at))
 
+        redis_pid = int(redis.Redis.from_url(redis_url).info("server")["process_id"])
         window = CpuWindow(
-            {"driver": [os.getpid()], "spark_jvm": _spark_jvm(), "broker": broker_pids()}
+            {
+                "driver": [os.getpid()],
+                "spark_jvm": _spark_jvm(),
+                "broker": broker_pids(),
+                "redis": [redis_pid],
+            }
         )
         window.begin()
         achieved = produce_at_rate(prod, topics, rate, args.seconds, args.keys, 10**9, sampled, rng)
@@ -235,6 +267,11 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--sample-every", type=int, default=10)
     ap.add_argument(
+        "--index-sets",
+        default="none",
+        help="sets of indexed fields joined by +, a run of each path per set (none: no index)",
+    )
+    ap.add_argument(
         "--maps-per-query",
         type=int,
         default=None,
@@ -260,9 +297,17 @@ def main() -> None:
             for path in args.paths.split(","):
                 intervals = args.commit_every_ms.split(",") if path == "realtime" else ["0"]
                 for every in intervals:
-                    started = time.monotonic()
-                    line = measure(bootstrap, redis_url, path, maps, rate, int(every), args)
-                    emit(**line, wall_s=round(time.monotonic() - started, 1))
+                    for fields in args.index_sets.split(","):
+                        indexes = [
+                            IndexConfig(field=f, kind="hash" if f == "city" else "sorted")
+                            for f in fields.split("+")
+                            if fields != "none"
+                        ]
+                        started = time.monotonic()
+                        line = measure(
+                            bootstrap, redis_url, path, maps, rate, int(every), args, indexes
+                        )
+                        emit(**line, wall_s=round(time.monotonic() - started, 1))
 
 
 if __name__ == "__main__":
