@@ -10,13 +10,16 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import orjson
+import pyarrow as pa
 import pytest
+from deltalake import write_deltalake
 
 from materializer.clients.redis import Client, client_for, masters, on
-from materializer.config import IndexConfig, KafkaConfig, RedisConfig
+from materializer.config import IndexConfig, KafkaConfig, RedisConfig, parse_config
 from materializer.contract import index_entries
 from materializer.contract.markers import mark_whole, tags
 from materializer.contract.redis_layout import (
@@ -31,7 +34,10 @@ from materializer.redis.indexes import build, declare, declared_states
 from materializer.redis.map_keys import entity_keys
 from materializer.redis.writer import fill
 from materializer.testing.redis import RedisCluster
+from materializer.v1 import map_service_pb2 as pb
+from materializer.v1 import map_service_pb2_grpc as pb_grpc
 from tests.helpers.indexes import expected_members, index_members
+from tests.helpers.query_redis import run
 from tests.helpers.redis_fold import apply
 
 CITIES = ["Oslo", "Zürich", "", "a\x00b", "a", "a\x00", "Ōsaka"]
@@ -234,3 +240,74 @@ def test_a_restore_fills_entities_with_their_entries(target: FoldTarget) -> None
     entities = held(client, name)
     assert entities["a"] == {"city": "Oslo"}
     assert index_members(client, name, "city") == expected_members(entities, "city")
+
+
+def typed(key: str, entity: dict[str, Any]) -> dict[str, Any]:
+    """An entity whose fields hold their table column's type (or null)."""
+    city, total = entity.get("city"), entity.get("total")
+    return {
+        "id": key,
+        "city": city if isinstance(city, str) else None,
+        "total": total if isinstance(total, int | float) and abs(total) < 1e300 else None,
+        "n": entity.get("n"),
+    }
+
+
+def test_a_query_through_an_index_reads_every_master(target: FoldTarget, tmp_path: Path) -> None:
+    """The query service's reads of an index on one server and over a cluster's masters,
+    merged in entry order, against the entities Redis holds."""
+    rng = random.Random(13)
+    client = client_for(target.redis)
+    name = target.map_name
+    indexes = [IndexConfig(field="city"), IndexConfig(field="total", kind="sorted")]
+    for field in declare(client, name, indexes):
+        build(client, name, field, expiring=False)
+    rows = [(f"k{i}", "1", typed(f"k{i}", random_entity(rng) or {})) for i in range(400)]
+    apply(target, 0, rows)
+    # The table only types the rows: one row of the entities' schema.
+    row = {"_key": ["k0"], "id": ["k0"], "city": ["x"], "total": [1.0], "n": [1]}
+    write_deltalake(str(tmp_path / name), pa.table(row))
+    cfg = parse_config(
+        {
+            "redis": {"url": target.redis.url, "cluster": target.redis.cluster},
+            "delta": {"root": str(tmp_path)},
+            "maps": {
+                name: {
+                    "source": {
+                        "topics": ["t"],
+                        "schema": "id STRING, city STRING, total DOUBLE, n BIGINT",
+                    },
+                    "key": "id",
+                    "indexes": [i.model_dump() for i in indexes],
+                }
+            },
+        }
+    )
+    entities = held(client, name)
+
+    async def body(channel: Any) -> dict[str, list[pb.QueryResponse]]:
+        stub = pb_grpc.MapServiceStub(channel)
+        out = {}
+        for where in ("city = 'Oslo'", "total >= 1 AND total < 3", "city IN ('a', 'Zürich')"):
+            request = pb.QueryRequest(map=name, where=where, page_size=7)
+            out[where] = [p async for p in stub.Query(request, timeout=60)]
+        return out
+
+    answers = run(cfg, body)
+    keep = {
+        "city = 'Oslo'": ("city", lambda e: e.get("city") == "Oslo"),
+        "total >= 1 AND total < 3": (
+            "total",
+            lambda e: e.get("total") is not None and 1 <= e["total"] < 3,
+        ),
+        "city IN ('a', 'Zürich')": ("city", lambda e: e.get("city") in ("a", "Zürich")),
+    }
+    for where, pages in answers.items():
+        field, test = keep[where]
+        wanted = sorted(
+            ((k, e) for k, e in entities.items() if test(e)),
+            key=lambda kv: index_entries.entry(kv[1][field], kv[0]),
+        )
+        assert wanted, where
+        assert {(p.source, p.index) for p in pages} == {(pb.QueryResponse.REDIS_INDEX, field)}
+        assert [r.key for p in pages for r in p.rows] == [k for k, _ in wanted], where
