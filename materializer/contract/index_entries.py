@@ -49,7 +49,7 @@ def ordered_number(x: float) -> bytes:
     try:
         number = float(x) + 0.0  # + 0.0: -0.0 becomes 0.0
     except OverflowError:  # an integer past every double reads as infinity, as in Lua
-        number = math.copysign(math.inf, x)
+        number = math.inf if x > 0 else -math.inf
     raw = bytearray(struct.pack(">d", number))
     if raw[0] >= 0x80:
         return bytes(255 - b for b in raw)
@@ -107,11 +107,20 @@ class IndexState:
     since_ms: int
     """When the field was declared there: a build marks ready only the declaration it built
     (a field dropped and declared again meanwhile lost the entries it made)."""
+    expiring: bool = False
+    """Whether the map had ``ttl.redis`` when declared: entries of entities written with a
+    TTL are taken out by its sweep only, so a change of it starts the indexes again."""
 
     def dumps(self) -> str:
         """The state as the fields' hash holds it."""
         return json.dumps(
-            {"kind": self.kind, "ready": self.ready, "slots": self.slots, "since_ms": self.since_ms}
+            {
+                "kind": self.kind,
+                "ready": self.ready,
+                "slots": self.slots,
+                "since_ms": self.since_ms,
+                "expiring": self.expiring,
+            }
         )
 
     @classmethod
@@ -123,6 +132,7 @@ class IndexState:
             ready=bool(data["ready"]),
             slots=str(data["slots"]),
             since_ms=int(data["since_ms"]),
+            expiring=bool(data.get("expiring", False)),
         )
 
 

@@ -367,17 +367,27 @@ redis.register_function{function_name='materializer_latest_v3',
 redis.register_function{function_name='materializer_put_v3',
   callback=function(keys, args) return put(keys, unowned(args)) end,
   flags={'allow-cross-slot-keys'}}
+-- The writing functions keep the map's indexes since their v5 (live: v7, expire: v4). The
+-- names before are kept for the previous release's workers in a rolling upgrade, and
+-- keep the indexes too; a library of that release, loaded over this one, answers this
+-- release's names "not found", so a worker of this release loads its own again.
 redis.register_function{function_name='materializer_latest_v4', callback=latest,
+  flags={'allow-cross-slot-keys'}}
+redis.register_function{function_name='materializer_latest_v5', callback=latest,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_live_v5', callback=live_v5,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_live_v6', callback=live,
+  flags={'allow-cross-slot-keys'}}
+redis.register_function{function_name='materializer_live_v7', callback=live,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_read_v3', callback=read,
   flags={'no-writes', 'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_index_read_v1', callback=index_read,
   flags={'no-writes', 'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_put_v4', callback=put,
+  flags={'allow-cross-slot-keys'}}
+redis.register_function{function_name='materializer_put_v5', callback=put,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_next_epoch_v4', callback=next_epoch}
 redis.register_function{function_name='materializer_raise_epoch_v4', callback=raise}
@@ -389,4 +399,6 @@ redis.register_function{function_name='materializer_fill_v4', callback=fill,
 redis.register_function{function_name='materializer_index_build_v1', callback=index_build,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_expire_v3', callback=expire,
+  flags={'allow-cross-slot-keys'}}
+redis.register_function{function_name='materializer_expire_v4', callback=expire,
   flags={'allow-cross-slot-keys'}}

@@ -31,10 +31,10 @@ from materializer.errors import MaterializerError
 from materializer.fold.base import KeyFolder
 
 LIBRARY = "materializer"
-LATEST = "materializer_latest_v4"
+LATEST = "materializer_latest_v5"
 READ = READ_FUNCTION
 INDEX_READ = INDEX_READ_FUNCTION
-PUT = "materializer_put_v4"
+PUT = "materializer_put_v5"
 NEXT_EPOCH = "materializer_next_epoch_v4"
 RAISE_EPOCH = "materializer_raise_epoch_v4"
 LEGACY = (
@@ -42,11 +42,17 @@ LEGACY = (
     "materializer_put_v3",
     "materializer_live_v5",
     "materializer_fill_v3",
+    "materializer_latest_v4",
+    "materializer_put_v4",
+    "materializer_live_v6",
+    "materializer_expire_v3",
 )
-"""The writing functions of the previous release, with its arguments (no owner, no
-epoch): kept so that its workers and this release's run side by side in a rolling
-upgrade without replacing each other's library."""
-LIVE = "materializer_live_v6"
+"""The writing functions of earlier releases, with their arguments (v3: no owner, no
+epoch; v4, live v6, expire v3: the same as now, which keep indexes only here): kept so
+that their workers and this release's run side by side in a rolling upgrade. An earlier
+library loaded over this one lacks this release's names, so its calls find no function
+and load this library again, rather than run code that leaves the indexes behind."""
+LIVE = "materializer_live_v7"
 """The real-time path's writing function: ``latest`` applied, ``merge`` and ``aggregate``
 folded, idempotent by source position, the watermark's offsets moved in the same call
 (``materializer.live``)."""
@@ -54,7 +60,7 @@ FILL = "materializer_fill_v4"
 INDEX_BUILD = "materializer_index_build_v1"
 """Adds entities' entries to an index declared while the map runs, and marks it built
 (``materializer.redis.indexes``)."""
-EXPIRE = "materializer_expire_v3"
+EXPIRE = "materializer_expire_v4"
 
 LOST = "MATERIALIZER_LOST"
 """The error the writing functions answer on a server without the map's marker."""

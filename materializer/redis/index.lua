@@ -134,12 +134,19 @@ local function entry_key(entry)
 end
 
 -- KEYS[1]: one index's sorted set on this server. ARGV: the entity keys' prefix, how many
--- entries at most, then spans of entries in order, each as ZRANGE BYLEX takes its bounds
--- (min, max). Returns per entry found the entry and its entity's value, read in the same
--- atomic call (false: an entity Redis expired, whose entry the next sweep takes out).
+-- entries at most, the map's indexed fields on this server, the field and its state as
+-- the reader found it built, then spans of entries in order, each as ZRANGE BYLEX takes
+-- its bounds (min, max). Returns per entry found the entry and its entity's value, read
+-- in the same atomic call (false: an entity Redis expired, whose entry the next sweep
+-- takes out); an error if the field is no longer in that state (dropped, or being built
+-- again): its entries may be partial.
 local function index_read(keys, args)
+  if redis.call('HGET', args[3], args[4]) ~= args[5] then
+    return redis.error_reply('MATERIALIZER_INDEX_CHANGED the index on ' .. args[4] ..
+      ' is no longer the one the reader found built')
+  end
   local out, left = {}, tonumber(args[2])
-  for i = 3, #args - 1, 2 do
+  for i = 6, #args - 1, 2 do
     if left <= 0 then break end
     local found = redis.call('ZRANGE', keys[1], args[i], args[i + 1], 'BYLEX', 'LIMIT', 0, left)
     for _, entry in ipairs(found) do

@@ -77,7 +77,9 @@ def declare(
         node = nodes[name]
         tag = where[name]
         fields_key = index_fields_key(physical, tag)
-        anew = any(state.slots != slots[name] for state in states.values())
+        anew = any(
+            state.slots != slots[name] or state.expiring != expiring for state in states.values()
+        )
         anew = anew or (expiring and bool(states) and set(states) != set(wanted))
         gone = [f for f in states if f not in wanted or anew]
         if gone:
@@ -90,7 +92,7 @@ def declare(
         for field, kind in wanted.items():
             state = states.get(field)
             if state is None or anew:
-                state = IndexState(kind, ready=False, slots=slots[name], since_ms=_now_ms())
+                state = IndexState(kind, False, slots[name], _now_ms(), expiring)
             elif state.kind != kind:
                 state = replace(state, kind=kind)
             else:
@@ -103,15 +105,24 @@ def declare(
     return sorted(unbuilt)
 
 
-def build(client: Client, physical: str, field: str, expiring: bool) -> int:
+def build(
+    client: Client,
+    physical: str,
+    field: str,
+    expiring: bool,
+    stop: threading.Event | None = None,
+) -> int:
     """Add the entry of every entity the masters hold to ``field``'s index, then mark it
-    ready where it is still declared. Returns how many entries were added."""
+    ready where it is still declared. Returns how many entries were added. ``stop``: set,
+    the build ends after the chunk in flight, its field left unbuilt."""
     marks = {name: key.encode() for name, key in markers(client, physical).items()}
     prefix = str(len(entity_key(physical, "").encode())).encode()
     flag = b"1" if expiring else b""
     states = declared_states(client, physical)
     added = 0
     for keys in entity_keys(client, physical):
+        if stop is not None and stop.is_set():
+            return added
         for node, chunk in chunks_by_master(client, keys, lambda key: key, CHUNK):
             mark = marks["" if node is None else node.name]
             args = [mark, prefix, flag, field.encode(), b"", b"", *chunk]
@@ -156,11 +167,12 @@ class IndexBuilds:
         expiring = map_config.ttl is not None and map_config.ttl.redis is not None
         unbuilt = declare(client, physical, map_config.indexes, expiring)
         with self._lock:
-            queued = {(p, f) for _, _, p, f in self._queue}
+            # The build in flight (first) may find its field declared anew and leave it.
+            queued = {(p, f) for _, _, p, f in self._queue[1:]}
             for field in unbuilt:
                 if (physical, field) not in queued:
                     self._queue.append((config, map_name, physical, field))
-            if self._queue and (self._thread is None or not self._thread.is_alive()):
+            if self._queue and self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="materializer-index-builds", daemon=True
                 )
@@ -171,13 +183,14 @@ class IndexBuilds:
         while not self._stopped.is_set():
             with self._lock:
                 if not self._queue:
+                    self._thread = None  # under the lock: a want() after it starts another
                     return
                 config, map_name, physical, field = self._queue[0]
             started = time.monotonic()
             try:
                 ttl = config.map(map_name).ttl
                 expiring = ttl is not None and ttl.redis is not None
-                added = build(client_for(config.redis), physical, field, expiring)
+                added = build(client_for(config.redis), physical, field, expiring, self._stopped)
             except Exception:  # noqa: BLE001 - Redis's: the map's next start builds it again
                 log.exception("map %s: building the index on %s failed", map_name, field)
             else:

@@ -33,6 +33,7 @@ from materializer.contract.markers import mark_whole
 from materializer.contract.redis_layout import meta_key, physical_name
 from materializer.contract.watermark import Watermark
 from materializer.redis.expiry import index_expiring
+from materializer.redis.indexes import declare as declare_indexes
 from materializer.redis.indexes import rebuild as rebuild_indexes
 from materializer.redis.map_keys import entity_keys
 from materializer.restore.bulk import bulk_writer
@@ -96,6 +97,8 @@ def rehydrate(
         if on_start is not None:
             on_start(state)
         expired = 0
+        # The indexes go first: the load writes entities without their entries.
+        declare_indexes(client, physical, [])
         with bulk_writer(client) as writer:
             for batch in state.batches():
                 keys = _prefixed(physical, batch.keys)

@@ -167,7 +167,7 @@ class MapLifecycle:
         new while it folds; a Redis that does not answer leaves it to the next start."""
         try:
             self._indexes.want(self._rebuilds.config_for(m), m.name, m.generation)
-        except TRANSIENT_ERRORS as exc:
+        except redis.RedisError as exc:
             log.warning("map %s: its indexes could not be declared: %s", m.name, exc)
 
     def first_start(self, m: SupervisedMap, request: Control) -> None:

@@ -33,6 +33,9 @@ _KIND_END = {bool: b"c", float: b"o", str: b"t"}
 """Where each kind's entries begin and end: its tag byte, and the one after it."""
 
 
+NON_FINITE = ("NaN", "Infinity", "-Infinity")
+"""How the pipeline writes a double's non-finite values in an entity's JSON: strings,
+which a range on the column may keep (``x > 10`` keeps infinity, and NaN sorts last)."""
 EXACT_INTEGERS = 2**53
 """Integers below this in magnitude are doubles of their own: no other shares their entry."""
 
@@ -84,13 +87,19 @@ def index_scan(
             highs.append(value_prefix(values[1]) + END)
     for field, (lows, highs) in bounds.items():
         low, high = max(lows), min(highs)
-        return IndexScan(field, ((low, high),) if low < high else ())
+        spans: tuple[tuple[bytes, bytes], ...] = ((low, high),) if low < high else ()
+        if pa.types.is_floating(types[field]):  # its JSON holds non-finite doubles as text
+            spans += tuple((p, p + END) for p in sorted(value_prefix(t) for t in NON_FINITE))
+        return IndexScan(field, spans)
     return None
 
 
 def _exact(column: pa.DataType, values: list[Scalar]) -> bool:
-    """Whether these values' entries hold exactly the column's values equal to them."""
-    if pa.types.is_decimal(column):
+    """Whether these values' entries hold exactly the column's values equal to them (a
+    float32 column compares its own rounding of a literal; a decimal its digits)."""
+    if pa.types.is_decimal(column) or (
+        pa.types.is_floating(column) and not pa.types.is_float64(column)
+    ):
         return False
     return all(isinstance(v, str | bool | float) or abs(v) < EXACT_INTEGERS for v in values)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -30,11 +30,11 @@ from materializer.contract.index_entries import key_of
 from materializer.contract.redis_layout import physical_name
 from materializer.contract.table_layout import TABLE_KEY
 from materializer.v1 import map_service_pb2 as pb
-from query_service.errors import InvalidArgument
+from query_service.errors import InvalidArgument, StoreUnavailable
 from query_service.filters import render_filter, sql
 from query_service.freshness import FreshnessGate, watermark_to_proto
 from query_service.indexes.plan import IndexScan, index_scan
-from query_service.indexes.reads import Entry, IndexReads
+from query_service.indexes.reads import Entry, IndexReads, IndexUnread
 from query_service.sql.key_lookup import typed_rows
 from query_service.stores.delta import TABLE
 from query_service.stores.redis import RedisMapStore
@@ -72,9 +72,15 @@ class IndexQueries:
         self._plans: OrderedDict[tuple[Any, ...], _Query] = OrderedDict()
 
     async def query(
-        self, request: pb.QueryRequest, context: grpc.aio.ServicerContext
+        self,
+        request: pb.QueryRequest,
+        context: grpc.aio.ServicerContext,
+        table: Callable[[], AsyncIterator[pb.QueryResponse]],
     ) -> AsyncIterator[pb.QueryResponse] | None:
-        """The query's pages through an index, or ``None`` when none serves it."""
+        """The query's pages through an index, or ``None`` when none serves it. ``table``:
+        the table's pages, which answer instead when the index cannot be read as found
+        before a page went out (``IndexUnread``, or an entity the table's types do not
+        read)."""
         if not self._live.config.maps[request.map].indexes or not request.WhichOneof("filter"):
             return None
         token = PageToken.decode(request.page_token) if request.page_token else None
@@ -87,17 +93,18 @@ class IndexQueries:
         query = self._plan(request, physical, ready, snapshot.table)
         if token is not None:
             token.check(query.fingerprint)
-            if query.scan is None:
+            if query.scan is None or token.last_key != query.field:
                 raise InvalidArgument(
-                    "page_token: the index this query read no longer answers it (dropped, or "
-                    "being built again); send the query again without the token"
+                    "page_token: the index this query read no longer answers it (dropped, "
+                    "being built again, or another serves it now); send the query again "
+                    "without the token"
                 )
         if query.scan is None:
             return None
         if token is None and request.freshness.min_offsets:
             wanted = request.freshness.min_offsets
             await self._gate.wait(request.map, wanted, context.time_remaining())
-        return self._pages(query, request, token)
+        return self._pages(query, request, token, table)
 
     def _plan(
         self, request: pb.QueryRequest, physical: str, ready: dict[str, str], table: DeltaTable
@@ -136,18 +143,33 @@ class IndexQueries:
         return query
 
     async def _pages(
-        self, query: _Query, request: pb.QueryRequest, token: PageToken | None
+        self,
+        query: _Query,
+        request: pb.QueryRequest,
+        token: PageToken | None,
+        table: Callable[[], AsyncIterator[pb.QueryResponse]],
     ) -> AsyncIterator[pb.QueryResponse]:
         page_size, limit = query_plan.page_size(request), query_plan.limit(request)
         after = token.entry if token is not None else None
         sent = token.sent if token is not None else 0
+        first = token is None
         while True:
             watermark = await self._store.watermark(request.map)
             wanted = page_size if not limit else min(page_size, limit - sent)
-            rows, after, more = await self._page(query, after, wanted)
+            try:
+                rows, after, more = await self._page(query, after, wanted)
+            except IndexUnread as exc:
+                if not first:
+                    raise StoreUnavailable(
+                        f"map {request.map!r}: {exc}; send the query again without its page_token"
+                    ) from None
+                async for page in table():  # nothing went out yet: the table answers
+                    yield page
+                return
+            first = False
             sent += len(rows)
             more = more and (not limit or sent < limit)
-            next_token = PageToken(query.version, "", sent, query.fingerprint, after)
+            next_token = PageToken(query.version, query.field, sent, query.fingerprint, after)
             response = pb.QueryResponse(
                 rows=[pb.Row(key=key, entity=entity) for key, entity in rows],
                 page_token=next_token.encode() if more else "",
@@ -228,11 +250,8 @@ class _Query:
             return [(i, key_of(e), v) for i, e, v in present]
         keys = [key_of(e) for _, e, _ in present]
         batch = typed_rows(self.reading, keys, [v for _, _, v in present])
-        if batch is None:
-            raise InvalidArgument(
-                f"map {self.map_name!r}: an entity does not read as its table's row; "
-                "query without an indexed condition to read the table"
-            )
+        if batch is None:  # a double the pipeline wrote as "NaN", say: the table reads it
+            raise IndexUnread(f"map {self.map_name!r}: an entity does not read as its table's row")
         batch = batch.append_column(ORDINAL, pa.array([i for i, _, _ in present], pa.int64()))
         context = SessionContext()
         context.register_record_batches(TABLE, [[batch]])

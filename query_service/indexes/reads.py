@@ -3,13 +3,12 @@
 An index answers only where every master lists its field as built and still has the
 slots it was built for (``index_entries.IndexState``): a master a reshard changed holds
 entries of entities it no longer has, and lacks those it was given. What each master
-lists is read at most once a second per map: an index declared or dropped is noticed
-that late, which is harmless both ways (a dropped one's reads find no entries and the
-filter, applied to what they find, keeps nothing wrong; a new one answers a second
-later).
+lists is read at most once a second per map; a new index answers that much later.
 
 Each master's entries and entities are read in one atomic call of the index read
-function there (``FCALL_RO``), and the masters' answers merged in entry order.
+function there (``FCALL_RO``), which first checks that the field is still in the state
+the reader found it built: an index dropped or being built again meanwhile is
+``IndexUnread``, never a partial answer. The masters' answers are merged in entry order.
 """
 
 from __future__ import annotations
@@ -18,6 +17,8 @@ import asyncio
 import heapq
 import time
 from typing import Any
+
+from redis.exceptions import ResponseError
 
 from materializer.clients.redis import AsyncClient, is_cluster
 from materializer.contract.index_entries import parse_states, slots_of
@@ -38,6 +39,12 @@ Entry = tuple[bytes, bytes | None]
 """An index entry and its entity's JSON (``None``: gone since, expired)."""
 
 
+class IndexUnread(Exception):
+    """An index could not be read as found built: dropped or built again since, the map's
+    slots moved, or Redis refused the read. The query reads the table instead, or, when
+    pages went out already, fails."""
+
+
 class IndexReads:
     """Reads of the maps' indexes on one server or the masters of a cluster."""
 
@@ -45,6 +52,8 @@ class IndexReads:
         self._client = client
         self._where = where
         self._ready: dict[str, tuple[float, dict[str, str]]] = {}
+        self._states: dict[tuple[str, str], dict[str, bytes]] = {}
+        """Per map and field: each master's state of it as read (the read checks it)."""
 
     def _masters(self) -> dict[str, Any]:
         if not is_cluster(self._client):
@@ -61,11 +70,11 @@ class IndexReads:
         kept = self._ready.get(physical)
         if kept is not None and now - kept[0] < READY_SECONDS:
             return kept[1]
-        masters, where, slots = (
-            self._masters(),
-            tags(self._client, physical),
-            slots_of(self._client),
-        )
+        if is_cluster(self._client):  # its slot map is read at its first command
+            async with unavailable_on_connection_errors(self._where):
+                await self._client.initialize()
+        masters, where = self._masters(), tags(self._client, physical)
+        slots = slots_of(self._client)
         async with unavailable_on_connection_errors(self._where):
             replies = await asyncio.gather(
                 *(
@@ -74,8 +83,11 @@ class IndexReads:
                 )
             )
         answering: dict[str, str] | None = None
+        raw: dict[str, dict[str, bytes]] = {}
         for name, reply in zip(masters, replies, strict=True):
             states = parse_states(reply)
+            for field, state in _raw(reply).items():
+                raw.setdefault(field, {})[name] = state
             here = {
                 field: state.kind
                 for field, state in states.items()
@@ -88,7 +100,13 @@ class IndexReads:
             )
         found = answering or {}
         self._ready[physical] = (now, found)
+        for field in found:
+            self._states[(physical, field)] = raw[field]
         return found
+
+    def forget(self, physical: str) -> None:
+        """Read the map's indexes again at the next call (one changed under a read)."""
+        self._ready.pop(physical, None)
 
     async def entries(
         self, physical: str, scan: IndexScan, after: bytes | None, count: int
@@ -105,21 +123,40 @@ class IndexReads:
             return []
         masters, where = self._masters(), tags(self._client, physical)
         prefix = entity_key(physical, "").encode()
-        async with unavailable_on_connection_errors(self._where):
-            replies = await asyncio.gather(
-                *(
-                    self._call(
-                        node,
-                        "FCALL_RO",
-                        INDEX_READ_FUNCTION,
-                        1,
-                        index_key(physical, scan.field, where[name]),
-                        prefix,
-                        count,
-                        *spans,
+        states = self._states.get((physical, scan.field), {})
+        if set(states) != set(masters):
+            raise IndexUnread(f"the index on {scan.field} is not built on every master")
+        try:
+            async with unavailable_on_connection_errors(self._where):
+                replies = await asyncio.gather(
+                    *(
+                        self._call(
+                            node,
+                            "FCALL_RO",
+                            INDEX_READ_FUNCTION,
+                            1,
+                            index_key(physical, scan.field, where[name]),
+                            prefix,
+                            count,
+                            index_fields_key(physical, where[name]),
+                            scan.field,
+                            states[name],
+                            *spans,
+                        )
+                        for name, node in masters.items()
                     )
-                    for name, node in masters.items()
                 )
-            )
+        except ResponseError as exc:  # changed meanwhile, or a slot moved: not this index
+            self.forget(physical)
+            raise IndexUnread(str(exc)) from None
         found = [list(zip(reply[::2], reply[1::2], strict=True)) for reply in replies]
         return list(heapq.merge(*found, key=lambda entry: entry[0]))[:count]
+
+
+def _raw(reply: Any) -> dict[str, bytes]:
+    """A master's fields' hash as read: field to its state's bytes, as the read checks."""
+    pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2], strict=True)
+    return {
+        (f.decode() if isinstance(f, bytes) else f): (v if isinstance(v, bytes) else v.encode())
+        for f, v in pairs
+    }

@@ -138,8 +138,14 @@ class MapServicer(pb_grpc.MapServiceServicer):
         """Rows of the map matching a filter, in pages: through an index of its Redis copy
         when one serves the filter (``query_service.indexes``), else from its Delta table."""
         self._check_map(request.map)
-        pages = None if self._indexes is None else await self._indexes.query(request, context)
-        async for page in pages if pages is not None else self._tables.query(request, context):
+
+        def table() -> AsyncIterator[pb.QueryResponse]:
+            return self._tables.query(request, context)
+
+        pages = (
+            None if self._indexes is None else await self._indexes.query(request, context, table)
+        )
+        async for page in pages if pages is not None else table():
             yield page
 
     async def GetAsOf(

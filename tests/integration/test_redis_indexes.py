@@ -5,6 +5,7 @@ expiries, an index built while the fold writes, one dropped, and a restore's fil
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 import time
@@ -36,6 +37,9 @@ from materializer.redis.writer import fill
 from materializer.testing.redis import RedisCluster
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
+from query_service.indexes.plan import IndexScan
+from query_service.indexes.reads import IndexReads, IndexUnread
+from query_service.stores.redis import RedisMapStore
 from tests.helpers.indexes import expected_members, index_members
 from tests.helpers.query_redis import run
 from tests.helpers.redis_fold import apply
@@ -186,7 +190,13 @@ def test_expired_entities_leave_the_indexes(target: FoldTarget) -> None:
     rng = random.Random(11)
     client = client_for(target.redis)
     name = target.map_name
-    declare(client, name, [IndexConfig(field="city"), IndexConfig(field="total", kind="sorted")])
+    for field in declare(
+        client,
+        name,
+        [IndexConfig(field="city"), IndexConfig(field="total", kind="sorted")],
+        expiring=True,
+    ):
+        build(client, name, field, expiring=True)
     short = replace(target, ttl_ms=400)
     long = replace(target, ttl_ms=600_000)
     apply(short, 0, [(f"s{i}", "1", random_entity(rng) or {"city": "Oslo"}) for i in range(50)])
@@ -311,3 +321,27 @@ def test_a_query_through_an_index_reads_every_master(target: FoldTarget, tmp_pat
         assert wanted, where
         assert {(p.source, p.index) for p in pages} == {(pb.QueryResponse.REDIS_INDEX, field)}
         assert [r.key for p in pages for r in p.rows] == [k for k, _ in wanted], where
+
+
+def test_an_index_dropped_after_the_reader_found_it_built_is_not_read(target: FoldTarget) -> None:
+    client = client_for(target.redis)
+    name = target.map_name
+    for field in declare(client, name, [IndexConfig(field="city")]):
+        build(client, name, field, expiring=False)
+    apply(target, 0, [(f"k{i}", "1", {"city": "Oslo"}) for i in range(20)])
+    oslo = IndexScan("city", ((index_entries.value_prefix("Oslo"), b"t"),))
+
+    async def body() -> None:
+        store = RedisMapStore.from_config(target.redis)
+        reads = IndexReads(store.client, store.where)
+        try:
+            assert await reads.ready(name) == {"city": "hash"}
+            assert len(await reads.entries(name, oslo, None, 100)) == 20
+            declare(client, name, [])  # dropped: the reader's state of it is an old one
+            with pytest.raises(IndexUnread):
+                await reads.entries(name, oslo, None, 100)
+            assert await reads.ready(name) == {}
+        finally:
+            await store.close()
+
+    asyncio.run(body())
