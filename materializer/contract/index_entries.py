@@ -149,8 +149,16 @@ def slots_of(client: Client | AsyncClient) -> dict[str, str]:
     }
 
 
-def parse_states(raw: Any) -> dict[str, IndexState]:
-    """A master's indexed fields as ``HGETALL`` of its fields' hash answers them (a dict, or
-    a flat list of field and value), each with its state."""
+def raw_states(raw: Any) -> dict[str, bytes]:
+    """A master's fields' hash as ``HGETALL`` answers it (a dict, or a flat list of field and
+    value): field to its state's bytes, as the index read checks them."""
     pairs = raw.items() if isinstance(raw, dict) else zip(raw[::2], raw[1::2], strict=True)
-    return {(f.decode() if isinstance(f, bytes) else f): IndexState.loads(v) for f, v in pairs}
+    return {
+        (f.decode() if isinstance(f, bytes) else f): (v if isinstance(v, bytes) else v.encode())
+        for f, v in pairs
+    }
+
+
+def parse_states(raw: Any) -> dict[str, IndexState]:
+    """A master's indexed fields, as ``HGETALL`` answers them, each with its state."""
+    return {field: IndexState.loads(state) for field, state in raw_states(raw).items()}

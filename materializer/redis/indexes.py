@@ -87,7 +87,7 @@ def declare(
             client.execute_command("HDEL", fields_key, *gone, **on(node))  # type: ignore[no-untyped-call]
             sets = [index_key(physical, f, tag) for f in gone]
             client.execute_command("UNLINK", *sets, **on(node))  # type: ignore[no-untyped-call]
-        if anew or not wanted:
+        if states and (anew or not wanted):  # a map that never had indexes: nothing to do
             client.execute_command("UNLINK", indexed_key(physical, tag), **on(node))  # type: ignore[no-untyped-call]
         for field, kind in wanted.items():
             state = states.get(field)

@@ -21,7 +21,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from materializer.clients.redis import AsyncClient, is_cluster
-from materializer.contract.index_entries import parse_states, slots_of
+from materializer.contract.index_entries import IndexState, raw_states, slots_of
 from materializer.contract.markers import tags
 from materializer.contract.redis_layout import (
     INDEX_READ_FUNCTION,
@@ -85,8 +85,9 @@ class IndexReads:
         answering: dict[str, str] | None = None
         raw: dict[str, dict[str, bytes]] = {}
         for name, reply in zip(masters, replies, strict=True):
-            states = parse_states(reply)
-            for field, state in _raw(reply).items():
+            listed = raw_states(reply)
+            states = {field: IndexState.loads(state) for field, state in listed.items()}
+            for field, state in listed.items():
                 raw.setdefault(field, {})[name] = state
             here = {
                 field: state.kind
@@ -151,12 +152,3 @@ class IndexReads:
             raise IndexUnread(str(exc)) from None
         found = [list(zip(reply[::2], reply[1::2], strict=True)) for reply in replies]
         return list(heapq.merge(*found, key=lambda entry: entry[0]))[:count]
-
-
-def _raw(reply: Any) -> dict[str, bytes]:
-    """A master's fields' hash as read: field to its state's bytes, as the read checks."""
-    pairs = reply.items() if isinstance(reply, dict) else zip(reply[::2], reply[1::2], strict=True)
-    return {
-        (f.decode() if isinstance(f, bytes) else f): (v if isinstance(v, bytes) else v.encode())
-        for f, v in pairs
-    }
