@@ -102,7 +102,10 @@ class TableRead:
     watermark: Watermark | None
     """``None`` when the version's commits record no offsets."""
     redis: bool
-    """A plain key lookup, answered from the Redis copy as ``get`` is."""
+    """Answered from the Redis copy as ``get`` is: a plain key lookup, or a statement one
+    of the map's indexes narrows."""
+    index: str = ""
+    """The field whose index was read, when one was."""
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,9 @@ def sql_param(value: SqlValue) -> sql_pb.SqlParam:
 
 
 def _table_read(message: sql_pb.TableRead) -> TableRead:
-    return TableRead(message.map, message.version, _watermark(message), message.redis)
+    return TableRead(
+        message.map, message.version, _watermark(message), message.redis, message.index
+    )
 
 
 def _freshness(min_offsets: Offsets | None) -> common.Freshness:

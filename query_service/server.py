@@ -37,6 +37,7 @@ from query_service.catalog import FIRST_READ_SECONDS, CatalogWatcher
 from query_service.freshness import FreshnessGate
 from query_service.health import RedisHealth
 from query_service.indexes.queries import IndexQueries
+from query_service.indexes.reads import IndexReads
 from query_service.interceptors import add_wrapped
 from query_service.metrics import serve_metrics
 from query_service.near_cache import NearCaches
@@ -193,11 +194,12 @@ async def create_servers(
     # share one opening of a table.
     snapshots = TableSnapshots(DeltaTables(live))
     tables = TableReads(live, store.generation, snapshots)
-    indexes = IndexQueries(live, store, gate, snapshots)
+    reads = IndexReads(store.client, store.where)
+    indexes = IndexQueries(live, store, gate, snapshots, reads)
     maps = MapServicer(live, store, gate, tables, near_caches, indexes)
     enrich = EnrichServicer(live, store, gate)
     admin = AdminServicer(live, ControlStore(store.client), LogEnds(config.kafka), catalog)
-    executor = SqlExecutor(live, snapshots, store.generation, store=store, gate=gate)
+    executor = SqlExecutor(live, snapshots, store.generation, store=store, gate=gate, indexes=reads)
     sql = SqlServicer(executor)
     adders: list[tuple[Callable[[Any, Any], None], object]] = [
         (map_pb_grpc.add_MapServiceServicer_to_server, maps),

@@ -79,6 +79,7 @@ def table_json(table: TableRead) -> dict[str, Any]:
         "version": table.version,
         "watermark": watermark,
         "redis": table.redis,
+        "index": table.index,
     }
 
 

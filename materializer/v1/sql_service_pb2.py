@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from materializer.v1 import common_pb2 as materializer_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!materializer/v1/sql_service.proto\x12\x0fmaterializer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cmaterializer/v1/common.proto\"\xe5\x01\n\x08SqlParam\x12\x0e\n\x04null\x18\x01 \x01(\x08H\x00\x12\x14\n\nbool_value\x18\x02 \x01(\x08H\x00\x12\x13\n\tint_value\x18\x03 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x04 \x01(\x01H\x00\x12\x16\n\x0cstring_value\x18\x05 \x01(\tH\x00\x12\x15\n\x0b\x62ytes_value\x18\x06 \x01(\x0cH\x00\x12\x35\n\x0ftimestamp_value\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12\x17\n\rdecimal_value\x18\x08 \x01(\tH\x00\x42\x07\n\x05value\"\x86\x01\n\x0e\x45xecuteRequest\x12\x0b\n\x03sql\x18\x01 \x01(\t\x12)\n\x06params\x18\x02 \x03(\x0b\x32\x19.materializer.v1.SqlParam\x12-\n\tfreshness\x18\x03 \x01(\x0b\x32\x1a.materializer.v1.Freshness\x12\r\n\x05limit\x18\x04 \x01(\x03\"g\n\tTableRead\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12-\n\twatermark\x18\x03 \x01(\x0b\x32\x1a.materializer.v1.Watermark\x12\r\n\x05redis\x18\x04 \x01(\x08\"8\n\nTablesRead\x12*\n\x06tables\x18\x01 \x03(\x0b\x32\x1a.materializer.v1.TableRead\"w\n\x0f\x45xecuteResponse\x12\x16\n\x0c\x61rrow_schema\x18\x01 \x01(\x0cH\x00\x12\x15\n\x0b\x61rrow_batch\x18\x02 \x01(\x0cH\x00\x12-\n\x06tables\x18\x03 \x01(\x0b\x32\x1b.materializer.v1.TablesReadH\x00\x42\x06\n\x04part2\\\n\nSqlService\x12N\n\x07\x45xecute\x12\x1f.materializer.v1.ExecuteRequest\x1a .materializer.v1.ExecuteResponse0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!materializer/v1/sql_service.proto\x12\x0fmaterializer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cmaterializer/v1/common.proto\"\xe5\x01\n\x08SqlParam\x12\x0e\n\x04null\x18\x01 \x01(\x08H\x00\x12\x14\n\nbool_value\x18\x02 \x01(\x08H\x00\x12\x13\n\tint_value\x18\x03 \x01(\x03H\x00\x12\x16\n\x0c\x64ouble_value\x18\x04 \x01(\x01H\x00\x12\x16\n\x0cstring_value\x18\x05 \x01(\tH\x00\x12\x15\n\x0b\x62ytes_value\x18\x06 \x01(\x0cH\x00\x12\x35\n\x0ftimestamp_value\x18\x07 \x01(\x0b\x32\x1a.google.protobuf.TimestampH\x00\x12\x17\n\rdecimal_value\x18\x08 \x01(\tH\x00\x42\x07\n\x05value\"\x86\x01\n\x0e\x45xecuteRequest\x12\x0b\n\x03sql\x18\x01 \x01(\t\x12)\n\x06params\x18\x02 \x03(\x0b\x32\x19.materializer.v1.SqlParam\x12-\n\tfreshness\x18\x03 \x01(\x0b\x32\x1a.materializer.v1.Freshness\x12\r\n\x05limit\x18\x04 \x01(\x03\"v\n\tTableRead\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12-\n\twatermark\x18\x03 \x01(\x0b\x32\x1a.materializer.v1.Watermark\x12\r\n\x05redis\x18\x04 \x01(\x08\x12\r\n\x05index\x18\x05 \x01(\t\"8\n\nTablesRead\x12*\n\x06tables\x18\x01 \x03(\x0b\x32\x1a.materializer.v1.TableRead\"w\n\x0f\x45xecuteResponse\x12\x16\n\x0c\x61rrow_schema\x18\x01 \x01(\x0cH\x00\x12\x15\n\x0b\x61rrow_batch\x18\x02 \x01(\x0cH\x00\x12-\n\x06tables\x18\x03 \x01(\x0b\x32\x1b.materializer.v1.TablesReadH\x00\x42\x06\n\x04part2\\\n\nSqlService\x12N\n\x07\x45xecute\x12\x1f.materializer.v1.ExecuteRequest\x1a .materializer.v1.ExecuteResponse0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -38,11 +38,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EXECUTEREQUEST']._serialized_start=350
   _globals['_EXECUTEREQUEST']._serialized_end=484
   _globals['_TABLEREAD']._serialized_start=486
-  _globals['_TABLEREAD']._serialized_end=589
-  _globals['_TABLESREAD']._serialized_start=591
-  _globals['_TABLESREAD']._serialized_end=647
-  _globals['_EXECUTERESPONSE']._serialized_start=649
-  _globals['_EXECUTERESPONSE']._serialized_end=768
-  _globals['_SQLSERVICE']._serialized_start=770
-  _globals['_SQLSERVICE']._serialized_end=862
+  _globals['_TABLEREAD']._serialized_end=604
+  _globals['_TABLESREAD']._serialized_start=606
+  _globals['_TABLESREAD']._serialized_end=662
+  _globals['_EXECUTERESPONSE']._serialized_start=664
+  _globals['_EXECUTERESPONSE']._serialized_end=783
+  _globals['_SQLSERVICE']._serialized_start=785
+  _globals['_SQLSERVICE']._serialized_end=877
 # @@protoc_insertion_point(module_scope)

@@ -43,16 +43,18 @@ class ExecuteRequest(_message.Message):
     def __init__(self, sql: _Optional[str] = ..., params: _Optional[_Iterable[_Union[SqlParam, _Mapping]]] = ..., freshness: _Optional[_Union[_common_pb2.Freshness, _Mapping]] = ..., limit: _Optional[int] = ...) -> None: ...
 
 class TableRead(_message.Message):
-    __slots__ = ("map", "version", "watermark", "redis")
+    __slots__ = ("map", "version", "watermark", "redis", "index")
     MAP_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
     REDIS_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
     map: str
     version: int
     watermark: _common_pb2.Watermark
     redis: bool
-    def __init__(self, map: _Optional[str] = ..., version: _Optional[int] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ..., redis: _Optional[bool] = ...) -> None: ...
+    index: str
+    def __init__(self, map: _Optional[str] = ..., version: _Optional[int] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ..., redis: _Optional[bool] = ..., index: _Optional[str] = ...) -> None: ...
 
 class TablesRead(_message.Message):
     __slots__ = ("tables",)

@@ -391,8 +391,11 @@ class TableRead(_Shape):
     version: int = Field(description="the Delta table version read; -1 when from Redis")
     watermark: Watermark | None = None
     redis: bool = Field(
-        False, description="a plain key lookup, answered from the Redis copy as Get is"
+        False,
+        description="answered from the Redis copy as Get is: a plain key lookup, or a "
+        "statement one of the map's indexes narrows",
     )
+    index: str = Field("", description="the field whose index was read, when one was")
 
 
 class SqlAnswer(_Shape):

@@ -109,7 +109,7 @@ def table_json(table: TableRead) -> dict[str, Any]:
     if mark is not None:
         offsets = {(t, p): o for t, parts in mark.offsets.items() for p, o in parts.items()}
         watermark = client.Watermark(mark.batch_id, offsets, mark.updated_at_ms)
-    read = client.TableRead(table.map_name, table.version, watermark, table.redis)
+    read = client.TableRead(table.map_name, table.version, watermark, table.redis, table.index)
     return sql_text.table_json(read)
 
 

@@ -16,8 +16,10 @@ applies the whole filter to the entities it reads (``index_entries``).
 
 from __future__ import annotations
 
+import functools
+import math
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -52,20 +54,20 @@ class IndexScan:
 
 
 def index_scan(
-    filter_sql: str | None, indexes: Mapping[str, str], types: Mapping[str, pa.DataType]
+    filter_sql: str | None,
+    indexes: Mapping[str, str],
+    types: Mapping[str, pa.DataType],
+    params: Sequence[object] = (),
 ) -> IndexScan | None:
     """The index scan serving ``filter_sql`` (``None``: none does). ``indexes``: the map's
-    ready indexes, field to kind; ``types``: the table's column types."""
+    ready indexes, field to kind; ``types``: the table's column types; ``params``: the
+    values of its parameters ``@1``, ``@2``, … (a SQL statement's ``$1``, ``$2``, …)."""
     if not filter_sql or not indexes:
         return None
-    try:
-        tree = sqlglot.parse_one(filter_sql)
-    except ParseError:
-        return None
+    conjuncts = _parsed(filter_sql)
     bounds: dict[str, tuple[list[bytes], list[bytes]]] = {}
-    conjuncts = list(_conjuncts(tree))
     for conjunct in conjuncts:
-        found = _condition(conjunct)
+        found = _condition(conjunct, params)
         if found is None:
             continue
         field, op, values = found
@@ -92,6 +94,16 @@ def index_scan(
             spans += tuple((p, p + END) for p in sorted(value_prefix(t) for t in NON_FINITE))
         return IndexScan(field, spans)
     return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(filter_sql: str) -> tuple[exp.Expr, ...]:
+    """The filter's top-level conjuncts (none when it does not parse), parsed once per text:
+    a statement's parameters are not in it, so one text serves every call."""
+    try:
+        return tuple(_conjuncts(sqlglot.parse_one(filter_sql)))
+    except ParseError:
+        return ()
 
 
 def _exact(column: pa.DataType, values: list[Scalar]) -> bool:
@@ -125,26 +137,27 @@ _COMPARISONS: dict[type[exp.Expr], str] = {
 }
 
 
-def _condition(node: exp.Expr) -> tuple[str, str, list[Scalar]] | None:
+def _condition(node: exp.Expr, params: Sequence[object]) -> tuple[str, str, list[Scalar]] | None:
     """``(field, op, values)`` of a condition an index may serve (``=`` and ``IN`` as
     ``in``), else ``None``."""
     if type(node) in _COMPARISONS:
         op = _COMPARISONS[type(node)]
-        field, value = _column(node.this), _literal(node.expression)
+        field, value = _column(node.this), _literal(node.expression, params)
         if field is None:
-            field, value, op = _column(node.expression), _literal(node.this), _FLIPPED[op]
+            field, op = _column(node.expression), _FLIPPED[op]
+            value = _literal(node.this, params)
         if field is None or value is None:
             return None
         return (field, "in", [value]) if op == "=" else (field, op, [value])
     if isinstance(node, exp.In) and not node.args.get("query"):
         field = _column(node.this)
-        values = [_literal(v) for v in node.expressions]
+        values = [_literal(v, params) for v in node.expressions]
         if field is None or not values or any(v is None for v in values):
             return None
         return field, "in", [v for v in values if v is not None]
     if isinstance(node, exp.Between):
         field = _column(node.this)
-        low, high = _literal(node.args["low"]), _literal(node.args["high"])
+        low, high = _literal(node.args["low"], params), _literal(node.args["high"], params)
         if field is None or low is None or high is None:
             return None
         return field, "between", [low, high]
@@ -160,12 +173,17 @@ def _column(node: exp.Expr) -> str | None:
     return None
 
 
-def _literal(node: exp.Expr) -> Scalar | None:
-    """A string, number or boolean literal's value."""
+def _literal(node: exp.Expr, params: Sequence[object]) -> Scalar | None:
+    """A string, number or boolean literal's value, or a parameter's of those kinds."""
     negative = False
     while isinstance(node, exp.Paren | exp.Neg):
         negative ^= isinstance(node, exp.Neg)
         node = node.this
+    if isinstance(node, exp.Parameter) and isinstance(node.this, exp.Literal):
+        value = _bound(str(node.this.this), params)
+        if not negative or value is None:
+            return value
+        return None if isinstance(value, str | bool) else -value
     if isinstance(node, exp.Boolean) and not negative:
         return bool(node.this)
     if not isinstance(node, exp.Literal):
@@ -178,6 +196,17 @@ def _literal(node: exp.Expr) -> Scalar | None:
     except ValueError:
         return None
     return -number if negative else number
+
+
+def _bound(number: str, params: Sequence[object]) -> Scalar | None:
+    """Parameter ``number``'s value when it is a string, a boolean, an integer or a finite
+    double (what an index entry holds as the table compares it); else ``None``."""
+    if not number.isdigit() or not 1 <= int(number) <= len(params):
+        return None
+    value = params[int(number) - 1]
+    if isinstance(value, str | bool | int) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    return None
 
 
 def _kind_of(value: Scalar) -> type:

@@ -35,10 +35,10 @@ from query_service.filters import render_filter, sql
 from query_service.freshness import FreshnessGate, watermark_to_proto
 from query_service.indexes.plan import IndexScan, index_scan
 from query_service.indexes.reads import Entry, IndexReads, IndexUnread
-from query_service.sql.key_lookup import typed_rows
 from query_service.stores.delta import TABLE
 from query_service.stores.redis import RedisMapStore
 from query_service.tables import query_plan
+from query_service.tables.entity_rows import typed_rows
 from query_service.tables.page_token import PageToken, fingerprint
 from query_service.tables.snapshots import TableSnapshots
 
@@ -63,12 +63,13 @@ class IndexQueries:
         store: RedisMapStore,
         gate: FreshnessGate,
         snapshots: TableSnapshots,
+        reads: IndexReads,
     ) -> None:
         self._live = live
         self._store = store
         self._gate = gate
         self._snapshots = snapshots
-        self._reads = IndexReads(store.client, store.where)
+        self._reads = reads
         self._plans: OrderedDict[tuple[Any, ...], _Query] = OrderedDict()
 
     async def query(

@@ -67,7 +67,9 @@ def tables_to_proto(tables: list[TableRead]) -> pb.TablesRead:
     """The tables an answer read, in their wire form."""
     message = pb.TablesRead()
     for table in tables:
-        read = message.tables.add(map=table.map_name, version=table.version, redis=table.redis)
+        read = message.tables.add(
+            map=table.map_name, version=table.version, redis=table.redis, index=table.index
+        )
         if table.watermark is not None:
             read.watermark.CopyFrom(watermark_to_proto(table.watermark))
     return message

@@ -29,7 +29,9 @@ from materializer.contract.watermark import Watermark
 from materializer.v1 import common_pb2 as common
 from query_service.errors import InvalidArgument, MapNotFound, ResourceExhausted
 from query_service.freshness import FreshnessGate
+from query_service.indexes.reads import IndexReads
 from query_service.sql import frames
+from query_service.sql.indexed import IndexedSelects
 from query_service.sql.key_lookup import answer_schema, lookup_key, row
 from query_service.sql.statement import KeyLookup, Statement, check
 from query_service.sql.workers import Workers
@@ -54,7 +56,10 @@ class TableRead:
     """The Delta table version read; -1 when the answer came from Redis."""
     watermark: Watermark | None
     redis: bool = False
-    """Answered from the map's Redis copy: a plain key lookup (``key_lookup``)."""
+    """Answered from the map's Redis copy: a plain key lookup (``key_lookup``), or a
+    statement one of the map's indexes narrows (``indexed``)."""
+    index: str = ""
+    """The field whose index was read, when one was."""
 
 
 class Answer:
@@ -116,14 +121,21 @@ class SqlExecutor:
         *,
         store: MapStore | None = None,
         gate: FreshnessGate | None = None,
+        indexes: IndexReads | None = None,
     ) -> None:
-        """``store`` and ``gate``: plain key lookups are answered from Redis with them;
-        without, every statement goes to the engine."""
+        """``store`` and ``gate``: plain key lookups are answered from Redis with them, and
+        with ``indexes`` statements an index narrows too; without, every statement goes to
+        the engine."""
         self._live = live
         self._snapshots = snapshots
         self._generation = generation
         self._store = store
         self._gate = gate
+        self._indexed = (
+            IndexedSelects(live, store, gate, snapshots, indexes)
+            if store is not None and gate is not None and indexes is not None
+            else None
+        )
         self._workers = Workers(live.config.query.sql)
         self._schemas: dict[tuple[str, tuple[str, ...] | None, int, int], pa.Schema | None] = {}
 
@@ -166,6 +178,17 @@ class SqlExecutor:
             )
             if answer is not None:
                 return answer
+        if statement.selection is not None and self._indexed is not None:
+            rows = limit or config.max_rows + 1
+            found = await self._indexed.answer(statement, params, min_offsets, time_remaining, rows)
+            if found is not None:
+                read = TableRead(
+                    statement.selection.map_name, -1, found.watermark, redis=True, index=found.index
+                )
+                schema = found.table.schema
+                message = schema.serialize().to_pybytes()
+                batches = _all(found.table.to_batches())
+                return Answer(schema, message, batches, [read], config.max_rows, limit)
         loop = asyncio.get_running_loop()
         server_max = config.timeout.total_seconds()
         if time_remaining is not None and time_remaining - MARGIN_SECONDS < server_max:
@@ -253,7 +276,7 @@ class SqlExecutor:
             return None
         read = [TableRead(name, -1, found.watermark, redis=True)]
         max_rows = self._live.config.query.sql.max_rows
-        return Answer(schema, schema.serialize().to_pybytes(), _one(batch), read, max_rows, 0)
+        return Answer(schema, schema.serialize().to_pybytes(), _all([batch]), read, max_rows, 0)
 
     def _table(self, snapshot: TableSnapshot) -> tuple[str, str, dict[str, str] | None, int]:
         config = self._live.config
@@ -266,9 +289,11 @@ class SqlExecutor:
         await self._workers.close()
 
 
-async def _one(batch: pa.RecordBatch) -> AsyncGenerator[tuple[bytes, bytes]]:
-    if batch.num_rows:
-        yield frames.BATCH, batch.serialize().to_pybytes()
+async def _all(batches: Sequence[pa.RecordBatch]) -> AsyncGenerator[tuple[bytes, bytes]]:
+    """An answer held whole, as the frames a statement process sends."""
+    for batch in batches:
+        if batch.num_rows:
+            yield frames.BATCH, batch.serialize().to_pybytes()
 
 
 def _check_params(statement: Statement, params: Sequence[Param]) -> None:

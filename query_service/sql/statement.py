@@ -82,6 +82,24 @@ class KeyLookup:
 
 
 @dataclass(frozen=True)
+class Selection:
+    """A statement over one map's rows that some ``WHERE`` narrows, and nothing else:
+    ``SELECT <anything> FROM <map> WHERE <condition> [GROUP BY, ORDER BY, LIMIT …]`` with
+    no join, subquery or ``WITH``. Whatever it computes, it computes from the rows the
+    condition keeps; so those rows, read through an index (``sql.indexed``), give the
+    answer the whole table gives."""
+
+    map_name: str
+    where: str
+    """The condition in the index planner's SQL (``indexes.plan``): names as the engine
+    resolves them, each quoted; parameters as ``@1``, ``@2``, …"""
+    columns: frozenset[str]
+    """Every column name the statement mentions (the engine's reading of each)."""
+    star: bool
+    """It asks for ``*``: every column of the table."""
+
+
+@dataclass(frozen=True)
 class Statement:
     """A statement that passed the check: its text, the maps it reads, its parameters."""
 
@@ -91,6 +109,7 @@ class Statement:
     parameters: int
     """The highest ``$n`` it uses; every one up to it must be bound."""
     key_lookup: KeyLookup | None = None
+    selection: Selection | None = None
 
 
 def check(text: str) -> Statement:
@@ -141,7 +160,9 @@ def _check(text: str) -> Statement:
             )
         elif isinstance(node, exp.Placeholder | exp.Parameter):
             highest = max(highest, _parameter(node))
-    return Statement(text, tuple(sorted(maps)), highest, _key_lookup(tree, maps))
+    lookup = _key_lookup(tree, maps)
+    selection = None if lookup is not None else _selection(tree, maps)
+    return Statement(text, tuple(sorted(maps)), highest, lookup, selection)
 
 
 def _nesting(text: str) -> int:
@@ -224,6 +245,32 @@ def _key_lookup(tree: exp.Query, maps: set[str]) -> KeyLookup | None:
     if isinstance(value, exp.Placeholder | exp.Parameter):
         return KeyLookup(map_name, column_tuple, None, _parameter(value))
     return None
+
+
+def _selection(tree: exp.Query, maps: set[str]) -> Selection | None:
+    """The statement as a ``Selection``, when it is one."""
+    where = tree.args.get("where")
+    if not isinstance(tree, exp.Select) or len(maps) != 1 or where is None:
+        return None
+    source = tree.args.get("from_") or tree.args.get("from")
+    nested = (exp.Join, exp.With, exp.Subquery, exp.SetOperation, exp.Lateral, exp.Unnest)
+    if source is None or not isinstance(source.this, exp.Table) or source.this.alias:
+        return None
+    if any(node is not tree for node in tree.find_all(exp.Select, *nested)):
+        return None
+    columns = frozenset(_resolved(c.this) for c in tree.find_all(exp.Column) if c.this)
+    condition = where.this.copy()
+    for identifier in condition.find_all(exp.Identifier):
+        identifier.replace(exp.to_identifier(_resolved(identifier), quoted=True))
+    star = any(isinstance(p, exp.Star) for p in tree.expressions)
+    return Selection(next(iter(maps)), condition.sql(), columns, star)
+
+
+def _resolved(identifier: exp.Expr) -> str:
+    """A name as the engine reads it: a bare one lower-cased (as PostgreSQL does)."""
+    if isinstance(identifier, exp.Identifier):
+        return str(identifier.this) if identifier.quoted else str(identifier.this).lower()
+    return identifier.name
 
 
 def _kind(node: exp.Expr) -> str:

@@ -26,7 +26,7 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 
-from query_service.sql import frames
+from query_service.sql import engine, frames
 from query_service.sql.arrow_types import cast, portable
 
 _SIGKILL = 9
@@ -97,8 +97,6 @@ class Engine:
     def _dataframe(self, request: dict[str, Any]) -> Any:
         """The statement's plan, in the session kept for it (which must outlive the plan's
         run: the plan's tasks reach their session through it)."""
-        from datafusion import SQLOptions
-
         context = self._session(request["partitions"], request["memory_bytes"])
         wanted = {name: (uri, version) for name, uri, _, version in request["tables"]}
         for name in [n for n in self._registered if wanted.get(n) != self._registered[n]]:
@@ -108,30 +106,21 @@ class Engine:
             if name not in self._registered:
                 context.register_table(name, self._table(uri, options, version))
                 self._registered[name] = (uri, version)
-        allowed = (
-            SQLOptions().with_allow_ddl(False).with_allow_dml(False).with_allow_statements(False)
+        frame = context.sql_with_options(
+            request["sql"], engine.read_only(), param_values=engine.parameters(request["params"])
         )
-        params = {str(i + 1): value for i, value in enumerate(request["params"])}
-        frame = context.sql_with_options(request["sql"], allowed, param_values=params or None)
         return frame.limit(request["rows"])
 
     def _session(self, partitions: int, memory_bytes: int) -> Any:
-        from datafusion import RuntimeEnvBuilder, SessionConfig, SessionContext
+        from datafusion import RuntimeEnvBuilder, SessionContext
 
         if self._context is None or self._settings != (partitions, memory_bytes):
-            config = (
-                SessionConfig()
-                .with_target_partitions(partitions)
-                .with_information_schema(False)
-                # 0.01 is an exact number, as in PostgreSQL: money stays decimal in arithmetic.
-                .set("datafusion.sql_parser.parse_float_as_decimal", "true")
-            )
             runtime = (
                 RuntimeEnvBuilder()
                 .with_greedy_memory_pool(memory_bytes)
                 .with_disk_manager_disabled()
             )
-            self._context = SessionContext(config, runtime)
+            self._context = SessionContext(engine.session_config(partitions), runtime)
             self._settings = (partitions, memory_bytes)
             self._registered = {}
         return self._context

@@ -12,6 +12,7 @@ from materializer.config import AppConfig
 from materializer.v1 import admin_service_pb2_grpc as pb_grpc
 from query_service.server import create_server
 from query_service.stores.redis import RedisMapStore
+from tests.helpers.query_redis import HANG_SECONDS, hang_report
 
 T = TypeVar("T")
 
@@ -19,7 +20,10 @@ T = TypeVar("T")
 def admin(config: AppConfig, body: Callable[[pb_grpc.AdminServiceStub], Awaitable[T]]) -> T:
     """Run ``body`` against a freshly started server on a real channel."""
 
+    loops: list[asyncio.AbstractEventLoop] = []
+
     async def main() -> T:
+        loops.append(asyncio.get_running_loop())
         store = RedisMapStore.from_url(config.redis.url)
         server, port = await create_server(config, store=store)
         await server.start()
@@ -30,7 +34,8 @@ def admin(config: AppConfig, body: Callable[[pb_grpc.AdminServiceStub], Awaitabl
             await server.stop(None)
             await store.close()
 
-    return asyncio.run(main())
+    with hang_report(HANG_SECONDS, loops):
+        return asyncio.run(main())
 
 
 def call(config: AppConfig, method: str, request: Any) -> Any:

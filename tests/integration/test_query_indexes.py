@@ -6,21 +6,30 @@ is written."""
 
 from __future__ import annotations
 
+import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import grpc
+import pyarrow as pa
 import pytest
 
+from materializer.catalog.live import LiveMaps
 from materializer.clients.redis import client_for
-from materializer.config import KafkaConfig
+from materializer.config import AppConfig, KafkaConfig
 from materializer.contract import index_entries
 from materializer.redis.deliveries import producer_settings
 from materializer.redis.functions import FoldTarget
 from materializer.redis.indexes import rebuild
 from materializer.v1 import map_service_pb2 as pb
-from tests.helpers.query_redis import Front, serve_http
+from query_service.client import MaterializerClient
+from query_service.sql.executor import SqlExecutor
+from query_service.stores.delta import DeltaTables
+from query_service.tables.snapshots import TableSnapshots
+from tests.helpers.query_redis import Front, serve_http, started
 from tests.helpers.query_table import (
     Entity,
     Op,
@@ -38,6 +47,7 @@ from tests.helpers.query_table import (
 )
 from tests.helpers.redis_fold import apply
 
+T = TypeVar("T")
 MAP = new_map_name()
 INDEXES = ["name", {"field": "age", "kind": "sorted"}, {"field": "score", "kind": "sorted"}]
 INDEX = pb.QueryResponse.REDIS_INDEX
@@ -118,6 +128,111 @@ def test_a_filter_an_index_serves_is_answered_from_redis_as_the_table_would(
     assert projected == [(k, {"name": e["name"]} if "name" in e else {}) for k, e in rows]
 
 
+SQL_CASES: list[tuple[str, list[Any], str | None]] = [
+    ("SELECT _key, name, age FROM {m} WHERE name = $1 ORDER BY _key", ["Ann"], "name"),
+    ("SELECT * FROM {m} WHERE name IN ('Bob', 'Zoë') ORDER BY _key", [], "name"),
+    (
+        "SELECT _key, tags, joined FROM {m} WHERE age BETWEEN $1 AND $2 AND score > 10 "
+        "ORDER BY _key",
+        [20, 40],
+        "age",
+    ),
+    (
+        "SELECT count(*) AS n, max(age) AS oldest, sum(score) AS s FROM {m} WHERE age >= 50",
+        [],
+        "age",
+    ),
+    (
+        "SELECT name, count(*) AS n FROM {m} WHERE score < $1 GROUP BY name ORDER BY name",
+        [30.5],
+        "score",
+    ),
+    ("SELECT _key FROM {m} WHERE NAME = 'nobody'", [], "name"),
+    ("SELECT _key FROM {m} WHERE age > 10 ORDER BY age DESC, _key LIMIT 3", [], "age"),
+    # Left to the table: no index serves them.
+    ("SELECT _key FROM {m} WHERE age > 50 OR name = 'Ann' ORDER BY _key", [], None),
+    ("SELECT _key FROM {m} WHERE age = $1 ORDER BY _key", [Decimal(30)], None),
+    ("SELECT p._key FROM {m} p WHERE p.name = 'Ann' ORDER BY 1", [], None),
+]
+
+
+def serve_sql(cfg: AppConfig, body: Callable[[MaterializerClient], Awaitable[T]]) -> T:
+    """``body`` with a client of a query service started for it."""
+
+    async def main() -> T:
+        async with (
+            started(cfg) as servers,
+            MaterializerClient(f"127.0.0.1:{servers.port}") as client,
+        ):
+            return await body(client)
+
+    return asyncio.run(main())
+
+
+def engine_answer(cfg: AppConfig, text: str, params: list[Any]) -> pa.Table:
+    """The statement's answer from the engine over the table, never through Redis."""
+
+    async def generation(map_name: str) -> int:
+        return 0
+
+    async def main() -> pa.Table:
+        live = LiveMaps(cfg)
+        executor = SqlExecutor(live, TableSnapshots(DeltaTables(live)), generation)
+        try:
+            return await (await executor.execute(text, params)).table()
+        finally:
+            await executor.close()
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize(("text", "params", "index"), SQL_CASES, ids=[c[0] for c in SQL_CASES])
+def test_a_statement_an_index_narrows_is_answered_from_redis_as_the_table_would(
+    table: Table, text: str, params: list[Any], index: str | None
+) -> None:
+    statement = text.format(m=MAP)
+
+    answer = serve_sql(table.cfg, lambda client: client.sql(statement, params))
+    engine = engine_answer(table.cfg, statement, params)
+    [read] = answer.tables
+    if index is None:
+        assert (read.redis, read.index, read.version) == (False, "", table.latest_version)
+    else:
+        assert (read.redis, read.index, read.version) == (True, index, -1)
+        assert read.watermark is not None
+    # The same answer as the engine's over the table, to the type of each column.
+    assert answer.table.schema == engine.schema
+    assert answer.table.to_pylist() == engine.to_pylist()
+
+
+def test_a_statement_through_an_index_keeps_what_the_reference_keeps(table: Table) -> None:
+    statement = f"SELECT _key, name FROM {MAP} WHERE name = $1"
+
+    answer = serve_sql(table.cfg, lambda client: client.sql(statement, ["Ann"]))
+    assert answer.tables[0].index == "name"
+    assert sorted(answer.table["_key"].to_pylist()) == [
+        k for k, _ in expected(table.latest, has("name", lambda v: v == "Ann"))
+    ]
+
+
+def test_a_statement_through_an_index_waits_for_min_offsets_on_redis(table: Table) -> None:
+    statement = f"SELECT _key FROM {MAP} WHERE name = 'Bob'"
+    [topic] = table.cfg.maps[MAP].source.topics
+
+    async def body(client: MaterializerClient) -> tuple[Any, Any]:
+        mark = (await client.sql(statement)).tables[0].watermark
+        assert mark is not None
+        covered = await client.sql(statement, min_offsets=dict(mark.offsets))
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await client.sql(statement, min_offsets={(topic, 0): 10**9}, timeout=1.5)
+        return covered, info.value
+
+    covered, late = serve_sql(table.cfg, body)
+    assert covered.tables[0].index == "name"
+    assert covered.table.num_rows == sum(e.get("name") == "Bob" for e in table.latest.values())
+    assert late.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+
+
 def test_pages_read_on_after_their_last_entry_while_the_map_is_written(
     table: Table, kafka_bootstrap: str, new_topic: Callable[..., str]
 ) -> None:
@@ -188,13 +303,20 @@ def test_a_continuation_is_refused_for_another_query(table: Table) -> None:
     assert "issued for another query" in str(error)
 
 
-def test_the_http_query_says_it_read_an_index(table: Table) -> None:
-    async def body(api: Front) -> tuple[Any, Any]:
+def test_the_http_query_and_sql_say_they_read_an_index(table: Table) -> None:
+    async def body(api: Front) -> tuple[Any, Any, Any]:
         indexed = await api.json("GET", f"/v1/maps/{MAP}/query?where=name%20%3D%20'Bob'")
         scanned = await api.json("GET", f"/v1/maps/{MAP}/query?where=id%20%3D%20'u06'")
-        return indexed, scanned
+        statement = {"sql": f"SELECT _key FROM {MAP} WHERE name = $1", "params": ["Bob"]}
+        answer = await api.json("POST", "/v1/sql", json=statement)
+        return indexed, scanned, answer
 
-    indexed, scanned = serve_http(table.cfg, body)
+    indexed, scanned, answer = serve_http(table.cfg, body)
+    [read] = answer["tables"]
+    assert (read["redis"], read["index"], read["version"]) == (True, "name", -1)
+    assert sorted(row["_key"] for row in answer["rows"]) == sorted(
+        k for k, e in table.latest.items() if e.get("name") == "Bob"
+    )
     assert (indexed["source"], indexed["index"]) == ("REDIS_INDEX", "name")
     assert [r["key"] for r in indexed["rows"]] == sorted(
         k for k, e in table.latest.items() if e.get("name") == "Bob"

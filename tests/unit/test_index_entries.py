@@ -11,6 +11,7 @@ import pytest
 
 from materializer.contract.index_entries import END, entry, key_of, value_prefix
 from query_service.indexes.plan import NON_FINITE, index_scan
+from query_service.sql.statement import Selection, check
 
 TYPES = {
     "city": pa.string(),
@@ -91,3 +92,48 @@ def test_which_filters_an_index_serves() -> None:
 def test_an_integer_past_every_double_has_an_entry() -> None:
     assert entry(10**400, "k") > entry(1e308, "k")
     assert entry(-(10**400), "k") < entry(-1e308, "k")
+
+
+def test_a_statements_parameters_are_read_as_its_literals() -> None:
+    def bound(where: str, *params: object) -> object:
+        found = index_scan(where, INDEXES, TYPES, params)
+        return None if found is None else (found.field, found.spans, found.exact)
+
+    assert bound('"city" = @1', "Oslo") == ("city", (span("Oslo"),), True)
+    assert bound('"n" IN (@2, @1)', 4, 2) == ("n", (span(2), span(4)), True)
+    assert bound('"n" BETWEEN @1 AND -@2', 1, -4) == (
+        "n",
+        ((value_prefix(1), value_prefix(4) + END),),
+        False,
+    )
+    # A parameter of another kind, not finite, not bound, or negated text: the engine's.
+    for where, params in (
+        ('"city" = @1', (5,)),
+        ('"n" = @1', ("5",)),
+        ('"x" > @1', (float("nan"),)),
+        ('"n" = @2', (1,)),
+        ('"city" = -@1', ("a",)),
+        ('"n" = @1', (None,)),
+    ):
+        assert bound(where, *params) is None, (where, params)
+
+
+def test_a_statement_over_one_map_with_a_where_is_a_selection() -> None:
+    found = check("SELECT _key, City, count(*) FROM Users WHERE City = $1 AND n > 2 GROUP BY 1, 2")
+    assert found.selection == Selection(
+        "users", '"city" = @1 AND "n" > 2', frozenset({"_key", "city", "n"}), False
+    )
+    assert check('SELECT * FROM public."Users" WHERE "N" < 3 LIMIT 2').selection == Selection(
+        "Users", '"N" < 3', frozenset({"N"}), True
+    )
+    # A key lookup is one already; a join, a subquery, a WITH, an alias, no WHERE are not.
+    for text in (
+        "SELECT * FROM users WHERE _key = 'a'",
+        "SELECT * FROM users u JOIN orders o ON u._key = o.user_id WHERE u.n = 1",
+        "SELECT * FROM users WHERE n > (SELECT min(n) FROM users)",
+        "WITH u AS (SELECT * FROM users) SELECT * FROM u WHERE n = 1",
+        "SELECT * FROM users u WHERE u.n = 1",
+        "SELECT * FROM users",
+        "SELECT * FROM users WHERE n = 1 UNION SELECT * FROM users WHERE n = 2",
+    ):
+        assert check(text).selection is None, text

@@ -1,0 +1,59 @@
+"""Entities as Redis holds them (compact JSON) read as rows of their map's table, typed as
+the table types them: for the answers Redis gives in the table's shape (an SQL key
+lookup, a query or a statement through an index), which must equal what the table
+would give for the same entities."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+
+from materializer.contract.table_layout import TABLE_KEY
+
+_TEXT_FIRST = (pa.types.is_date, pa.types.is_time)
+"""Types the JSON reader does not parse from text itself: read as text, then cast."""
+
+
+def typed_rows(
+    schema: pa.Schema, keys: Sequence[str], entities: Sequence[bytes]
+) -> pa.RecordBatch | None:
+    """The entities (compact JSON, one per key) as rows of ``schema``, typed as the table
+    types them; ``None`` when a value does not read back as its column's type."""
+    if not entities:
+        return pa.RecordBatch.from_arrays([pa.array([], f.type) for f in schema], schema=schema)
+    fields = [f for f in schema if f.name != TABLE_KEY]
+    reading = pa.schema([f.with_type(_as_read(f.type)) for f in fields])
+    try:
+        read = pa_json.read_json(
+            io.BytesIO(b"\n".join(entities)),
+            parse_options=pa_json.ParseOptions(
+                explicit_schema=reading, unexpected_field_behavior="ignore"
+            ),
+        )
+        columns = {f.name: pc.cast(read.column(f.name), f.type).combine_chunks() for f in fields}
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
+    columns[TABLE_KEY] = pa.array(keys, pa.string())
+    return pa.RecordBatch.from_arrays([columns[f.name] for f in schema], schema=schema)
+
+
+def readable(kind: pa.DataType) -> bool:
+    """Whether the JSON the pipeline writes for this type reads back as it exactly (a
+    double's NaN, written as text, fails its row instead, which the engine then answers)."""
+    if pa.types.is_binary(kind) or pa.types.is_large_binary(kind) or pa.types.is_map(kind):
+        return False
+    if pa.types.is_struct(kind):
+        return all(readable(f.type) for f in kind)
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        return readable(kind.value_type)
+    return not pa.types.is_dictionary(kind)
+
+
+def _as_read(kind: pa.DataType) -> pa.DataType:
+    if any(test(kind) for test in _TEXT_FIRST):
+        return pa.string()
+    return kind
