@@ -298,18 +298,26 @@ class MaterializerClient:
         after_change_id: str = "",
         include_entities: bool = False,
         keys: Sequence[str] = (),
+        where: str | None = None,
+        include_left: bool = False,
         timeout: float | None = None,
     ) -> AsyncIterator[map_pb.Change]:
         """The map's changes as they come; resume with the last ``change_id`` seen.
 
-        No deadline unless ``timeout`` is given: a change stream is meant to stay open.
+        With ``where`` (a SQL filter, as ``query``'s), only the changes after which the
+        entity matches; with ``include_left`` too, the one after which an entity sent as
+        matching no longer does (``Change.left``). No deadline unless ``timeout`` is
+        given: a change stream is meant to stay open.
         """
         request = map_pb.WatchRequest(
             map=map_name,
             after_change_id=after_change_id,
             include_entities=include_entities,
             keys=keys,
+            include_left=include_left,
         )
+        if where is not None:
+            request.where = where
         async for response in self.maps.Watch(request, timeout=timeout, metadata=self._metadata):
             for change in response.changes:
                 yield change

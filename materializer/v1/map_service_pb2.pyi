@@ -209,19 +209,25 @@ class GetAsOfResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ..., entity: _Optional[bytes] = ..., table_version: _Optional[int] = ..., committed_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ...) -> None: ...
 
 class WatchRequest(_message.Message):
-    __slots__ = ("map", "after_change_id", "include_entities", "keys")
+    __slots__ = ("map", "after_change_id", "include_entities", "keys", "predicate", "where", "include_left")
     MAP_FIELD_NUMBER: _ClassVar[int]
     AFTER_CHANGE_ID_FIELD_NUMBER: _ClassVar[int]
     INCLUDE_ENTITIES_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    PREDICATE_FIELD_NUMBER: _ClassVar[int]
+    WHERE_FIELD_NUMBER: _ClassVar[int]
+    INCLUDE_LEFT_FIELD_NUMBER: _ClassVar[int]
     map: str
     after_change_id: str
     include_entities: bool
     keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, map: _Optional[str] = ..., after_change_id: _Optional[str] = ..., include_entities: _Optional[bool] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    predicate: Predicate
+    where: str
+    include_left: bool
+    def __init__(self, map: _Optional[str] = ..., after_change_id: _Optional[str] = ..., include_entities: _Optional[bool] = ..., keys: _Optional[_Iterable[str]] = ..., predicate: _Optional[_Union[Predicate, _Mapping]] = ..., where: _Optional[str] = ..., include_left: _Optional[bool] = ...) -> None: ...
 
 class Change(_message.Message):
-    __slots__ = ("change_id", "key", "op", "batch_id", "entity")
+    __slots__ = ("change_id", "key", "op", "batch_id", "entity", "left")
     class Operation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         OPERATION_UNSPECIFIED: _ClassVar[Change.Operation]
@@ -237,12 +243,14 @@ class Change(_message.Message):
     OP_FIELD_NUMBER: _ClassVar[int]
     BATCH_ID_FIELD_NUMBER: _ClassVar[int]
     ENTITY_FIELD_NUMBER: _ClassVar[int]
+    LEFT_FIELD_NUMBER: _ClassVar[int]
     change_id: str
     key: str
     op: Change.Operation
     batch_id: int
     entity: bytes
-    def __init__(self, change_id: _Optional[str] = ..., key: _Optional[str] = ..., op: _Optional[_Union[Change.Operation, str]] = ..., batch_id: _Optional[int] = ..., entity: _Optional[bytes] = ...) -> None: ...
+    left: bool
+    def __init__(self, change_id: _Optional[str] = ..., key: _Optional[str] = ..., op: _Optional[_Union[Change.Operation, str]] = ..., batch_id: _Optional[int] = ..., entity: _Optional[bytes] = ..., left: _Optional[bool] = ...) -> None: ...
 
 class WatchResponse(_message.Message):
     __slots__ = ("changes",)

@@ -17,7 +17,7 @@ from query_service.filters.where import render_where
 __all__ = ["Columns", "render_filter", "render_predicate", "render_where"]
 
 
-def render_filter(request: pb.QueryRequest, columns: Columns) -> str | None:
+def render_filter(request: pb.QueryRequest | pb.WatchRequest, columns: Columns) -> str | None:
     """The request's filter as SQL over ``columns``; ``None`` when it sets none (every row)."""
     kind = request.WhichOneof("filter")
     if kind == "predicate":

@@ -106,4 +106,6 @@ def _sse(change: map_pb.Change) -> bytes:
     }
     if change.entity:
         data["entity"] = shapes.entity_json(change.entity)
+    if change.left:
+        data["left"] = True
     return b"id: %s\nevent: change\ndata: %s\n\n" % (change.change_id.encode(), orjson.dumps(data))

@@ -217,6 +217,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         (MAP, Param("after", "query", "a change id; 0 for every retained change", CHANGE_ID),
          Param("include_entities", "query", "send upserted entities", {"type": "boolean"}),
          Param("keys", "query", "only these keys, comma-separated"),
+         Param("where", "query", "only changes after which the entity matches this SQL "
+               "filter, as Query's"),
+         Param("include_left", "query", "with where: also the change after which an entity "
+               "sent as matching no longer matches", {"type": "boolean"}),
          Param("Last-Event-ID", "header", "resume after this change (over 'after')",
                CHANGE_ID)),
         answer=SSE,

@@ -207,7 +207,10 @@ class HttpFront:
             after_change_id=change_id_param(request),
             include_entities=bool_param(request, "include_entities"),
             keys=list_param(request, "keys"),
+            include_left=bool_param(request, "include_left"),
         )
+        if "where" in request.query:
+            call.where = request.query["where"]
         return await sse_changes(
             request, lambda opened: self._watch(call, HttpContext(request, None, opened))
         )

@@ -161,6 +161,11 @@ class ChangeEvent(_Shape):
     op: Literal["upsert", "delete", "expire"]
     batch_id: int = Field(description="-1 for an expiry")
     entity: dict[str, Any] | None = Field(None, description="with include_entities, for upserts")
+    left: bool = Field(
+        False,
+        description="with where and include_left: the entity matched before this change "
+        "and does not after it",
+    )
 
 
 class EnrichedEvent(_Shape):

@@ -21,7 +21,6 @@ from typing import Any
 
 import grpc
 import pyarrow as pa
-from datafusion import SessionContext
 from deltalake import DeltaTable
 
 from materializer.catalog.live import LiveMaps
@@ -38,7 +37,7 @@ from query_service.indexes.reads import Entry, IndexReads, IndexUnread
 from query_service.stores.delta import TABLE
 from query_service.stores.redis import RedisMapStore
 from query_service.tables import query_plan
-from query_service.tables.entity_rows import typed_rows
+from query_service.tables.entity_rows import filtered, typed_rows
 from query_service.tables.page_token import PageToken, fingerprint
 from query_service.tables.snapshots import TableSnapshots
 
@@ -254,14 +253,7 @@ class _Query:
         if batch is None:  # a double the pipeline wrote as "NaN", say: the table reads it
             raise IndexUnread(f"map {self.map_name!r}: an entity does not read as its table's row")
         batch = batch.append_column(ORDINAL, pa.array([i for i, _, _ in present], pa.int64()))
-        context = SessionContext()
-        context.register_record_batches(TABLE, [[batch]])
-        try:
-            result = context.sql(self.select).to_arrow_table()
-        except Exception as exc:  # noqa: BLE001 - DataFusion's: the filter, as on the table
-            raise InvalidArgument(
-                f"the filter does not apply to the rows of map {self.map_name!r}: {exc}"
-            ) from None
+        result = filtered(batch, self.select, self.map_name)
         places = result.column(ORDINAL).to_pylist()
         encoded = encode_rows(result.drop_columns([ORDINAL]), TABLE_KEY)
         return [(place, key, entity) for place, (key, entity) in zip(places, encoded, strict=True)]

@@ -25,6 +25,7 @@ from query_service.indexes.queries import IndexQueries
 from query_service.near_cache import NearCaches
 from query_service.services.table_reads import TableReads
 from query_service.stores.base import Change, MapStore
+from query_service.tables.entity_filter import ChosenChanges, entity_filter
 
 MAX_KEY_BYTES = 4096
 _SURELY_SHORT = MAX_KEY_BYTES // 4
@@ -123,14 +124,24 @@ class MapServicer(pb_grpc.MapServiceServicer):
         self._check_map(request.map)
         self._check_keys(request.keys)
         only = frozenset(request.keys)
+        generation = await self._store.generation(request.map)
+        matching = await entity_filter(request, self._tables.snapshots, generation)
+        chosen = None if matching is None else ChosenChanges(matching, request.include_left)
         batch = WATCH_BATCH_WITH_ENTITIES if request.include_entities else WATCH_BATCH
         cursor = ChangeCursor(self._store, request.map, batch=batch)
         await cursor.open(request.after_change_id)
         await context.send_initial_metadata(())
         while True:
             changes = [c for c in await cursor.next() if not only or c.key in only]
-            if changes:
+            if not changes:
+                continue
+            if chosen is None:
                 yield await self._watch_response(request.map, changes, request.include_entities)
+                continue
+            entities = await self._entities(request.map, changes)
+            sent = await chosen.pick(changes, entities)
+            if sent:
+                yield _changes(sent, entities if request.include_entities else {})
 
     async def Query(
         self, request: pb.QueryRequest, context: grpc.aio.ServicerContext
@@ -176,24 +187,36 @@ class MapServicer(pb_grpc.MapServiceServicer):
     async def _watch_response(
         self, map_name: str, changes: list[Change], include_entities: bool
     ) -> pb.WatchResponse:
-        entities: dict[str, bytes | None] = {}
-        if include_entities:
-            upserted = list(dict.fromkeys(c.key for c in changes if not c.deleted))
-            if upserted:
-                batch = await self._store.get_many(map_name, upserted)
-                entities = dict(zip(upserted, batch.entities, strict=True))
-        return pb.WatchResponse(
-            changes=[
-                pb.Change(
-                    change_id=c.change_id,
-                    key=c.key,
-                    op=_operation(c),
-                    batch_id=c.batch_id,
-                    entity=entities.get(c.key) or b"",
-                )
-                for c in changes
-            ]
-        )
+        entities = await self._entities(map_name, changes) if include_entities else {}
+        return _changes([(c, False) for c in changes], entities)
+
+    async def _entities(self, map_name: str, changes: list[Change]) -> dict[str, bytes | None]:
+        """The entities the upserts among ``changes`` wrote, as Redis holds them now."""
+        upserted = list(dict.fromkeys(c.key for c in changes if not c.deleted))
+        if not upserted:
+            return {}
+        batch = await self._store.get_many(map_name, upserted)
+        return dict(zip(upserted, batch.entities, strict=True))
+
+
+def _changes(
+    changes: list[tuple[Change, bool]], entities: dict[str, bytes | None]
+) -> pb.WatchResponse:
+    """The changes' message: each with its entity when ``entities`` holds it, and whether
+    it is the one after which its entity left the stream's filter."""
+    return pb.WatchResponse(
+        changes=[
+            pb.Change(
+                change_id=c.change_id,
+                key=c.key,
+                op=_operation(c),
+                batch_id=c.batch_id,
+                entity=entities.get(c.key) or b"",
+                left=left,
+            )
+            for c, left in changes
+        ]
+    )
 
 
 def _operation(change: Change) -> pb.Change.Operation:

@@ -53,6 +53,11 @@ class TableReads:
         self._tables = self._snapshots.tables
         self._generation = generation
 
+    @property
+    def snapshots(self) -> TableSnapshots:
+        """The latest snapshots these reads share (their schemas type Redis entities too)."""
+        return self._snapshots
+
     async def query(
         self, request: pb.QueryRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.QueryResponse]:

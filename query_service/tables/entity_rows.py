@@ -11,8 +11,11 @@ from collections.abc import Sequence
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
+from datafusion import SessionContext
 
 from materializer.contract.table_layout import TABLE_KEY
+from query_service.errors import InvalidArgument
+from query_service.stores.delta import TABLE
 
 _TEXT_FIRST = (pa.types.is_date, pa.types.is_time)
 """Types the JSON reader does not parse from text itself: read as text, then cast."""
@@ -39,6 +42,20 @@ def typed_rows(
         return None
     columns[TABLE_KEY] = pa.array(keys, pa.string())
     return pa.RecordBatch.from_arrays([columns[f.name] for f in schema], schema=schema)
+
+
+def filtered(batch: pa.RecordBatch, statement: str, map_name: str) -> pa.Table:
+    """``statement``, a filter's ``SELECT``, run over ``batch`` as the table named ``TABLE``
+    (blocking: DataFusion); ``InvalidArgument`` when the filter does not apply to the
+    rows, as it would not to the table's."""
+    context = SessionContext()
+    context.register_record_batches(TABLE, [[batch]])
+    try:
+        return context.sql(statement).to_arrow_table()
+    except Exception as exc:  # noqa: BLE001 - DataFusion's: the filter, as on the table
+        raise InvalidArgument(
+            f"the filter does not apply to the rows of map {map_name!r}: {exc}"
+        ) from None
 
 
 def readable(kind: pa.DataType) -> bool:
