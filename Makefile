@@ -117,6 +117,7 @@ bench: setup ## run the benchmarks (JSON lines on stdout)
 	$(BIN)/python bench/delta_merge.py
 	$(BIN)/python bench/index_reads.py
 	$(BIN)/python bench/index_freshness.py
+	$(BIN)/python bench/restore_lookups.py
 
 clean: ## remove the venv, resolved jars and local data
 	rm -rf $(VENV) jvm/lib warehouse checkpoints site tests/interop/node_modules

@@ -80,6 +80,9 @@ class Lookup:
 
     entity: dict[str, Any] | None
     watermark: Watermark | None
+    table_version: int | None = None
+    """Set when the map's Delta table answered, at this version: Redis lost the map's copy
+    and its run is writing it back."""
 
 
 @dataclass(frozen=True)
@@ -238,7 +241,8 @@ class MaterializerClient:
         """One entity; with ``min_offsets``, once the map has caught up to them."""
         request = map_pb.GetRequest(map=map_name, key=key, freshness=_freshness(min_offsets))
         response = await self._unary(self.maps.Get, request, timeout)
-        return Lookup(_entity(response.found, response.entity), _watermark(response))
+        version = response.table_version if response.from_table else None
+        return Lookup(_entity(response.found, response.entity), _watermark(response), version)
 
     async def batch_get(
         self,

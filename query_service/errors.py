@@ -51,6 +51,16 @@ class StoreUnavailable(QueryServiceError):
     code = grpc.StatusCode.UNAVAILABLE
 
 
+class MapRestoring(StoreUnavailable):
+    """Redis lost the map's copy, which its run is restoring: a key not written back yet
+    may exist. Lookups answer from the map's Delta table meanwhile
+    (``tables.fallback``); other reads retry."""
+
+    def __init__(self, map_name: str, message: str) -> None:
+        super().__init__(message)
+        self.map_name = map_name
+
+
 class ResourceExhausted(QueryServiceError):
     """A request asks for more than the server allows at once (keys, rows, bytes)."""
 

@@ -145,8 +145,14 @@ class RedisHealth:
             return list(await pipe.execute())
 
     async def _run(self) -> None:
+        task = asyncio.current_task()
         while True:
             await self.check()
+            if task is not None and task.cancelling():
+                # Cancelled during a ping whose client took the cancellation for a lost
+                # connection (a RedisError the check counts as Redis down): the loop would
+                # sleep on, and a stop that waits for it would wait forever.
+                raise asyncio.CancelledError
             await asyncio.sleep(self._interval)
 
     async def start(self) -> None:

@@ -51,6 +51,7 @@ from query_service.sql.executor import SqlExecutor
 from query_service.stores.admin import ControlStore, LogEnds
 from query_service.stores.delta import DeltaTables
 from query_service.stores.redis import RedisMapStore
+from query_service.tables.fallback import TableFallback
 from query_service.tables.snapshots import TableSnapshots
 from query_service.transport import MAX_MESSAGE_BYTES, read_pem
 
@@ -196,7 +197,8 @@ async def create_servers(
     tables = TableReads(live, store.generation, snapshots)
     reads = IndexReads(store.client, store.where)
     indexes = IndexQueries(live, store, gate, snapshots, reads)
-    maps = MapServicer(live, store, gate, tables, near_caches, indexes)
+    fallback = TableFallback(snapshots, snapshots.tables.meta_columns)
+    maps = MapServicer(live, store, gate, tables, near_caches, indexes, fallback)
     enrich = EnrichServicer(live, store, gate)
     admin = AdminServicer(live, ControlStore(store.client), LogEnds(config.kafka), catalog)
     executor = SqlExecutor(live, snapshots, store.generation, store=store, gate=gate, indexes=reads)

@@ -147,6 +147,8 @@ def _render(views: list[MapView]) -> None:
             _state_size(v),
         )
     out.print(maps)
+    if any(v.state == "restoring" for v in views):
+        out.print("restoring: lookups of keys not written back yet answer from the Delta table")
     if grouped:  # each worker's maps, as Kafka Connect lists each worker's connectors
         workers = Table(title="workers", title_justify="left")
         for column in ("worker", "maps", "running"):

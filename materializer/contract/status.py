@@ -282,6 +282,8 @@ class MapView:
             "state_bytes": self.report.state_bytes if self.report else -1,
             "worker_id": self.report.worker if self.report else "",
             "fold_path": self.report.fold_path if self.report and self.state in FOLDING else "",
+            # Lookups a restoring map's Redis copy cannot answer yet read its Delta table.
+            "serves_from_table": self.state == "restoring",
             "partitions": [p.to_json() for p in self.partitions],
         }
 

@@ -26,7 +26,7 @@ from google.protobuf import timestamp_pb2 as google_dot_protobuf_dot_timestamp__
 from materializer.v1 import common_pb2 as materializer_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#materializer/v1/admin_service.proto\x12\x0fmaterializer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cmaterializer/v1/common.proto\"\x11\n\x0fListMapsRequest\"\x8c\x01\n\x07MapInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06topics\x18\x02 \x03(\t\x12\x0e\n\x06\x66ormat\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\x11\n\tfold_mode\x18\x05 \x01(\t\x12\x12\n\ntable_path\x18\x06 \x01(\t\x12\x0e\n\x06origin\x18\x07 \x01(\t\x12\x0f\n\x07version\x18\x08 \x01(\x03\":\n\x10ListMapsResponse\x12&\n\x04maps\x18\x01 \x03(\x0b\x32\x18.materializer.v1.MapInfo\"\x1f\n\x10GetStatusRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\"\xb2\x01\n\x0cPartitionLag\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1b\n\x13materialized_offset\x18\x03 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x04 \x01(\x03\x12\x0b\n\x03lag\x18\x05 \x01(\x03\x12\x15\n\rcatch_up_rate\x18\x06 \x01(\x01\x12\x12\n\ninput_rate\x18\x07 \x01(\x01\x12\x13\n\x0b\x65ta_seconds\x18\x08 \x01(\x01\"\x97\x05\n\tMapStatus\x12\x0b\n\x03map\x18\x01 \x01(\t\x12/\n\x05state\x18\x02 \x01(\x0e\x32 .materializer.v1.MapStatus.State\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x15\n\rlast_batch_id\x18\x04 \x01(\x03\x12\x31\n\rlast_batch_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\twatermark\x18\x06 \x01(\x0b\x32\x1a.materializer.v1.Watermark\x12\x31\n\npartitions\x18\x07 \x03(\x0b\x32\x1d.materializer.v1.PartitionLag\x12\x11\n\ttotal_lag\x18\x08 \x01(\x03\x12\x1d\n\x15input_rows_per_second\x18\t \x01(\x01\x12\x1e\n\x16output_rows_per_second\x18\n \x01(\x01\x12/\n\x0breported_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nstate_keys\x18\x0c \x01(\x03\x12\x13\n\x0bstate_bytes\x18\r \x01(\x03\x12\x11\n\tworker_id\x18\x0e \x01(\t\x12\x15\n\rcatch_up_rate\x18\x0f \x01(\x01\x12\x12\n\ninput_rate\x18\x10 \x01(\x01\x12\x13\n\x0b\x65ta_seconds\x18\x11 \x01(\x01\"\x91\x01\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bNOT_STARTED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\n\n\x06PAUSED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x12\x0b\n\x07STOPPED\x10\x05\x12\r\n\tRESTORING\x10\x06\x12\x0e\n\nREBUILDING\x10\x07\x12\x0f\n\x0b\x43\x41TCHING_UP\x10\x08\"=\n\x11GetStatusResponse\x12(\n\x04maps\x18\x01 \x03(\x0b\x32\x1a.materializer.v1.MapStatus\"\x1d\n\x0e\x43ontrolRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\"Y\n\x0f\x43ontrolResponse\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x39\n\x0frequested_state\x18\x02 \x01(\x0e\x32 .materializer.v1.MapStatus.State\"\'\n\x15ValidateConfigRequest\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\"9\n\x16ValidateConfigResponse\x12\r\n\x05valid\x18\x01 \x01(\x08\x12\x10\n\x08problems\x18\x02 \x03(\t\"B\n\rPutMapRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x0f\n\x07rebuild\x18\x03 \x01(\x08\"\"\n\x13GetMapConfigRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\"\xbb\x01\n\rMapDefinition\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x12\n\nchanged_by\x18\x05 \x01(\t\x12.\n\nchanged_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x63reated\x18\x07 \x01(\x08\x12\x12\n\nrebuilding\x18\x08 \x01(\x08\".\n\x10\x44\x65leteMapRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\r\n\x05purge\x18\x02 \x01(\x08\"A\n\x11\x44\x65leteMapResponse\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06purged\x18\x03 \x03(\t\"-\n\x10OperationRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\"\"\n\x13GetOperationRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\".\n\x0eKeyDifferences\x12\r\n\x05\x63ount\x18\x01 \x01(\x03\x12\r\n\x05\x66irst\x18\x02 \x03(\t\"\xf4\x01\n\x0cVerifyResult\x12\x11\n\tidentical\x18\x01 \x01(\x08\x12\x10\n\x08\x65xpected\x18\x02 \x01(\x03\x12\x0e\n\x06\x61\x63tual\x18\x03 \x01(\x03\x12\x30\n\x07missing\x18\x04 \x01(\x0b\x32\x1f.materializer.v1.KeyDifferences\x12.\n\x05\x65xtra\x18\x05 \x01(\x0b\x32\x1f.materializer.v1.KeyDifferences\x12\x32\n\tdifferent\x18\x06 \x01(\x0b\x32\x1f.materializer.v1.KeyDifferences\x12\x19\n\x11watermark_matches\x18\x07 \x01(\x08\"T\n\x0fRehydrateResult\x12\x0e\n\x06loaded\x18\x01 \x01(\x03\x12\x0f\n\x07removed\x18\x02 \x01(\x03\x12\x0f\n\x07\x65xpired\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"#\n\rRebuildResult\x12\x12\n\ngeneration\x18\x01 \x01(\x03\"\xe3\x04\n\tOperation\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x14\n\x0crequested_by\x18\x04 \x01(\t\x12\x30\n\x0crequested_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x05state\x18\x06 \x01(\x0e\x32 .materializer.v1.Operation.State\x12\r\n\x05phase\x18\x07 \x01(\t\x12\x15\n\rprogress_done\x18\x08 \x01(\x03\x12\x16\n\x0eprogress_total\x18\t \x01(\x03\x12.\n\nstarted_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tworker_id\x18\x0c \x01(\t\x12\r\n\x05\x65rror\x18\r \x01(\t\x12/\n\x06verify\x18\x0e \x01(\x0b\x32\x1d.materializer.v1.VerifyResultH\x00\x12\x35\n\trehydrate\x18\x0f \x01(\x0b\x32 .materializer.v1.RehydrateResultH\x00\x12\x31\n\x07rebuild\x18\x10 \x01(\x0b\x32\x1e.materializer.v1.RebuildResultH\x00\"P\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\r\n\tREQUESTED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\x08\n\x04\x44ONE\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x42\x08\n\x06result2\xe7\x07\n\x0c\x41\x64minService\x12O\n\x08ListMaps\x12 .materializer.v1.ListMapsRequest\x1a!.materializer.v1.ListMapsResponse\x12R\n\tGetStatus\x12!.materializer.v1.GetStatusRequest\x1a\".materializer.v1.GetStatusResponse\x12J\n\x05Pause\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12K\n\x06Resume\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12L\n\x07Restart\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12\x61\n\x0eValidateConfig\x12&.materializer.v1.ValidateConfigRequest\x1a\'.materializer.v1.ValidateConfigResponse\x12K\n\tCreateMap\x12\x1e.materializer.v1.PutMapRequest\x1a\x1e.materializer.v1.MapDefinition\x12T\n\x0cGetMapConfig\x12$.materializer.v1.GetMapConfigRequest\x1a\x1e.materializer.v1.MapDefinition\x12N\n\x0cPutMapConfig\x12\x1e.materializer.v1.PutMapRequest\x1a\x1e.materializer.v1.MapDefinition\x12R\n\tDeleteMap\x12!.materializer.v1.DeleteMapRequest\x1a\".materializer.v1.DeleteMapResponse\x12O\n\x0eStartOperation\x12!.materializer.v1.OperationRequest\x1a\x1a.materializer.v1.Operation\x12P\n\x0cGetOperation\x12$.materializer.v1.GetOperationRequest\x1a\x1a.materializer.v1.Operationb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n#materializer/v1/admin_service.proto\x12\x0fmaterializer.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1cmaterializer/v1/common.proto\"\x11\n\x0fListMapsRequest\"\x8c\x01\n\x07MapInfo\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x0e\n\x06topics\x18\x02 \x03(\t\x12\x0e\n\x06\x66ormat\x18\x03 \x01(\t\x12\x0b\n\x03key\x18\x04 \x01(\t\x12\x11\n\tfold_mode\x18\x05 \x01(\t\x12\x12\n\ntable_path\x18\x06 \x01(\t\x12\x0e\n\x06origin\x18\x07 \x01(\t\x12\x0f\n\x07version\x18\x08 \x01(\x03\":\n\x10ListMapsResponse\x12&\n\x04maps\x18\x01 \x03(\x0b\x32\x18.materializer.v1.MapInfo\"\x1f\n\x10GetStatusRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\"\xb2\x01\n\x0cPartitionLag\x12\r\n\x05topic\x18\x01 \x01(\t\x12\x11\n\tpartition\x18\x02 \x01(\x05\x12\x1b\n\x13materialized_offset\x18\x03 \x01(\x03\x12\x16\n\x0elog_end_offset\x18\x04 \x01(\x03\x12\x0b\n\x03lag\x18\x05 \x01(\x03\x12\x15\n\rcatch_up_rate\x18\x06 \x01(\x01\x12\x12\n\ninput_rate\x18\x07 \x01(\x01\x12\x13\n\x0b\x65ta_seconds\x18\x08 \x01(\x01\"\xb2\x05\n\tMapStatus\x12\x0b\n\x03map\x18\x01 \x01(\t\x12/\n\x05state\x18\x02 \x01(\x0e\x32 .materializer.v1.MapStatus.State\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x15\n\rlast_batch_id\x18\x04 \x01(\x03\x12\x31\n\rlast_batch_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12-\n\twatermark\x18\x06 \x01(\x0b\x32\x1a.materializer.v1.Watermark\x12\x31\n\npartitions\x18\x07 \x03(\x0b\x32\x1d.materializer.v1.PartitionLag\x12\x11\n\ttotal_lag\x18\x08 \x01(\x03\x12\x1d\n\x15input_rows_per_second\x18\t \x01(\x01\x12\x1e\n\x16output_rows_per_second\x18\n \x01(\x01\x12/\n\x0breported_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x12\n\nstate_keys\x18\x0c \x01(\x03\x12\x13\n\x0bstate_bytes\x18\r \x01(\x03\x12\x11\n\tworker_id\x18\x0e \x01(\t\x12\x15\n\rcatch_up_rate\x18\x0f \x01(\x01\x12\x12\n\ninput_rate\x18\x10 \x01(\x01\x12\x13\n\x0b\x65ta_seconds\x18\x11 \x01(\x01\x12\x19\n\x11serves_from_table\x18\x12 \x01(\x08\"\x91\x01\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x0f\n\x0bNOT_STARTED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\n\n\x06PAUSED\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x12\x0b\n\x07STOPPED\x10\x05\x12\r\n\tRESTORING\x10\x06\x12\x0e\n\nREBUILDING\x10\x07\x12\x0f\n\x0b\x43\x41TCHING_UP\x10\x08\"=\n\x11GetStatusResponse\x12(\n\x04maps\x18\x01 \x03(\x0b\x32\x1a.materializer.v1.MapStatus\"\x1d\n\x0e\x43ontrolRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\"Y\n\x0f\x43ontrolResponse\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x39\n\x0frequested_state\x18\x02 \x01(\x0e\x32 .materializer.v1.MapStatus.State\"\'\n\x15ValidateConfigRequest\x12\x0e\n\x06\x63onfig\x18\x01 \x01(\t\"9\n\x16ValidateConfigResponse\x12\r\n\x05valid\x18\x01 \x01(\x08\x12\x10\n\x08problems\x18\x02 \x03(\t\"B\n\rPutMapRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x0f\n\x07rebuild\x18\x03 \x01(\x08\"\"\n\x13GetMapConfigRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\"\xbb\x01\n\rMapDefinition\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x13\n\x0b\x63onfig_json\x18\x02 \x01(\t\x12\x0e\n\x06origin\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\x12\n\nchanged_by\x18\x05 \x01(\t\x12.\n\nchanged_at\x18\x06 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x0f\n\x07\x63reated\x18\x07 \x01(\x08\x12\x12\n\nrebuilding\x18\x08 \x01(\x08\".\n\x10\x44\x65leteMapRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\r\n\x05purge\x18\x02 \x01(\x08\"A\n\x11\x44\x65leteMapResponse\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x0e\n\x06purged\x18\x03 \x03(\t\"-\n\x10OperationRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\"\"\n\x13GetOperationRequest\x12\x0b\n\x03map\x18\x01 \x01(\t\".\n\x0eKeyDifferences\x12\r\n\x05\x63ount\x18\x01 \x01(\x03\x12\r\n\x05\x66irst\x18\x02 \x03(\t\"\xf4\x01\n\x0cVerifyResult\x12\x11\n\tidentical\x18\x01 \x01(\x08\x12\x10\n\x08\x65xpected\x18\x02 \x01(\x03\x12\x0e\n\x06\x61\x63tual\x18\x03 \x01(\x03\x12\x30\n\x07missing\x18\x04 \x01(\x0b\x32\x1f.materializer.v1.KeyDifferences\x12.\n\x05\x65xtra\x18\x05 \x01(\x0b\x32\x1f.materializer.v1.KeyDifferences\x12\x32\n\tdifferent\x18\x06 \x01(\x0b\x32\x1f.materializer.v1.KeyDifferences\x12\x19\n\x11watermark_matches\x18\x07 \x01(\x08\"T\n\x0fRehydrateResult\x12\x0e\n\x06loaded\x18\x01 \x01(\x03\x12\x0f\n\x07removed\x18\x02 \x01(\x03\x12\x0f\n\x07\x65xpired\x18\x03 \x01(\x03\x12\x0f\n\x07seconds\x18\x04 \x01(\x01\"#\n\rRebuildResult\x12\x12\n\ngeneration\x18\x01 \x01(\x03\"\xe3\x04\n\tOperation\x12\x0b\n\x03map\x18\x01 \x01(\t\x12\n\n\x02id\x18\x02 \x01(\t\x12\x0c\n\x04kind\x18\x03 \x01(\t\x12\x14\n\x0crequested_by\x18\x04 \x01(\t\x12\x30\n\x0crequested_at\x18\x05 \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x05state\x18\x06 \x01(\x0e\x32 .materializer.v1.Operation.State\x12\r\n\x05phase\x18\x07 \x01(\t\x12\x15\n\rprogress_done\x18\x08 \x01(\x03\x12\x16\n\x0eprogress_total\x18\t \x01(\x03\x12.\n\nstarted_at\x18\n \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12/\n\x0b\x66inished_at\x18\x0b \x01(\x0b\x32\x1a.google.protobuf.Timestamp\x12\x11\n\tworker_id\x18\x0c \x01(\t\x12\r\n\x05\x65rror\x18\r \x01(\t\x12/\n\x06verify\x18\x0e \x01(\x0b\x32\x1d.materializer.v1.VerifyResultH\x00\x12\x35\n\trehydrate\x18\x0f \x01(\x0b\x32 .materializer.v1.RehydrateResultH\x00\x12\x31\n\x07rebuild\x18\x10 \x01(\x0b\x32\x1e.materializer.v1.RebuildResultH\x00\"P\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\r\n\tREQUESTED\x10\x01\x12\x0b\n\x07RUNNING\x10\x02\x12\x08\n\x04\x44ONE\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\x42\x08\n\x06result2\xe7\x07\n\x0c\x41\x64minService\x12O\n\x08ListMaps\x12 .materializer.v1.ListMapsRequest\x1a!.materializer.v1.ListMapsResponse\x12R\n\tGetStatus\x12!.materializer.v1.GetStatusRequest\x1a\".materializer.v1.GetStatusResponse\x12J\n\x05Pause\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12K\n\x06Resume\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12L\n\x07Restart\x12\x1f.materializer.v1.ControlRequest\x1a .materializer.v1.ControlResponse\x12\x61\n\x0eValidateConfig\x12&.materializer.v1.ValidateConfigRequest\x1a\'.materializer.v1.ValidateConfigResponse\x12K\n\tCreateMap\x12\x1e.materializer.v1.PutMapRequest\x1a\x1e.materializer.v1.MapDefinition\x12T\n\x0cGetMapConfig\x12$.materializer.v1.GetMapConfigRequest\x1a\x1e.materializer.v1.MapDefinition\x12N\n\x0cPutMapConfig\x12\x1e.materializer.v1.PutMapRequest\x1a\x1e.materializer.v1.MapDefinition\x12R\n\tDeleteMap\x12!.materializer.v1.DeleteMapRequest\x1a\".materializer.v1.DeleteMapResponse\x12O\n\x0eStartOperation\x12!.materializer.v1.OperationRequest\x1a\x1a.materializer.v1.Operation\x12P\n\x0cGetOperation\x12$.materializer.v1.GetOperationRequest\x1a\x1a.materializer.v1.Operationb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -44,45 +44,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PARTITIONLAG']._serialized_start=375
   _globals['_PARTITIONLAG']._serialized_end=553
   _globals['_MAPSTATUS']._serialized_start=556
-  _globals['_MAPSTATUS']._serialized_end=1219
-  _globals['_MAPSTATUS_STATE']._serialized_start=1074
-  _globals['_MAPSTATUS_STATE']._serialized_end=1219
-  _globals['_GETSTATUSRESPONSE']._serialized_start=1221
-  _globals['_GETSTATUSRESPONSE']._serialized_end=1282
-  _globals['_CONTROLREQUEST']._serialized_start=1284
-  _globals['_CONTROLREQUEST']._serialized_end=1313
-  _globals['_CONTROLRESPONSE']._serialized_start=1315
-  _globals['_CONTROLRESPONSE']._serialized_end=1404
-  _globals['_VALIDATECONFIGREQUEST']._serialized_start=1406
-  _globals['_VALIDATECONFIGREQUEST']._serialized_end=1445
-  _globals['_VALIDATECONFIGRESPONSE']._serialized_start=1447
-  _globals['_VALIDATECONFIGRESPONSE']._serialized_end=1504
-  _globals['_PUTMAPREQUEST']._serialized_start=1506
-  _globals['_PUTMAPREQUEST']._serialized_end=1572
-  _globals['_GETMAPCONFIGREQUEST']._serialized_start=1574
-  _globals['_GETMAPCONFIGREQUEST']._serialized_end=1608
-  _globals['_MAPDEFINITION']._serialized_start=1611
-  _globals['_MAPDEFINITION']._serialized_end=1798
-  _globals['_DELETEMAPREQUEST']._serialized_start=1800
-  _globals['_DELETEMAPREQUEST']._serialized_end=1846
-  _globals['_DELETEMAPRESPONSE']._serialized_start=1848
-  _globals['_DELETEMAPRESPONSE']._serialized_end=1913
-  _globals['_OPERATIONREQUEST']._serialized_start=1915
-  _globals['_OPERATIONREQUEST']._serialized_end=1960
-  _globals['_GETOPERATIONREQUEST']._serialized_start=1962
-  _globals['_GETOPERATIONREQUEST']._serialized_end=1996
-  _globals['_KEYDIFFERENCES']._serialized_start=1998
-  _globals['_KEYDIFFERENCES']._serialized_end=2044
-  _globals['_VERIFYRESULT']._serialized_start=2047
-  _globals['_VERIFYRESULT']._serialized_end=2291
-  _globals['_REHYDRATERESULT']._serialized_start=2293
-  _globals['_REHYDRATERESULT']._serialized_end=2377
-  _globals['_REBUILDRESULT']._serialized_start=2379
-  _globals['_REBUILDRESULT']._serialized_end=2414
-  _globals['_OPERATION']._serialized_start=2417
-  _globals['_OPERATION']._serialized_end=3028
-  _globals['_OPERATION_STATE']._serialized_start=2938
-  _globals['_OPERATION_STATE']._serialized_end=3018
-  _globals['_ADMINSERVICE']._serialized_start=3031
-  _globals['_ADMINSERVICE']._serialized_end=4030
+  _globals['_MAPSTATUS']._serialized_end=1246
+  _globals['_MAPSTATUS_STATE']._serialized_start=1101
+  _globals['_MAPSTATUS_STATE']._serialized_end=1246
+  _globals['_GETSTATUSRESPONSE']._serialized_start=1248
+  _globals['_GETSTATUSRESPONSE']._serialized_end=1309
+  _globals['_CONTROLREQUEST']._serialized_start=1311
+  _globals['_CONTROLREQUEST']._serialized_end=1340
+  _globals['_CONTROLRESPONSE']._serialized_start=1342
+  _globals['_CONTROLRESPONSE']._serialized_end=1431
+  _globals['_VALIDATECONFIGREQUEST']._serialized_start=1433
+  _globals['_VALIDATECONFIGREQUEST']._serialized_end=1472
+  _globals['_VALIDATECONFIGRESPONSE']._serialized_start=1474
+  _globals['_VALIDATECONFIGRESPONSE']._serialized_end=1531
+  _globals['_PUTMAPREQUEST']._serialized_start=1533
+  _globals['_PUTMAPREQUEST']._serialized_end=1599
+  _globals['_GETMAPCONFIGREQUEST']._serialized_start=1601
+  _globals['_GETMAPCONFIGREQUEST']._serialized_end=1635
+  _globals['_MAPDEFINITION']._serialized_start=1638
+  _globals['_MAPDEFINITION']._serialized_end=1825
+  _globals['_DELETEMAPREQUEST']._serialized_start=1827
+  _globals['_DELETEMAPREQUEST']._serialized_end=1873
+  _globals['_DELETEMAPRESPONSE']._serialized_start=1875
+  _globals['_DELETEMAPRESPONSE']._serialized_end=1940
+  _globals['_OPERATIONREQUEST']._serialized_start=1942
+  _globals['_OPERATIONREQUEST']._serialized_end=1987
+  _globals['_GETOPERATIONREQUEST']._serialized_start=1989
+  _globals['_GETOPERATIONREQUEST']._serialized_end=2023
+  _globals['_KEYDIFFERENCES']._serialized_start=2025
+  _globals['_KEYDIFFERENCES']._serialized_end=2071
+  _globals['_VERIFYRESULT']._serialized_start=2074
+  _globals['_VERIFYRESULT']._serialized_end=2318
+  _globals['_REHYDRATERESULT']._serialized_start=2320
+  _globals['_REHYDRATERESULT']._serialized_end=2404
+  _globals['_REBUILDRESULT']._serialized_start=2406
+  _globals['_REBUILDRESULT']._serialized_end=2441
+  _globals['_OPERATION']._serialized_start=2444
+  _globals['_OPERATION']._serialized_end=3055
+  _globals['_OPERATION_STATE']._serialized_start=2965
+  _globals['_OPERATION_STATE']._serialized_end=3045
+  _globals['_ADMINSERVICE']._serialized_start=3058
+  _globals['_ADMINSERVICE']._serialized_end=4057
 # @@protoc_insertion_point(module_scope)

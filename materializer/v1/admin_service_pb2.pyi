@@ -68,7 +68,7 @@ class PartitionLag(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., partition: _Optional[int] = ..., materialized_offset: _Optional[int] = ..., log_end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., catch_up_rate: _Optional[float] = ..., input_rate: _Optional[float] = ..., eta_seconds: _Optional[float] = ...) -> None: ...
 
 class MapStatus(_message.Message):
-    __slots__ = ("map", "state", "error", "last_batch_id", "last_batch_at", "watermark", "partitions", "total_lag", "input_rows_per_second", "output_rows_per_second", "reported_at", "state_keys", "state_bytes", "worker_id", "catch_up_rate", "input_rate", "eta_seconds")
+    __slots__ = ("map", "state", "error", "last_batch_id", "last_batch_at", "watermark", "partitions", "total_lag", "input_rows_per_second", "output_rows_per_second", "reported_at", "state_keys", "state_bytes", "worker_id", "catch_up_rate", "input_rate", "eta_seconds", "serves_from_table")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATE_UNSPECIFIED: _ClassVar[MapStatus.State]
@@ -106,6 +106,7 @@ class MapStatus(_message.Message):
     CATCH_UP_RATE_FIELD_NUMBER: _ClassVar[int]
     INPUT_RATE_FIELD_NUMBER: _ClassVar[int]
     ETA_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SERVES_FROM_TABLE_FIELD_NUMBER: _ClassVar[int]
     map: str
     state: MapStatus.State
     error: str
@@ -123,7 +124,8 @@ class MapStatus(_message.Message):
     catch_up_rate: float
     input_rate: float
     eta_seconds: float
-    def __init__(self, map: _Optional[str] = ..., state: _Optional[_Union[MapStatus.State, str]] = ..., error: _Optional[str] = ..., last_batch_id: _Optional[int] = ..., last_batch_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ..., partitions: _Optional[_Iterable[_Union[PartitionLag, _Mapping]]] = ..., total_lag: _Optional[int] = ..., input_rows_per_second: _Optional[float] = ..., output_rows_per_second: _Optional[float] = ..., reported_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state_keys: _Optional[int] = ..., state_bytes: _Optional[int] = ..., worker_id: _Optional[str] = ..., catch_up_rate: _Optional[float] = ..., input_rate: _Optional[float] = ..., eta_seconds: _Optional[float] = ...) -> None: ...
+    serves_from_table: bool
+    def __init__(self, map: _Optional[str] = ..., state: _Optional[_Union[MapStatus.State, str]] = ..., error: _Optional[str] = ..., last_batch_id: _Optional[int] = ..., last_batch_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ..., partitions: _Optional[_Iterable[_Union[PartitionLag, _Mapping]]] = ..., total_lag: _Optional[int] = ..., input_rows_per_second: _Optional[float] = ..., output_rows_per_second: _Optional[float] = ..., reported_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., state_keys: _Optional[int] = ..., state_bytes: _Optional[int] = ..., worker_id: _Optional[str] = ..., catch_up_rate: _Optional[float] = ..., input_rate: _Optional[float] = ..., eta_seconds: _Optional[float] = ..., serves_from_table: _Optional[bool] = ...) -> None: ...
 
 class GetStatusResponse(_message.Message):
     __slots__ = ("maps",)

@@ -22,14 +22,18 @@ class GetRequest(_message.Message):
     def __init__(self, map: _Optional[str] = ..., key: _Optional[str] = ..., freshness: _Optional[_Union[_common_pb2.Freshness, _Mapping]] = ...) -> None: ...
 
 class GetResponse(_message.Message):
-    __slots__ = ("found", "entity", "watermark")
+    __slots__ = ("found", "entity", "watermark", "from_table", "table_version")
     FOUND_FIELD_NUMBER: _ClassVar[int]
     ENTITY_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    FROM_TABLE_FIELD_NUMBER: _ClassVar[int]
+    TABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
     found: bool
     entity: bytes
     watermark: _common_pb2.Watermark
-    def __init__(self, found: _Optional[bool] = ..., entity: _Optional[bytes] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ...) -> None: ...
+    from_table: bool
+    table_version: int
+    def __init__(self, found: _Optional[bool] = ..., entity: _Optional[bytes] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ..., from_table: _Optional[bool] = ..., table_version: _Optional[int] = ...) -> None: ...
 
 class BatchGetRequest(_message.Message):
     __slots__ = ("map", "keys", "freshness")
@@ -52,12 +56,16 @@ class BatchGetEntry(_message.Message):
     def __init__(self, key: _Optional[str] = ..., found: _Optional[bool] = ..., entity: _Optional[bytes] = ...) -> None: ...
 
 class BatchGetResponse(_message.Message):
-    __slots__ = ("entries", "watermark")
+    __slots__ = ("entries", "watermark", "from_table", "table_version")
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     WATERMARK_FIELD_NUMBER: _ClassVar[int]
+    FROM_TABLE_FIELD_NUMBER: _ClassVar[int]
+    TABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
     entries: _containers.RepeatedCompositeFieldContainer[BatchGetEntry]
     watermark: _common_pb2.Watermark
-    def __init__(self, entries: _Optional[_Iterable[_Union[BatchGetEntry, _Mapping]]] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ...) -> None: ...
+    from_table: bool
+    table_version: int
+    def __init__(self, entries: _Optional[_Iterable[_Union[BatchGetEntry, _Mapping]]] = ..., watermark: _Optional[_Union[_common_pb2.Watermark, _Mapping]] = ..., from_table: _Optional[bool] = ..., table_version: _Optional[int] = ...) -> None: ...
 
 class Value(_message.Message):
     __slots__ = ("string_value", "int_value", "double_value", "bool_value", "timestamp_value")

@@ -154,6 +154,8 @@ class HttpFront:
         answer = await self._get(map_pb.GetRequest(map=name, key=key, freshness=wanted), context)
         body = entry(key, answer.found, answer.entity)
         body["watermark"] = self._watermarks.of(answer)
+        if answer.from_table:
+            body["table_version"] = answer.table_version
         return json_response(body)
 
     async def batch_get(self, request: web.Request) -> web.Response:
@@ -170,6 +172,8 @@ class HttpFront:
             "entries": [entry(e.key, e.found, e.entity) for e in answer.entries],
             "watermark": self._watermarks.of(answer),
         }
+        if answer.from_table:
+            body["table_version"] = answer.table_version
         return json_response(body)
 
     async def query(self, request: web.Request) -> web.Response:

@@ -84,6 +84,11 @@ class Entity(_Shape):
     found: bool
     entity: dict[str, Any] | None = Field(None, description="the entity's JSON; null if not found")
     watermark: Watermark | None = None
+    table_version: int | None = Field(
+        None,
+        description="set when the answer came from the map's Delta table, at this version, "
+        "because Redis lost the map's copy and it is being written back",
+    )
 
 
 class EntityAsOf(_Shape):
@@ -127,6 +132,9 @@ class BatchGetAnswer(_Shape):
 
     entries: list[BatchEntry]
     watermark: Watermark | None = None
+    table_version: int | None = Field(
+        None, description="as Entity's: every entry came from the map's Delta table"
+    )
 
 
 class Row(_Shape):

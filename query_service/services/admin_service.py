@@ -153,6 +153,7 @@ class AdminServicer(pb_grpc.AdminServiceServicer):
             state_keys=-1,
             state_bytes=-1,
             eta_seconds=-1,
+            serves_from_table=state == "restoring",
         )
         if snap.report is not None:
             status.error = snap.report.error

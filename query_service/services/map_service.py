@@ -19,13 +19,20 @@ from materializer.v1 import common_pb2 as common
 from materializer.v1 import map_service_pb2 as pb
 from materializer.v1 import map_service_pb2_grpc as pb_grpc
 from query_service.change_stream import ChangeCursor
-from query_service.errors import InvalidArgument, MapNotFound, ResourceExhausted
-from query_service.freshness import FreshnessGate, watermark_to_proto
+from query_service.errors import (
+    InvalidArgument,
+    MapNotFound,
+    MapRestoring,
+    ResourceExhausted,
+)
+from query_service.freshness import FreshnessGate, covers, watermark_to_proto
 from query_service.indexes.queries import IndexQueries
 from query_service.near_cache import NearCaches
 from query_service.services.table_reads import TableReads
-from query_service.stores.base import Change, MapStore
+from query_service.stores.base import BatchLookup, Change, MapStore
+from query_service.stores.delta import TableNotFound
 from query_service.tables.entity_filter import ChosenChanges, entity_filter
+from query_service.tables.fallback import TableFallback, TableLookup
 
 MAX_KEY_BYTES = 4096
 _SURELY_SHORT = MAX_KEY_BYTES // 4
@@ -52,7 +59,10 @@ class MapServicer(pb_grpc.MapServiceServicer):
         tables: TableReads,
         near_caches: NearCaches | None = None,
         indexes: IndexQueries | None = None,
+        fallback: TableFallback | None = None,
     ) -> None:
+        """``fallback``: lookups of a map Redis lost read its table while it is restored;
+        without, they are ``UNAVAILABLE`` until the copy is whole."""
         self._live = as_live(config)
         self._max_keys = self._live.config.query.max_batch_keys
         self._store = store
@@ -60,6 +70,7 @@ class MapServicer(pb_grpc.MapServiceServicer):
         self._tables = tables
         self._reads = near_caches if near_caches is not None else NearCaches(store, {})
         self._indexes = indexes
+        self._fallback = fallback
         self._protos: dict[str, tuple[Watermark, common.Watermark]] = {}
         """Per map, the last watermark answered and its wire form: lookups share one."""
 
@@ -71,7 +82,19 @@ class MapServicer(pb_grpc.MapServiceServicer):
         _check_key(request.key)
         wanted = request.freshness.min_offsets
         await self._gate.wait(request.map, wanted, context.time_remaining())
-        lookup = await self._reads.get(request.map, request.key, wanted)
+        try:
+            lookup = await self._reads.get(request.map, request.key, wanted)
+        except MapRestoring as restoring:
+            read = await self._from_table(restoring, [request.key], wanted)
+            response = pb.GetResponse(
+                found=read.entities[0] is not None,
+                entity=read.entities[0] or b"",
+                from_table=True,
+                table_version=read.version,
+            )
+            if read.watermark is not None:
+                response.watermark.CopyFrom(self._proto(request.map, read.watermark))
+            return response
         found = lookup.entity is not None
         if lookup.watermark is None:
             return pb.GetResponse(found=found, entity=lookup.entity or b"")
@@ -95,10 +118,15 @@ class MapServicer(pb_grpc.MapServiceServicer):
         self._check_keys(request.keys)
         wanted = request.freshness.min_offsets
         await self._gate.wait(request.map, wanted, context.time_remaining())
-        batch = await self._reads.get_many(request.map, request.keys, wanted)
+        response = pb.BatchGetResponse()
+        try:
+            batch = await self._reads.get_many(request.map, request.keys, wanted)
+        except MapRestoring as restoring:
+            read = await self._from_table(restoring, request.keys, wanted)
+            batch = BatchLookup(read.entities, read.watermark)
+            response.from_table, response.table_version = True, read.version
         # Entries built in place: a list of entries given to the constructor is copied into
         # the response, which builds every entry twice.
-        response = pb.BatchGetResponse()
         add = response.entries.add
         for key, entity in zip(request.keys, batch.entities, strict=True):
             if entity is None:
@@ -166,6 +194,27 @@ class MapServicer(pb_grpc.MapServiceServicer):
         self._check_map(request.map)
         _check_key(request.key)
         return await self._tables.get_as_of(request, context)
+
+    async def _from_table(
+        self,
+        restoring: MapRestoring,
+        keys: Sequence[str],
+        wanted: Sequence[common.PartitionOffset],
+    ) -> TableLookup:
+        """The keys' entities from the map's table while Redis restores its copy; the
+        restore's ``UNAVAILABLE`` when the table does not reflect ``wanted`` (the caller
+        retries until the copy is whole) or the map has no table to answer from."""
+        if self._fallback is None:
+            raise restoring
+        name = restoring.map_name
+        generation = await self._store.generation(name)
+        try:
+            read = await self._fallback.get_many(name, generation, keys)
+        except TableNotFound:
+            raise restoring from None
+        if wanted and not covers(read.watermark, wanted):
+            raise restoring
+        return read
 
     def _check_map(self, name: str) -> None:
         maps = self._live.config.maps

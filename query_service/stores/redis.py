@@ -27,7 +27,7 @@ from materializer.config import RedisConfig
 from materializer.contract.markers import markers
 from materializer.contract.redis_layout import entity_key, meta_key, physical_name, status_key
 from materializer.contract.watermark import Watermark
-from query_service.errors import StoreUnavailable
+from query_service.errors import MapRestoring
 from query_service.stores.base import BatchLookup, ChangeRead, Lookup, MapStore
 from query_service.stores.cluster_reads import MasterReads
 from query_service.stores.coalesce import Coalescer
@@ -358,9 +358,10 @@ class RedisMapStore(MapStore):
         if physical in self._whole or reported:
             self._restored.add(physical)  # lost here, so its misses are read again once whole
         if missing and (physical in self._whole or reported):
-            raise StoreUnavailable(
+            raise MapRestoring(
+                map_name,
                 f"map {map_name}: Redis lost its copy, which the materializer is restoring "
-                "from Delta and the changelog; retry shortly"
+                "from Delta and the changelog; retry shortly",
             )
 
     async def _read_markers(self, map_name: str, physical: str) -> tuple[bool, bool]:

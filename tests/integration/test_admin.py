@@ -179,6 +179,13 @@ def test_status_command_names_the_worker_of_each_map(
     lines = [[c.strip() for c in line.strip("│┃").split("│")] for line in section.splitlines()]
     assert ["worker-a", "1", a] in lines
     assert ["-", "1", b] in lines
+    # A map whose Redis copy is being restored serves lookups from its table meanwhile.
+    assert "answer from the Delta table" not in status()
+    now = int(time.time() * 1000)
+    restoring = MapReport("restoring", reported_at_ms=now, worker="worker-a")
+    redis_client.hset(status_key(a), mapping=restoring.to_hash())
+    assert {m: d["serves_from_table"] for m, d in documents().items()} == {a: True, b: False}
+    assert "lookups of keys not written back yet answer from the Delta table" in status()
 
 
 def test_pause_resume_restart_write_the_control_hash(redis_url, redis_client: redis.Redis):

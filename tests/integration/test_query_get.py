@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -455,3 +456,36 @@ def test_a_health_check_cancelled_at_any_step_of_a_refused_ping_ends() -> None:
         lost = asyncio.run(main(port))
 
     assert lost == []
+
+
+def test_a_health_loop_stopped_at_any_moment_of_an_answered_ping_ends(redis_url: str) -> None:
+    # The loop pings again and again; its stop cancels it wherever it stands. A
+    # cancellation that lands as a reply arrives is lost inside the client (Python 3.11's
+    # wait_for, which redis-py uses for its socket timeout): the loop must still end, or
+    # a server's stop would wait for it forever. Where a stop lands varies with the
+    # selector's timing: many stops, a few microseconds apart.
+    async def stops(wait: float) -> bool:
+        client = aioredis.Redis.from_url(redis_url, socket_timeout=5)
+        health_loop = RedisHealth(health.aio.HealthServicer(), client, [], interval=0.001)
+        try:
+            await health_loop.start()
+            await asyncio.sleep(wait)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(5):
+                    await health_loop.close()
+            return not [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        finally:
+            await client.aclose()
+
+    async def first_hung() -> int | None:
+        for i in range(200):
+            if not await stops((i % 20) * 0.0003):
+                return i
+        return None
+
+    # Not asyncio.run: its teardown would wait for a loop that never ends.
+    loop = asyncio.new_event_loop()
+    try:
+        assert loop.run_until_complete(first_hung()) is None
+    finally:
+        loop.close()

@@ -1,8 +1,13 @@
-"""Watch with a filter, over gRPC and as Server-Sent Events, against a plain-Python
-reference of which changes it sends: the entities the real pipeline wrote, then steps of
-writes through the fold's own Redis Functions; after each step the streams are read up
-to a change of that step that surely matches, so each change is decided on the value
-its step wrote."""
+"""Reads that are more than a key lookup in Redis, over the entities the real pipeline
+wrote (its Delta table and Redis map):
+
+- Watch with a filter, over gRPC and as Server-Sent Events, against a plain-Python
+  reference of which changes it sends: steps of writes through the fold's own Redis
+  Functions; after each step the streams are read up to a change of that step that
+  surely matches, so each change is decided on the value its step wrote;
+- lookups while Redis has lost the map's copy and its run writes it back: answered
+  from the Delta table, with its version and watermark, byte for byte as Redis held
+  them."""
 
 from __future__ import annotations
 
@@ -14,12 +19,24 @@ from typing import Any
 import grpc
 import orjson
 import pytest
+import redis
+from deltalake import DeltaTable
 
 from materializer.config import KafkaConfig
+from materializer.contract.markers import markers
+from materializer.contract.redis_layout import entity_key, meta_key, status_key
+from materializer.contract.status import MapReport
+from materializer.contract.table_marks import table_watermark
+from materializer.contract.watermark import Watermark
 from materializer.redis.deliveries import producer_settings
 from materializer.redis.functions import FoldTarget
+from materializer.v1 import admin_service_pb2 as admin_pb
+from materializer.v1 import admin_service_pb2_grpc as admin_grpc
+from materializer.v1 import common_pb2 as common
 from materializer.v1 import map_service_pb2 as pb
+from materializer.v1 import map_service_pb2_grpc as map_grpc
 from tests.helpers.query_redis import Front, serve_http
+from tests.helpers.query_redis import run as run_channel
 from tests.helpers.query_table import Entity, Table, build_table, new_map_name, run
 from tests.helpers.redis_fold import apply
 
@@ -194,3 +211,64 @@ def test_a_filter_the_entities_cannot_have_is_refused(table: Table) -> None:
     assert [e.code() for e in errors] == [grpc.StatusCode.INVALID_ARGUMENT] * 3
     assert "nope" in errors[0].details()
     assert "_updated_at" in errors[1].details()
+
+
+def test_lookups_answer_from_the_table_while_redis_restores_the_map(
+    table: Table, redis_client: redis.Redis
+) -> None:
+    keys = sorted(table.latest)
+    [topic] = table.cfg.maps[MAP].source.topics
+
+    def lose() -> None:
+        # The run reports the map restoring; Redis lost its entities and markers.
+        redis_client.hset(status_key(MAP), mapping=MapReport("restoring").to_hash())
+        redis_client.delete(*[entity_key(MAP, k) for k in keys])
+        redis_client.delete(*markers(redis_client, MAP).values())
+
+    async def body(channel: grpc.aio.Channel) -> dict[str, Any]:
+        maps = map_grpc.MapServiceStub(channel)
+        admin = admin_grpc.AdminServiceStub(channel)
+        before = await maps.BatchGet(pb.BatchGetRequest(map=MAP, keys=keys), timeout=30)
+        await asyncio.to_thread(lose)
+        one = await maps.Get(pb.GetRequest(map=MAP, key=keys[0]), timeout=30)
+        many = await maps.BatchGet(pb.BatchGetRequest(map=MAP, keys=[*keys, "nobody"]), timeout=30)
+        beyond = common.Freshness(
+            min_offsets=[common.PartitionOffset(topic=topic, partition=0, offset=10**9)]
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as waited:  # Redis has not reached them
+            await maps.Get(pb.GetRequest(map=MAP, key=keys[1], freshness=beyond), timeout=2)
+        # Redis says it reached them, the table does not reflect them: the restore's answer.
+        ahead = Watermark(batch_id=10**6, offsets={topic: {0: 10**9, 1: 10**9}})
+        await asyncio.to_thread(redis_client.hset, meta_key(MAP), mapping=ahead.to_hash())
+        with pytest.raises(grpc.aio.AioRpcError) as unreached:
+            await maps.Get(pb.GetRequest(map=MAP, key=keys[1], freshness=beyond), timeout=30)
+        status = await admin.GetStatus(admin_pb.GetStatusRequest(map=MAP), timeout=30)
+        return {
+            "before": before,
+            "one": one,
+            "many": many,
+            "waited": waited.value,
+            "unreached": unreached.value,
+            "status": status,
+        }
+
+    got = run_channel(table.cfg, body)
+    held = {e.key: e.entity for e in got["before"].entries}
+    assert {k: orjson.loads(v) for k, v in held.items()} == table.latest  # Redis, before
+    one, many = got["one"], got["many"]
+    assert (one.from_table, one.table_version, one.found) == (True, table.latest_version, True)
+    assert one.entity == held[keys[0]]  # the table's row, encoded as Redis holds it
+    assert (many.from_table, many.table_version) == (True, table.latest_version)
+    assert {e.key: e.entity for e in many.entries if e.found} == held
+    assert [e.key for e in many.entries if not e.found] == ["nobody"]
+    recorded = table_watermark(DeltaTable(table.path))
+    assert recorded is not None
+    assert {(o.topic, o.partition): o.offset for o in one.watermark.offsets} == {
+        (t, p): o for t, parts in recorded.offsets.items() for p, o in parts.items()
+    }
+    assert many.watermark == one.watermark
+    assert got["waited"].code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert got["unreached"].code() == grpc.StatusCode.UNAVAILABLE
+    assert "Redis lost its copy" in (got["unreached"].details() or "")
+    [status] = got["status"].maps
+    assert status.state == admin_pb.MapStatus.RESTORING and status.serves_from_table

@@ -1,0 +1,113 @@
+"""Lookups answered from a map's Delta table while the run restores the map's Redis copy,
+as Hazelcast's MapLoader answers a miss from the durable store.
+
+A Redis that lost a map (a server restarted empty) leaves lookups of the keys not yet
+written back UNAVAILABLE; the table holds every key the whole time, at a known version
+and watermark. A point read of the table costs a scan (its files hold keys in no order
+their statistics could prune by: tens of milliseconds on a million rows), so the first
+lookup of a restore reads the newest version's keys and entities once into memory,
+about a second per million rows, which the lookups of the moment share; each lookup
+then costs a dictionary read. The copy is dropped ``IDLE_SECONDS`` after its last use:
+once the map is whole again, Redis answers and nothing uses it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from materializer.contract.entity_json import encode_rows
+from materializer.contract.table_layout import TABLE_KEY
+from materializer.contract.watermark import Watermark
+from query_service.tables.snapshots import TableSnapshots
+
+IDLE_SECONDS = 30.0
+"""How long a map's copy of its table is kept after its last lookup."""
+
+
+@dataclass(frozen=True)
+class TableLookup:
+    """Entities read from a map's table: one per key asked (``None``: not in the table)."""
+
+    entities: list[bytes | None]
+    version: int
+    watermark: Watermark | None
+
+
+class _Copy:
+    """One version of a map's table in memory, its rows found by key."""
+
+    def __init__(self, version: int, watermark: Watermark | None, rows: pa.Table) -> None:
+        self.version = version
+        self.watermark = watermark
+        self.rows = rows
+        keys = rows.column(TABLE_KEY).to_pylist()
+        self.places = dict(zip(keys, range(len(keys)), strict=True))
+        self.used = time.monotonic()
+
+    def entities(self, keys: Sequence[str]) -> list[bytes | None]:
+        places = [self.places.get(key) for key in keys]
+        found = [p for p in places if p is not None]
+        if not found:
+            return [None] * len(keys)
+        encoded = iter(encode_rows(self.rows.take(found), TABLE_KEY))
+        return [None if p is None else next(encoded)[1] for p in places]
+
+
+class TableFallback:
+    """The maps' tables read into memory for lookups during a restore, one copy per map."""
+
+    def __init__(self, snapshots: TableSnapshots, meta: Callable[[str], Sequence[str]]) -> None:
+        """``meta``: a map's table columns that are not entity fields (``table_meta``)."""
+        self._snapshots = snapshots
+        self._meta = meta
+        self._copies: dict[tuple[str, int], asyncio.Task[_Copy]] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    async def get_many(self, map_name: str, generation: int, keys: Sequence[str]) -> TableLookup:
+        """The keys' entities as the table's copy holds them (read once per restore)."""
+        at = (map_name, generation)
+        loading = self._copies.get(at)
+        if loading is None or _failed(loading):
+            loading = self._copies[at] = asyncio.ensure_future(self._load(map_name, generation))
+            self._sweep_later()
+        copy = await asyncio.shield(loading)
+        copy.used = time.monotonic()
+        return TableLookup(copy.entities(keys), copy.version, copy.watermark)
+
+    async def _load(self, map_name: str, generation: int) -> _Copy:
+        snapshot = await self._snapshots.latest(map_name, generation)
+        own = [c for c in self._meta(map_name) if c != TABLE_KEY]
+
+        def read() -> pa.Table:
+            table = snapshot.table.to_pyarrow_table()
+            return table.drop_columns([c for c in own if c in table.column_names])
+
+        rows = await asyncio.to_thread(read)
+        copy = await asyncio.to_thread(_Copy, snapshot.version, snapshot.watermark, rows)
+        return copy
+
+    def _sweep_later(self) -> None:
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().call_later(IDLE_SECONDS, self._sweep)
+
+    def _sweep(self) -> None:
+        """Drop the copies unused for ``IDLE_SECONDS``; look again later while any is kept."""
+        self._sweeper = None
+        now = time.monotonic()
+        for at, loading in list(self._copies.items()):
+            if not loading.done():
+                continue
+            if _failed(loading) or now - loading.result().used > IDLE_SECONDS:
+                del self._copies[at]
+        if self._copies:
+            self._sweep_later()
+
+
+def _failed(loading: asyncio.Task[_Copy]) -> bool:
+    """Whether a load ended without a copy (the next lookup loads again)."""
+    return loading.done() and (loading.cancelled() or loading.exception() is not None)
