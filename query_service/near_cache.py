@@ -228,7 +228,12 @@ class NearCaches:
         change, so no entry outlives a change the follower could not see.
         """
         pause = RETRY_SECONDS[0]
+        task = asyncio.current_task()
         while True:
+            if task is not None and task.cancelling():
+                # A stop's cancellation the Redis client took for a lost connection
+                # (``health.RedisHealth`` meets the same): end, or the stop waits forever.
+                raise asyncio.CancelledError
             cursor = ChangeCursor(self._store, cache.map_name, batch=FOLLOW_BATCH)
             try:
                 await cursor.open("")

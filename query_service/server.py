@@ -197,7 +197,7 @@ async def create_servers(
     tables = TableReads(live, store.generation, snapshots)
     reads = IndexReads(store.client, store.where)
     indexes = IndexQueries(live, store, gate, snapshots, reads)
-    fallback = TableFallback(snapshots, snapshots.tables.meta_columns)
+    fallback = TableFallback(snapshots, live)
     maps = MapServicer(live, store, gate, tables, near_caches, indexes, fallback)
     enrich = EnrichServicer(live, store, gate)
     admin = AdminServicer(live, ControlStore(store.client), LogEnds(config.kafka), catalog)

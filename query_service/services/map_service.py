@@ -7,9 +7,11 @@ table reads are delegated to ``TableReads``.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Sequence
 
 import grpc
+from deltalake.exceptions import DeltaError
 
 from materializer.catalog.live import LiveMaps, as_live
 from materializer.config import AppConfig
@@ -33,6 +35,8 @@ from query_service.stores.base import BatchLookup, Change, MapStore
 from query_service.stores.delta import TableNotFound
 from query_service.tables.entity_filter import ChosenChanges, entity_filter
 from query_service.tables.fallback import TableFallback, TableLookup
+
+log = logging.getLogger(__name__)
 
 MAX_KEY_BYTES = 4096
 _SURELY_SHORT = MAX_KEY_BYTES // 4
@@ -212,6 +216,9 @@ class MapServicer(pb_grpc.MapServiceServicer):
             read = await self._fallback.get_many(name, generation, keys)
         except TableNotFound:
             raise restoring from None
+        except (OSError, MemoryError, DeltaError) as exc:  # the table cannot be read now
+            log.warning("map %s: its table cannot answer lookups meanwhile: %s", name, exc)
+            raise restoring from exc
         if wanted and not covers(read.watermark, wanted):
             raise restoring
         return read

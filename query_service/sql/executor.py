@@ -165,6 +165,8 @@ class SqlExecutor:
         """Check, wait for ``min_offsets``, and start the statement: its answer, whose
         batches are read from the statement process as the caller takes them."""
         config = self._live.config.query.sql
+        loop = asyncio.get_running_loop()
+        called = loop.time()
         statement = self.statement(text)
         _check_params(statement, params)
         if limit < 0 or limit > config.max_rows:
@@ -189,7 +191,8 @@ class SqlExecutor:
                 message = schema.serialize().to_pybytes()
                 batches = _all(found.table.to_batches())
                 return Answer(schema, message, batches, [read], config.max_rows, limit)
-        loop = asyncio.get_running_loop()
+        if time_remaining is not None:  # what a try through Redis spent is the caller's
+            time_remaining -= loop.time() - called
         server_max = config.timeout.total_seconds()
         if time_remaining is not None and time_remaining - MARGIN_SECONDS < server_max:
             deadline = loop.time() + max(time_remaining - MARGIN_SECONDS, 0.0)

@@ -49,6 +49,9 @@ ROUND = 10_000
 """Entries read per call of the masters."""
 SCHEMA_SECONDS = 5.0
 """How old a snapshot of the table may be for its schema to type the rows."""
+RUNNING = 2
+"""Statements over candidates run in the service at once; past them, the statement
+processes answer (with their deadlines, queue and memory bounds)."""
 MEMORY_BYTES = 256 * 2**20
 """The engine's pool for one statement over candidates (they are at most
 ``MAX_CANDIDATES`` entities)."""
@@ -82,6 +85,7 @@ class IndexedSelects:
         self._gate = gate
         self._snapshots = snapshots
         self._reads = reads
+        self._running = asyncio.Semaphore(RUNNING)
 
     async def answer(
         self,
@@ -120,13 +124,12 @@ class IndexedSelects:
             entries = await self._candidates(physical, scan)
         except IndexUnread:
             return None
-        if entries is None:
-            return None
-        present = [(key_of(e), v) for e, v in entries if v is not None]
-        batch = typed_rows(reading, [k for k, _ in present], [v for _, v in present])
-        if batch is None:  # a double written as "NaN", say: the table reads it
-            return None
-        table = await asyncio.to_thread(_run, statement.text, params, name, batch, rows)
+        if entries is None or self._running.locked():
+            return None  # too many candidates, or enough statements here: the table's
+        async with self._running:
+            table = await asyncio.to_thread(
+                _run, statement.text, params, name, reading, entries, rows
+            )
         return None if table is None else IndexedAnswer(table, scan.field, watermark)
 
     async def _candidates(self, physical: str, scan: IndexScan) -> list[Entry] | None:
@@ -144,10 +147,22 @@ class IndexedSelects:
 
 
 def _run(
-    text: str, params: Sequence[object], name: str, batch: pa.RecordBatch, rows: int
+    text: str,
+    params: Sequence[object],
+    name: str,
+    reading: pa.Schema,
+    entries: list[Entry],
+    rows: int,
 ) -> pa.Table | None:
-    """The statement over ``batch`` as the map's table, at most ``rows`` rows (blocking:
-    DataFusion); ``None`` on an error of the engine, which the table's run then reports."""
+    """The statement over the entries' entities as the map's table, at most ``rows`` rows
+    (blocking: DataFusion); ``None`` when an entity does not read as a row of the table
+    (a double written as "NaN", say), or on an error of the engine, which the table's
+    run then reports. An entity read twice (its value moved past the read between two
+    rounds) counts once, as its newest read: the table has one row per key."""
+    present = {key_of(entry): entity for entry, entity in entries if entity is not None}
+    batch = typed_rows(reading, list(present), list(present.values()))
+    if batch is None:
+        return None
     runtime = RuntimeEnvBuilder().with_greedy_memory_pool(MEMORY_BYTES).with_disk_manager_disabled()
     context = SessionContext(engine.session_config(1), runtime)
     context.register_record_batches(name, [[batch]])

@@ -262,7 +262,7 @@ def _selection(tree: exp.Query, maps: set[str]) -> Selection | None:
     condition = where.this.copy()
     for identifier in condition.find_all(exp.Identifier):
         identifier.replace(exp.to_identifier(_resolved(identifier), quoted=True))
-    star = any(isinstance(p, exp.Star) for p in tree.expressions)
+    star = any(p.is_star for p in tree.expressions)  # ``*``, or a table's ``m.*``
     return Selection(next(iter(maps)), condition.sql(), columns, star)
 
 

@@ -78,6 +78,8 @@ class ChosenChanges:
         )
         sent: list[tuple[Change, bool]] = []
         for change in changes:
+            if not change.deleted and entities.get(change.key) is None:
+                continue  # deleted or expired since: its own change says so, now or next
             if not change.deleted and change.key in matched:
                 if self._include_left:
                     self._inside.add(change.key)
@@ -105,4 +107,8 @@ async def entity_filter(
         return None
     schema = pa.schema(snapshot.table.schema().to_arrow())
     reading = pa.schema([f for f in schema if f.name not in own])
-    return EntityFilter(request.map, filter_sql, reading)
+    matching = EntityFilter(request.map, filter_sql, reading)
+    # Planned once over no rows: a filter the rows' types refuse (LIKE on a number) is
+    # refused now, not at the first change that matches.
+    await asyncio.to_thread(matching.matching, [], [])
+    return matching

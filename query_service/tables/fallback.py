@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from materializer.catalog.live import LiveMaps
 from materializer.contract.entity_json import encode_rows
-from materializer.contract.table_layout import TABLE_KEY
+from materializer.contract.table_layout import TABLE_KEY, TABLE_UPDATED_AT, table_meta
 from materializer.contract.watermark import Watermark
 from query_service.tables.snapshots import TableSnapshots
 
@@ -41,16 +43,29 @@ class TableLookup:
 class _Copy:
     """One version of a map's table in memory, its rows found by key."""
 
-    def __init__(self, version: int, watermark: Watermark | None, rows: pa.Table) -> None:
+    def __init__(
+        self,
+        version: int,
+        watermark: Watermark | None,
+        rows: pa.Table,
+        expires_us: list[int] | None,
+    ) -> None:
         self.version = version
         self.watermark = watermark
         self.rows = rows
         keys = rows.column(TABLE_KEY).to_pylist()
         self.places = dict(zip(keys, range(len(keys)), strict=True))
+        self.expires_us = expires_us
+        """Per row, when Redis expires it (``ttl.redis`` after ``_updated_at``); ``None``:
+        the table cannot tell, and the restore writes every row back."""
         self.used = time.monotonic()
 
     def entities(self, keys: Sequence[str]) -> list[bytes | None]:
         places = [self.places.get(key) for key in keys]
+        if self.expires_us is not None:  # gone from Redis by its TTL: not in the map
+            now_us = time.time_ns() // 1000
+            ends = self.expires_us
+            places = [p if p is not None and ends[p] > now_us else None for p in places]
         found = [p for p in places if p is not None]
         if not found:
             return [None] * len(keys)
@@ -61,10 +76,9 @@ class _Copy:
 class TableFallback:
     """The maps' tables read into memory for lookups during a restore, one copy per map."""
 
-    def __init__(self, snapshots: TableSnapshots, meta: Callable[[str], Sequence[str]]) -> None:
-        """``meta``: a map's table columns that are not entity fields (``table_meta``)."""
+    def __init__(self, snapshots: TableSnapshots, live: LiveMaps) -> None:
         self._snapshots = snapshots
-        self._meta = meta
+        self._live = live
         self._copies: dict[tuple[str, int], asyncio.Task[_Copy]] = {}
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -81,15 +95,24 @@ class TableFallback:
 
     async def _load(self, map_name: str, generation: int) -> _Copy:
         snapshot = await self._snapshots.latest(map_name, generation)
-        own = [c for c in self._meta(map_name) if c != TABLE_KEY]
+        config = self._live.config.map(map_name)
+        own = [c for c in table_meta(config) if c != TABLE_KEY]
+        ttl = config.ttl.redis if config.ttl is not None else None
 
-        def read() -> pa.Table:
+        def read() -> _Copy:
             table = snapshot.table.to_pyarrow_table()
-            return table.drop_columns([c for c in own if c in table.column_names])
+            expires_us = None
+            if ttl is not None and TABLE_UPDATED_AT in table.column_names:
+                written = pc.cast(table.column(TABLE_UPDATED_AT), pa.timestamp("us"))
+                lifetime_us = int(ttl.total_seconds() * 1_000_000)
+                expires_us = [
+                    -1 if at is None else at + lifetime_us
+                    for at in pc.cast(written, pa.int64()).to_pylist()
+                ]
+            rows = table.drop_columns([c for c in own if c in table.column_names])
+            return _Copy(snapshot.version, snapshot.watermark, rows, expires_us)
 
-        rows = await asyncio.to_thread(read)
-        copy = await asyncio.to_thread(_Copy, snapshot.version, snapshot.watermark, rows)
-        return copy
+        return await asyncio.to_thread(read)
 
     def _sweep_later(self) -> None:
         if self._sweeper is None:

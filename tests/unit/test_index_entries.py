@@ -126,6 +126,8 @@ def test_a_statement_over_one_map_with_a_where_is_a_selection() -> None:
     assert check('SELECT * FROM public."Users" WHERE "N" < 3 LIMIT 2').selection == Selection(
         "Users", '"N" < 3', frozenset({"N"}), True
     )
+    found = check("SELECT users.* FROM users WHERE n = 1").selection
+    assert found is not None and found.star  # a table's every column, as ``*``
     # A key lookup is one already; a join, a subquery, a WITH, an alias, no WHERE are not.
     for text in (
         "SELECT * FROM users WHERE _key = 'a'",
