@@ -37,15 +37,12 @@ from query_service.indexes.reads import Entry, IndexReads, IndexUnread
 from query_service.stores.delta import TABLE
 from query_service.stores.redis import RedisMapStore
 from query_service.tables import query_plan
-from query_service.tables.entity_rows import filtered, typed_rows
+from query_service.tables.entity_rows import entity_schema, filtered, typed_rows
 from query_service.tables.page_token import PageToken, fingerprint
 from query_service.tables.snapshots import TableSnapshots
 
 ORDINAL = "__materializer_entry"
 """A column of the candidates' own: their place in the index's order."""
-SCHEMA_SECONDS = 5.0
-"""How old a snapshot of the table may be for its schema to type an answer's rows: a
-column added to the table reaches index answers that much later."""
 PLANS = 256
 """Query plans kept, over all maps."""
 MIN_ROUND = 100
@@ -89,7 +86,7 @@ class IndexQueries:
         generation = await self._store.generation(request.map)
         physical = physical_name(request.map, generation)
         ready = await self._reads.ready(physical)
-        snapshot = await self._snapshots.recent(request.map, generation, SCHEMA_SECONDS)
+        snapshot = await self._snapshots.recent(request.map, generation)
         query = self._plan(request, physical, ready, snapshot.table)
         if token is not None:
             token.check(query.fingerprint)
@@ -132,7 +129,7 @@ class IndexQueries:
         if any(name in (filter_sql or "") for name in own):
             scan = None  # the table's own columns are the table's to answer
         fields = query_plan.projection(request, columns, meta)
-        reading = pa.schema([f for f in schema if f.name not in meta or f.name == TABLE_KEY])
+        reading = entity_schema(schema, meta)
         stamp = fingerprint(physical + " index", filter_sql, fields)
         query = _Query(request.map, scan, physical, filter_sql, fields, reading, stamp)
         query.as_stored = scan is not None and scan.exact and not request.fields

@@ -40,15 +40,13 @@ from query_service.sql import engine
 from query_service.sql.arrow_types import cast, portable
 from query_service.sql.statement import Statement
 from query_service.stores.base import MapStore
-from query_service.tables.entity_rows import readable, typed_rows
+from query_service.tables.entity_rows import entity_schema, readable, typed_rows
 from query_service.tables.snapshots import TableSnapshots
 
 MAX_CANDIDATES = 50_000
 """Entries read at most for one statement; past them the table answers."""
 ROUND = 10_000
 """Entries read per call of the masters."""
-SCHEMA_SECONDS = 5.0
-"""How old a snapshot of the table may be for its schema to type the rows."""
 RUNNING = 2
 """Statements over candidates run in the service at once; past them, the statement
 processes answer (with their deadlines, queue and memory bounds)."""
@@ -106,12 +104,12 @@ class IndexedSelects:
         ready = await self._reads.ready(physical)
         if not ready:
             return None
-        snapshot = await self._snapshots.recent(name, generation, SCHEMA_SECONDS)
+        snapshot = await self._snapshots.recent(name, generation)
         schema = pa.schema(snapshot.table.schema().to_arrow())
         own = set(table_meta(self._live.config.map(name))) - {TABLE_KEY}
         if own & (selection.columns | (set(schema.names) if selection.star else set())):
             return None
-        reading = pa.schema([f for f in schema if f.name not in own])
+        reading = entity_schema(schema, own)
         if not all(readable(f.type) for f in reading):
             return None
         types = {f.name: f.type for f in reading}

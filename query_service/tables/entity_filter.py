@@ -21,11 +21,8 @@ from materializer.v1 import map_service_pb2 as pb
 from query_service.filters import render_filter, sql
 from query_service.stores.base import Change
 from query_service.stores.delta import TABLE
-from query_service.tables.entity_rows import filtered, typed_rows
+from query_service.tables.entity_rows import entity_schema, filtered, typed_rows
 from query_service.tables.snapshots import TableSnapshots
-
-SCHEMA_SECONDS = 5.0
-"""How old a snapshot of the table may be for its schema to type the entities."""
 
 
 class EntityFilter:
@@ -97,7 +94,7 @@ async def entity_filter(
     ``InvalidArgument`` names what does not apply to the entities' columns."""
     if request.WhichOneof("filter") is None:
         return None
-    snapshot = await snapshots.recent(request.map, generation, SCHEMA_SECONDS)
+    snapshot = await snapshots.recent(request.map, generation)
     tables = snapshots.tables
     own = set(tables.meta_columns(request.map)) - {TABLE_KEY}
     columns = tables.columns(request.map, snapshot.table)
@@ -106,7 +103,7 @@ async def entity_filter(
     if filter_sql is None:
         return None
     schema = pa.schema(snapshot.table.schema().to_arrow())
-    reading = pa.schema([f for f in schema if f.name not in own])
+    reading = entity_schema(schema, tables.meta_columns(request.map))
     matching = EntityFilter(request.map, filter_sql, reading)
     # Planned once over no rows: a filter the rows' types refuse (LIKE on a number) is
     # refused now, not at the first change that matches.

@@ -6,7 +6,7 @@ would give for the same entities."""
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -42,6 +42,12 @@ def typed_rows(
         return None
     columns[TABLE_KEY] = pa.array(keys, pa.string())
     return pa.RecordBatch.from_arrays([columns[f.name] for f in schema], schema=schema)
+
+
+def entity_schema(table_schema: pa.Schema, meta: Collection[str]) -> pa.Schema:
+    """The table's columns an entity in Redis has: all but the table's own (``meta`` less
+    the key, which every row read from Redis gets from its key)."""
+    return pa.schema([f for f in table_schema if f.name not in meta or f.name == TABLE_KEY])
 
 
 def filtered(batch: pa.RecordBatch, statement: str, map_name: str) -> pa.Table:

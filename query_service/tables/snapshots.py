@@ -30,6 +30,9 @@ from query_service.stores.delta import DeltaTables
 
 REFRESH_SECONDS = 0.1
 """A snapshot younger than this is reused rather than the table opened again."""
+SCHEMA_SECONDS = 5.0
+"""How old a snapshot may be for its schema to type the entities Redis holds (``recent``):
+a column added to the table reaches answers from Redis that much later."""
 REMEMBERED_VERSIONS = 1024
 """Versions whose recorded watermark is kept, across all tables."""
 
@@ -99,7 +102,9 @@ class TableSnapshots:
             raise DeadlineExceeded(_not_reached(snapshot, wanted)) from None
         return snapshot
 
-    async def recent(self, map_name: str, generation: int, max_age: float) -> TableSnapshot:
+    async def recent(
+        self, map_name: str, generation: int, max_age: float = SCHEMA_SECONDS
+    ) -> TableSnapshot:
         """The cached snapshot if it was opened less than ``max_age`` seconds ago, else the
         newest: for a reader that needs the table's schema, not its rows."""
         cached = self._latest.get((map_name, generation))
