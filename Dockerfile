@@ -45,12 +45,14 @@ COPY jvm/pom.xml jvm/settings.xml jvm/
 COPY jvm/spark/pom.xml jvm/spark/
 COPY jvm/kafka/pom.xml jvm/kafka/
 COPY jvm/registry/pom.xml jvm/registry/
+COPY jvm/debezium/pom.xml jvm/debezium/
 COPY jvm/s3/pom.xml jvm/s3/
 COPY jvm/s3proxy/pom.xml jvm/s3proxy/
 COPY jvm/live jvm/live
 COPY jvm/localfs jvm/localfs
-# The S3 server (jvm/s3proxy) serves the tests only; the schema registry (jvm/registry)
-# the tests and `materializer demo --schema-registry` in a checkout.
+# The S3 server (jvm/s3proxy) and the Debezium capture (jvm/debezium, only its POM is
+# copied, for the reactor) serve the tests only; the schema registry (jvm/registry) the
+# tests and `materializer demo --schema-registry` in a checkout.
 RUN --mount=type=cache,target=/root/.m2 make jars JVM_MODULES=spark,kafka,s3,live,localfs
 
 # Then the dependencies, from pyproject.toml alone, so a change of code reuses this layer.

@@ -4,8 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 JARS := jvm/lib/.resolved
-# The jvm/ modules `make jars` resolves; an image leaves out the tests' registry.
-JVM_MODULES ?= spark,kafka,registry,s3,s3proxy,live,localfs
+# The jvm/ modules `make jars` resolves; an image leaves out the tests' registry and capture.
+JVM_MODULES ?= spark,kafka,registry,s3,s3proxy,live,localfs,debezium
 PYTEST_ARGS ?=
 # Test files spread over this many workers, each with its own broker, Redis and Spark.
 TEST_WORKERS ?= 2
@@ -28,13 +28,13 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 venv: $(VENV)/.installed ## create .venv and install the package with its dev extra
 
-$(JARS): jvm/pom.xml $(wildcard jvm/*/pom.xml) $(shell find jvm/live/src jvm/localfs/src -name '*.java')
+$(JARS): jvm/pom.xml $(wildcard jvm/*/pom.xml) $(shell find jvm/live/src jvm/localfs/src jvm/debezium/src -name '*.java' -o -name '*.properties')
 	@command -v mvn >/dev/null || { echo "Maven (mvn) is needed to resolve the JVM jars: install it (Debian: apt-get install maven)"; exit 1; }
 	rm -rf jvm/lib
 	mvn -q -B -s jvm/settings.xml -f jvm/pom.xml -pl $(JVM_MODULES) -am package
 	touch $@
 
-jars: $(JARS) ## resolve Spark's Kafka/Delta/Avro jars, Kafka's broker and the tests' schema registry into jvm/lib
+jars: $(JARS) ## resolve Spark's Kafka/Delta/Avro jars, Kafka's broker, the tests' schema registry and Debezium capture into jvm/lib
 
 java: ## check that Java 17 or newer is the default java
 	@command -v java >/dev/null || { echo "Java 17 is needed (Debian: apt-get install openjdk-17-jre-headless)"; exit 1; }
@@ -45,6 +45,12 @@ redis: ## make sure redis-server is installed (apt-get as root)
 	@if ! command -v redis-server >/dev/null; then \
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; \
 	  else echo "redis-server is missing: install it (sudo apt-get install redis-server) or set REDIS_URL to a running server"; exit 1; fi; \
+	fi
+
+postgres: ## make sure PostgreSQL (initdb, postgres, psql) is installed, for the Debezium tests (apt-get as root)
+	@if ! command -v initdb >/dev/null && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; \
+	  else echo "PostgreSQL is missing: install it (sudo apt-get install postgresql) or set POSTGRES_URL to a server with wal_level=logical"; exit 1; fi; \
 	fi
 
 browser: ## make sure Debian's chromium and its chromedriver are installed, for the browser tests (apt-get as root)
@@ -64,7 +70,7 @@ node: $(NODE_CLIENT) ## install the Node gRPC client used by the interop test
 archive: venv jars java redis ## the driver JVM's class data archive: faster starts (skipped when up to date)
 	$(BIN)/materializer jvm-archive
 
-setup: venv jars java redis browser node archive ## everything the tests and the demo need
+setup: venv jars java redis postgres browser node archive ## everything the tests and the demo need
 
 proto: venv ## regenerate the gRPC Python code from proto/
 	$(BIN)/python -m tools.codegen
@@ -118,8 +124,9 @@ bench: setup ## run the benchmarks (JSON lines on stdout)
 	$(BIN)/python bench/index_reads.py
 	$(BIN)/python bench/index_freshness.py
 	$(BIN)/python bench/restore_lookups.py
+	$(BIN)/python bench/cdc_fold.py
 
 clean: ## remove the venv, resolved jars and local data
 	rm -rf $(VENV) jvm/lib warehouse checkpoints site tests/interop/node_modules
 
-.PHONY: help venv jars java redis browser node archive setup proto lint format docs test image-tools image image-name image-test bench clean
+.PHONY: help venv jars java redis postgres browser node archive setup proto lint format docs test image-tools image image-name image-test bench clean

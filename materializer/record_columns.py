@@ -35,7 +35,30 @@ SOURCE_COLUMNS = {
 }
 
 VALUE_KEY = "__value_key"
-"""The record key set by a ``value_to_key`` transform; ``__kafka_key`` keeps the original."""
+"""The record key as the map reads it where it is not the raw Kafka key: set by a
+``value_to_key`` transform, or Debezium's key struct as text; ``__kafka_key`` keeps the
+original."""
+
+# Debezium's change events (``source.envelope: debezium``): what the envelope says beside
+# the row, for the fold, the transforms and the change stream.
+OP = "__op"
+"""The event's ``op``: ``c`` create, ``r`` snapshot read, ``u`` update, ``d`` delete,
+``t`` truncate."""
+BEFORE = "__before"
+"""The row before the change (a struct of the row's fields), as Debezium sends it."""
+TS_MS = "__ts_ms"
+"""When Debezium processed the event (its ``ts_ms``), epoch milliseconds."""
+SOURCE_TS_MS = "__source_ts_ms"
+"""When the database made the change (``source.ts_ms``), epoch milliseconds."""
+ENVELOPE_TIMES = {"ts_ms": TS_MS, "source.ts_ms": SOURCE_TS_MS}
+"""The envelope's times ``fold.event_time`` may name, and the columns that hold them."""
+TRUNCATE_KEY = "__truncate__"
+"""The key of a truncate (Debezium's ``op: t``): not an entity's, the mark that every entity
+of the map is deleted at the record's order (``redis.truncate``); no record may have it."""
+UNAVAILABLE = "__unavailable"
+"""The fields Debezium could not send (a TOASTed value the change left alone): they keep
+the value the entity has; with this column, every other field of the record is set, null
+included."""
 
 KEY = "__key"
 """The entity key as a string: the Redis key suffix and the Delta merge key."""

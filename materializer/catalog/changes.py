@@ -38,6 +38,7 @@ STATE_BOUND = (
     "fold.event_time",
     "fold.aggregates",
     "source.format",
+    "source.envelope",
     "source.schema",
     "source.schema_file",
     "source.descriptor_file",

@@ -30,6 +30,12 @@ class SourceConfig(_Model):
     value as one string field), or ``json_schema`` (Confluent's JSON Schema wire
     format: the registry's 5-byte header, then JSON, typed by ``schema`` as for
     ``json``; the JSON carries its own field names, so the registry is not asked).
+
+    ``envelope`` says what a decoded value is: ``none``, the entity itself; ``debezium``,
+    Debezium's change event (``before``, ``after``, ``op``, ``source``, ``ts_ms``), whose
+    ``after`` is the entity, ``op: d`` a delete, and the tombstone after it nothing
+    (``materializer.source.debezium``). Its ``schema`` (``json``, ``json_schema``) declares
+    the row's columns; with ``avro`` they are ``after``'s fields in the registry.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -54,6 +60,31 @@ class SourceConfig(_Model):
     ``record`` or ``topic_record``): the map's fields are all of theirs, a field a type
     lacks is null, and a record of another type is a dead letter."""
     string_field: str = "value"
+    envelope: Literal["none", "debezium"] = "none"
+
+    @model_validator(mode="after")
+    def _envelope_formats(self) -> SourceConfig:
+        if self.envelope != "debezium":
+            return self
+        if self.format in ("json", "json_schema") and self.schema_ is None:
+            raise ValueError(
+                "envelope debezium with format json needs schema: the row's columns as Spark "
+                "SQL DDL (the fold's entity is the change event's after)"
+            )
+        if self.format == "avro" and self.schema_registry_url is None:
+            raise ValueError(
+                "envelope debezium with format avro needs schema_registry_url: Debezium's "
+                "Avro converter writes Confluent's wire format"
+            )
+        if self.format not in ("json", "json_schema", "avro"):
+            raise ValueError(
+                f"envelope debezium reads format json, json_schema or avro, not {self.format}"
+            )
+        if self.subject_name_strategy != "topic":
+            raise ValueError(
+                "envelope debezium reads one table's topic: subject_name_strategy topic"
+            )
+        return self
 
     @model_validator(mode="after")
     def _format_options(self) -> SourceConfig:

@@ -152,13 +152,31 @@ def order_column(records: DataFrame, event_time: str | None = None) -> Column:
 
     parts = [position()]
     if event_time is not None:
-        if event_time not in records.columns:
-            known = ", ".join(c.entity_fields(records.columns))
-            raise ConfigError("", [f"fold.event_time: no field {event_time!r} ({known})"])
-        value = F.col(c.quote(event_time))
-        sortable = F.concat(F.lit("1"), _sortable(value, records.schema[event_time].dataType))
+        column = event_time_column(records, event_time)
+        value = F.col(c.quote(column))
+        sortable = F.concat(F.lit("1"), _sortable(value, records.schema[column].dataType))
         parts[:0] = [F.when(value.isNull(), F.lit("0")).otherwise(sortable), F.lit("\x00")]
     return parts[0] if len(parts) == 1 else F.concat(*parts)
+
+
+def event_time_column(records: DataFrame, event_time: str) -> str:
+    """The column ``fold.event_time`` names: a field, or a time of Debezium's envelope
+    (``ts_ms``, ``source.ts_ms``: ``record_columns.ENVELOPE_TIMES``)."""
+    envelope = c.ENVELOPE_TIMES.get(event_time)
+    if envelope is not None and envelope in records.columns:
+        if event_time in records.columns:
+            raise ConfigError(
+                "",
+                [
+                    f"fold.event_time: {event_time} is both a column of the row and the "
+                    "change event's time: rename the column with a transform"
+                ],
+            )
+        return envelope
+    if event_time not in records.columns or c.is_internal(event_time):
+        known = ", ".join(c.entity_fields(records.columns))
+        raise ConfigError("", [f"fold.event_time: no field {event_time!r} ({known})"])
+    return event_time
 
 
 def orders_are_digits(records: DataFrame, event_time: str | None = None) -> bool:
@@ -167,7 +185,10 @@ def orders_are_digits(records: DataFrame, event_time: str | None = None) -> bool
     are (``digits_after``), without the byte-by-byte search a string needs."""
     from pyspark.sql import types as T
 
-    return event_time is None or not isinstance(records.schema[event_time].dataType, T.StringType)
+    if event_time is None:
+        return True
+    column = event_time_column(records, event_time)
+    return not isinstance(records.schema[column].dataType, T.StringType)
 
 
 def _sortable(value: Column, dtype: DataType) -> Column:

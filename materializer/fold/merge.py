@@ -142,7 +142,10 @@ class MergeMode(FoldMode):
         """The member names of each object of the raw JSON that has fields: ``aux`` asks
         each for several fields. Parsed once per object, not once per field, the merge
         fold's own columns cost a little more than ``latest``'s, not several times as much
-        (docs/decisions/0015-merge-null-search-once-per-object.md)."""
+        (docs/decisions/0015-merge-null-search-once-per-object.md). A Debezium row needs
+        none: its nulls are all explicit."""
+        if c.UNAVAILABLE in records.columns:
+            return records, []
         columns = {}
         for parent, name in _member_columns(fields_of(self.entity_type(records))).items():
             members = _members(parent)
@@ -156,6 +159,8 @@ class MergeMode(FoldMode):
         from pyspark.sql import functions as F
 
         fields = fields_of(self.entity_type(records))
+        if c.UNAVAILABLE in records.columns:
+            return _row_nulls(fields)
         names = _member_columns(fields)
         nulls = []
         for i, f in enumerate(_flat(fields)):
@@ -170,6 +175,18 @@ class MergeMode(FoldMode):
         """The entity's fields; numbers kept as text when a decimal is among them."""
         entity = self.entity_type(records)
         return MergeFolder(fields_of(entity), exact=_contains_decimal(entity))
+
+
+def _row_nulls(fields: tuple[Field, ...]) -> Column:
+    """``aux`` of a row Debezium sent whole: every null field, but those it could not send."""
+    from pyspark.sql import functions as F
+
+    unavailable = F.col(c.UNAVAILABLE)
+    nulls = [
+        F.when(_value(f.path).isNull() & ~F.array_contains(unavailable, f.path[0]), F.lit(str(i)))
+        for i, f in enumerate(_flat(fields))
+    ]
+    return F.concat_ws(",", *nulls)
 
 
 SEED = ""

@@ -12,13 +12,19 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from materializer import record_columns as c
 from materializer.checkpoints.running import Checkpoint
 from materializer.clients.group_positions import COORDINATOR_WAIT_S
 from materializer.clients.kafka import fence_transactional_ids, java
 from materializer.clients.kafka_offsets import admin_client, partition_ids
 from materializer.config import AppConfig
 from materializer.config.maps import realtime_problems, realtime_refusal
-from materializer.contract.redis_layout import live_freshness_key, meta_key, physical_name
+from materializer.contract.redis_layout import (
+    RESERVED_KEYS,
+    live_freshness_key,
+    meta_key,
+    physical_name,
+)
 from materializer.errors import ConfigError
 from materializer.fold.aggregate import AggregateFolder
 from materializer.fold.base import orders_are_digits
@@ -34,7 +40,7 @@ from materializer.live.positions import (
     transactional_ids,
     transactional_prefix,
 )
-from materializer.redis.functions import LIVE, load_library
+from materializer.redis.functions import LIVE, TRUNCATE, load_library
 from materializer.redis.sink import RedisFold
 from materializer.redis.writer import Writer
 from materializer.restore.automatic import ensure_whole
@@ -211,6 +217,12 @@ def _map_part(
         "freshness": live_freshness_key(name),
         "fold": function_fold(fold, keyed),
         "batchInOrder": fold.mode.batch_in_order,
+        "truncate": {
+            "function": TRUNCATE,
+            "key": c.TRUNCATE_KEY,
+            "map": physical,
+            "reserved": sorted(RESERVED_KEYS),
+        },
     }
     return writer_columns(fold, events, index, physical), spec
 

@@ -28,6 +28,7 @@ from materializer.redis.prepare import (
     VALUE,
     arrow_schema,
 )
+from materializer.redis.truncate import delete_all, split
 from materializer.redis.writer import Writer
 from materializer.runtime.freshness import Freshness
 from materializer.runtime.freshness import add as add_freshness
@@ -55,6 +56,8 @@ class Applied:
     changelog_ends: dict[int, int] | None = field(default_factory=dict)
     """Per changelog partition it wrote, the next offset after its last record there, from
     the delivery reports; ``None``: unknown (a delivery came back without its offset)."""
+    truncate: str | None = None
+    """The order of its last truncate (``redis.truncate``); None: it had none."""
 
     def __add__(self, other: Applied) -> Applied:
         stamps = [t for t in (self.newest_timestamp_us, other.newest_timestamp_us) if t is not None]
@@ -64,6 +67,7 @@ class Applied:
             max(stamps, default=None),
             add_freshness(self.freshness, other.freshness),
             further(self.changelog_ends, other.changelog_ends),
+            max((t for t in (self.truncate, other.truncate) if t is not None), default=None),
         )
 
     def to_row(self) -> dict[str, list[Any]]:
@@ -81,6 +85,7 @@ class Applied:
             "freshness_max_us": [max_us],
             "changelog_partitions": [None if ends is None else list(ends)],
             "changelog_ends": [None if ends is None else list(ends.values())],
+            "truncate": [self.truncate],
         }
 
     @classmethod
@@ -96,6 +101,7 @@ class Applied:
             None
             if row["changelog_partitions"] is None
             else dict(zip(row["changelog_partitions"], row["changelog_ends"], strict=True)),
+            row["truncate"],
         )
 
 
@@ -131,6 +137,7 @@ def apply_batches(
 
     chunks = list(batches)
     table = pa.Table.from_batches(chunks) if chunks else arrow_schema().empty_table()
+    table, truncate = split(table)
     deliveries = Deliveries(producer, target)
     try:
         letters = 0
@@ -145,6 +152,8 @@ def apply_batches(
             states = list(writer.latest(_winners(table)))
         else:
             states = list(writer.fold(target.folder, _events(table, batch_time_ms)))
+        if truncate is not None:
+            states += delete_all(writer, truncate, batch_time_ms)
         landed_us = time.time_ns() // 1000
         keys = 0
         for key, state in states:
@@ -164,6 +173,7 @@ def apply_batches(
         changelog_ends=(
             dict(deliveries.ends.get(target.changelog_topic, {})) if deliveries.ends_known else None
         ),
+        truncate=truncate,
     )
 
 
@@ -263,9 +273,11 @@ COUNTS = (
     "freshness_max_us",
     "changelog_partitions",
     "changelog_ends",
+    "truncate",
 )
 """The row of counts each executor task of a large batch returns (``Applied.to_row``):
-integers; ``freshness_counts``, ``changelog_partitions`` and ``changelog_ends`` lists of them."""
+integers; ``freshness_counts``, ``changelog_partitions`` and ``changelog_ends`` lists of them;
+``truncate`` text."""
 
 
 _LISTS = ("freshness_counts", "changelog_partitions", "changelog_ends")
@@ -275,4 +287,9 @@ def counts_schema() -> pa.Schema:
     """``COUNTS`` as Arrow types, which Spark's ``mapInArrow`` is declared with too."""
     import pyarrow as pa
 
-    return pa.schema([(n, pa.list_(pa.int64()) if n in _LISTS else pa.int64()) for n in COUNTS])
+    def kind(name: str) -> pa.DataType:
+        if name == "truncate":
+            return pa.string()
+        return pa.list_(pa.int64()) if name in _LISTS else pa.int64()
+
+    return pa.schema([(n, kind(n)) for n in COUNTS])

@@ -193,6 +193,64 @@ local function live(keys, args)
   return out
 end
 
+-- A map's state key of an entity key (``redis_layout.state_key``): the map's name, its
+-- state mark, and the entity key's hash tag (the key after it when it has one of its own).
+local function state_of(map, entity, key)
+  local open = string.find(entity, '{', 1, true)
+  local close = open and string.find(entity, '}', open + 1, true)
+  if open and close and close > open + 1 then return map .. '\0o:' .. key end
+  return map .. '\0o:{' .. entity .. '}'
+end
+
+-- A truncate on the real-time path (``materializer.redis.truncate``): ARGV after the
+-- thirteen of ``live`` are the truncate's topic, partition, offset and order, the map's
+-- name, then the names under it that are not entities (``RESERVED_KEYS``). Every entity
+-- of the map on this server is deleted at the truncate's order, as its record would
+-- delete it, and the position moves past the truncate, in one atomic call: nothing else
+-- runs until every entity is gone. A truncate applied before changes nothing. Returns
+-- each entity key's name and its value after the call (false: none), for the changelog.
+local function truncate(keys, args)
+  local refusal = refused(args)
+  if refusal then return refusal end
+  local meta = args[11]
+  local raw = redis.call('HGET', meta, 'offsets')
+  local offsets = {}
+  if raw then offsets = cjson.decode(raw) end
+  local topic, partition, offset, order, map = args[14], args[15], args[16], args[17], args[18]
+  local parts = offsets[topic] or {}
+  offsets[topic] = parts
+  local next_offset = parts[partition]
+  if next_offset ~= nil and tonumber(offset) < tonumber(next_offset) then return {} end
+  local reserved = {}
+  for i = 19, #args do reserved[map .. ':' .. args[i]] = true end
+  local fold = fold_of(args[13])
+  local ix = indexes_of(args[6])
+  local place = topic .. ':' .. partition
+  local out = {}
+  local cursor = '0'
+  repeat
+    local page = redis.call('SCAN', cursor, 'MATCH', map .. ':*', 'COUNT', 1000)
+    cursor = page[1]
+    for _, entity in ipairs(page[2]) do
+      if not reserved[entity] then
+        local key = string.sub(entity, #map + 2)
+        local state_key = state_of(map, entity, key)
+        if fold then
+          folded(args, ix, fold, place, offset, entity, state_key, order, '', '')
+        else
+          later(args, ix, entity, state_key, order, '')
+        end
+        out[#out + 1] = key
+        out[#out + 1] = redis.call('GET', entity)
+      end
+    end
+  until cursor == '0'
+  parts[partition] = tonumber(offset) + 1
+  redis.call('HSET', meta, 'offsets', cjson.encode(offsets), 'batch_id', args[3],
+    'app_id', args[12], 'updated_at_ms', now_ms())
+  return out
+end
+
 -- The previous release's real-time call: no fold spec, no aux (``latest`` only).
 local function live_v5(keys, args)
   local out = {}
@@ -380,6 +438,8 @@ redis.register_function{function_name='materializer_live_v5', callback=live_v5,
 redis.register_function{function_name='materializer_live_v6', callback=live,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_live_v7', callback=live,
+  flags={'allow-cross-slot-keys'}}
+redis.register_function{function_name='materializer_truncate_v1', callback=truncate,
   flags={'allow-cross-slot-keys'}}
 redis.register_function{function_name='materializer_read_v3', callback=read,
   flags={'no-writes', 'allow-cross-slot-keys'}}

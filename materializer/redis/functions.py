@@ -56,6 +56,9 @@ LIVE = "materializer_live_v7"
 """The real-time path's writing function: ``latest`` applied, ``merge`` and ``aggregate``
 folded, idempotent by source position, the watermark's offsets moved in the same call
 (``materializer.live``)."""
+TRUNCATE = "materializer_truncate_v1"
+"""The real-time path's truncate of a map (``redis.truncate``): every entity deleted and
+the position moved past it, in one call."""
 FILL = "materializer_fill_v4"
 INDEX_BUILD = "materializer_index_build_v1"
 """Adds entities' entries to an index declared while the map runs, and marks it built

@@ -17,6 +17,9 @@ fields and no error. Each format lives in ``source.formats``:
 ``string``                              the value as one string field
 ======================================  =====================================================
 
+With ``source.envelope: debezium`` the format decodes Debezium's change event, and
+``source.debezium`` says what it means (its row as the fields, deletes, tombstones).
+
 Problems found while building the decoder (an unreadable schema file, a
 registry that cannot be reached) are raised when the map starts, as
 ConfigError or SetupError naming the ``source`` key at fault.
@@ -29,6 +32,7 @@ from typing import TYPE_CHECKING
 from materializer import record_columns as c
 from materializer.config import MapConfig
 from materializer.errors import ConfigError
+from materializer.source.debezium.envelope import decode_debezium
 from materializer.source.formats.avro_file import avro_schema, decode_avro_file
 from materializer.source.formats.avro_registry import decode_avro_registry
 from materializer.source.formats.json import decode_json, json_schema
@@ -52,6 +56,8 @@ def _decode_string(raw: DataFrame, field: str) -> DataFrame:
 def decode(raw: DataFrame, map_config: MapConfig) -> DataFrame:
     """Add the entity's fields and the error columns to raw records."""
     src = map_config.source
+    if src.envelope == "debezium":
+        return decode_debezium(raw, map_config)
     if src.format == "json" and src.schema_ is not None:
         return decode_json(raw, json_schema(map_config))
     if src.format == "json_schema":

@@ -8,6 +8,7 @@ from materializer import record_columns as c
 from materializer.config import KAFKA_KEY, MapConfig
 from materializer.contract.redis_layout import RESERVED_KEYS
 from materializer.errors import ConfigError, first_line
+from materializer.source.debezium.ops import TRUNCATE
 from materializer.source.decode import with_error
 
 if TYPE_CHECKING:
@@ -17,7 +18,8 @@ if TYPE_CHECKING:
 def assign_keys(records: DataFrame, map_config: MapConfig) -> DataFrame:
     """Add ``__key`` and ``__deleted``; records without a usable key get a ``key`` error.
 
-    A tombstone has no value, so its key can only be the record's Kafka key.
+    A tombstone has no value, so its key can only be the record's Kafka key. A Debezium
+    truncate has no key: it gets ``record_columns.TRUNCATE_KEY``.
     ``fold.delete_when`` marks events that delete the entity they are keyed to.
     """
     from pyspark.errors import PySparkException
@@ -38,13 +40,20 @@ def assign_keys(records: DataFrame, map_config: MapConfig) -> DataFrame:
         key = F.when(tombstone, kafka_key).otherwise(F.col(c.quote(map_config.key)).cast("string"))
         source = f"field {map_config.key!r}"
     deleted = tombstone
+    truncate = F.lit(False)
+    if c.DELETED in records.columns:  # the decoder's (a Debezium delete)
+        deleted = tombstone | F.coalesce(F.col(c.DELETED), F.lit(False))
+    if c.OP in records.columns:  # a Debezium truncate deletes every entity
+        truncate = F.coalesce(F.col(c.OP) == TRUNCATE, F.lit(False))
+        key = F.when(truncate, F.lit(c.TRUNCATE_KEY)).otherwise(key)
+        deleted = deleted | truncate
     if map_config.fold.delete_when:
         condition = F.expr(map_config.fold.delete_when)
         try:
             records.select(condition)
         except PySparkException as exc:
             raise ConfigError("", [f"fold.delete_when: {first_line(exc)}"]) from None
-        deleted = tombstone | F.coalesce(condition, F.lit(False))
+        deleted = deleted | F.coalesce(condition, F.lit(False))
     df = records.withColumns({c.KEY: key, c.DELETED: deleted})
     df = with_error(
         df,
@@ -57,6 +66,6 @@ def assign_keys(records: DataFrame, map_config: MapConfig) -> DataFrame:
     return with_error(
         df,
         "key",
-        F.col(c.KEY).isin(*RESERVED_KEYS),
+        F.col(c.KEY).isin(*RESERVED_KEYS, c.TRUNCATE_KEY) & ~truncate,
         F.lit("key is reserved by the Redis layout"),
     )

@@ -16,14 +16,22 @@ if TYPE_CHECKING:
 
 
 def with_error(df: DataFrame, stage: str, failed: Column, message: Column) -> DataFrame:
-    """Mark records where ``failed`` holds, unless an earlier stage already marked them."""
+    """Mark records where ``failed`` holds, unless an earlier stage already marked them.
+
+    Each column reads each earlier one once: a filter Spark pushes down through the
+    stages (``on_error: fail``) copies every stage's expression into it, and columns that
+    read the stage twice doubled at every stage, a plan too large to build for a map of
+    many stages."""
     from pyspark.sql import functions as F
 
-    first = F.col(c.ERROR_STAGE).isNull() & F.coalesce(failed, F.lit(False))
+    failing = F.coalesce(failed, F.lit(False))
+    earlier = F.col(c.ERROR_STAGE)
     return df.withColumns(
         {
-            c.ERROR_STAGE: F.when(first, F.lit(stage)).otherwise(F.col(c.ERROR_STAGE)),
-            c.ERROR_MESSAGE: F.when(first, message).otherwise(F.col(c.ERROR_MESSAGE)),
+            c.ERROR_STAGE: F.coalesce(earlier, F.when(failing, F.lit(stage))),
+            c.ERROR_MESSAGE: F.when(earlier.isNull(), F.when(failing, message)).otherwise(
+                F.col(c.ERROR_MESSAGE)
+            ),
         }
     )
 

@@ -2,9 +2,9 @@
 
 Every transform is a Spark expression over the record's top-level fields, so
 the JVM runs them inside the same stage as the decoder: no Python per record.
-They touch *live* records only — decoded, not a tombstone, not already failed
-— so a tombstone still deletes its entity and a failed record reaches the
-dead-letter topic as it was read.
+They touch *live* records only — decoded, not a tombstone, not already failed,
+not a Debezium delete or truncate — so a tombstone or a delete still deletes its
+entity and a failed record reaches the dead-letter topic as it was read.
 
 Field names are checked against the schema when the map starts: a missing
 field, a bad SQL expression or an unknown type is a ConfigError naming the
@@ -59,11 +59,16 @@ def apply_transforms(records: DataFrame, transforms: Sequence[Transform]) -> Dat
     return records
 
 
-def _live() -> Column:
-    """Records a transform applies to: decoded, not a tombstone, not failed earlier."""
+def _live(records: DataFrame) -> Column:
+    """Records a transform applies to: decoded, not a tombstone, not failed earlier, and not
+    a delete their decoder marked (Debezium's ``d`` and ``t``, whose fields are ``before``'s
+    or none: a ``filter`` on the row's columns must not keep the entity from its delete)."""
     from pyspark.sql import functions as F
 
-    return F.col(c.ERROR_STAGE).isNull() & F.col(c.VALUE).isNotNull()
+    live = F.col(c.ERROR_STAGE).isNull() & F.col(c.VALUE).isNotNull()
+    if c.DELETED in records.columns:
+        live = live & ~F.coalesce(F.col(c.DELETED), F.lit(False))
+    return live
 
 
 def _field(name: str) -> Column:
@@ -100,7 +105,7 @@ def _filter(records: DataFrame, t: FilterTransform, path: str) -> DataFrame:
         raise ConfigError(
             "", [f"{path}.condition: must be a condition (true/false), not {dtype.simpleString()}"]
         )
-    return records.where(~_live() | F.coalesce(condition, F.lit(False)))
+    return records.where(~_live(records) | F.coalesce(condition, F.lit(False)))
 
 
 def _rename(records: DataFrame, t: RenameTransform, path: str) -> DataFrame:
@@ -159,7 +164,7 @@ def _mask(records: DataFrame, t: MaskTransform, path: str) -> DataFrame:
     for name in t.fields:
         col = _field(name)
         empty = empty_value(records.schema[name].dataType)
-        masked[name] = F.when(_live() & col.isNotNull(), empty).otherwise(col)
+        masked[name] = F.when(_live(records) & col.isNotNull(), empty).otherwise(col)
     return records.withColumns(masked)
 
 
@@ -170,9 +175,9 @@ def _converted(
     from pyspark.sql import functions as F
 
     col = _field(name)
-    failed = _live() & col.isNotNull() & converted.isNull()
+    failed = _live(records) & col.isNotNull() & converted.isNull()
     records = with_error(records, STAGE, failed, F.concat(F.lit(f"{path}: {name}: "), describe))
-    return records.withColumn(name, F.when(_live(), converted).otherwise(F.lit(None)))
+    return records.withColumn(name, F.when(_live(records), converted).otherwise(F.lit(None)))
 
 
 def _shown(col: Column) -> Column:
@@ -284,7 +289,7 @@ def _value_to_key(records: DataFrame, t: ValueToKeyTransform, path: str) -> Data
     current = (
         F.col(c.VALUE_KEY) if c.VALUE_KEY in records.columns else F.col(c.KAFKA_KEY).cast("string")
     )
-    return records.withColumn(c.VALUE_KEY, F.when(_live(), key).otherwise(current))
+    return records.withColumn(c.VALUE_KEY, F.when(_live(records), key).otherwise(current))
 
 
 def _extract_field(records: DataFrame, t: ExtractFieldTransform, path: str) -> DataFrame:
@@ -328,7 +333,7 @@ def _compute(records: DataFrame, t: ComputeTransform, path: str) -> DataFrame:
             records.select(expr)  # resolves now, so the error names this field
         except PySparkException as exc:
             raise ConfigError("", [f"{path}.fields.{name}: {first_line(exc)}"]) from None
-        computed[name] = F.when(_live(), expr)
+        computed[name] = F.when(_live(records), expr)
     return records.withColumns(computed)
 
 

@@ -11,7 +11,7 @@ from materializer.redis import functions
 def test_the_library_registers_exactly_the_functions_python_calls() -> None:
     registered = set(re.findall(r"'(materializer_[a-z_]+_v[0-9]+)'", functions.SOURCE))
     called = {functions.LATEST, functions.READ, functions.PUT, functions.FILL, functions.EXPIRE}
-    called |= {functions.LIVE, functions.INDEX_BUILD, functions.INDEX_READ}
+    called |= {functions.LIVE, functions.TRUNCATE, functions.INDEX_BUILD, functions.INDEX_READ}
     called |= {functions.NEXT_EPOCH, functions.RAISE_EPOCH, *functions.LEGACY}
     assert registered == called
     assert functions.READ == READ_FUNCTION

@@ -44,9 +44,16 @@ class ValueDecoder(ABC):
     the stream.
     """
 
+    reads_key = False
+    """Whether the record's Kafka key is decoded too (``decode_record``)."""
+
     @abstractmethod
     def decode(self, value: bytes) -> dict[str, Any]:
         """The fields of one non-null value."""
+
+    def decode_record(self, key: bytes | None, value: bytes) -> dict[str, Any]:
+        """The fields of one non-null value and its key (``reads_key``)."""
+        return self.decode(value)
 
 
 def _describe(exc: Exception) -> str:
@@ -79,15 +86,18 @@ class ArrowDecode:
         arrow_type = self._arrow_type()
         for batch in batches:
             values = batch.column(batch.schema.get_field_index(c.VALUE)).to_pylist()
+            keys = [None] * len(values)
+            if self.decoder.reads_key:
+                keys = batch.column(batch.schema.get_field_index(c.KAFKA_KEY)).to_pylist()
             rows: list[dict[str, Any] | None] = []
             stages: list[str | None] = []
             messages: list[str | None] = []
-            decode = self.decoder.decode
-            for value in values:
+            decode = self.decoder.decode_record
+            for key, value in zip(keys, values, strict=True):
                 row, message = None, None
                 if value is not None:
                     try:
-                        row = decode(value)
+                        row = decode(key, value)
                     except Exception as exc:  # bad bytes are data, whatever the decoder raised
                         message = _describe(exc)
                 rows.append(row)
@@ -158,10 +168,13 @@ def nullable(dtype: DataType) -> DataType:
     return dtype
 
 
-def decode_in_python(raw: DataFrame, fields: StructType, decoder: ValueDecoder) -> DataFrame:
+def decode_in_python(
+    raw: DataFrame, fields: StructType, decoder: ValueDecoder, own: StructType | None = None
+) -> DataFrame:
     """Raw records plus the decoded ``fields`` and the error columns, decoded on the executors.
 
-    Every decoded field is nullable (see :func:`nullable`).
+    Every decoded field is nullable (see :func:`nullable`). ``own``: columns of the
+    pipeline's the decoder adds too (their names start with ``__``).
     """
     from pyspark.sql.types import StringType, StructField, StructType
 
@@ -172,6 +185,8 @@ def decode_in_python(raw: DataFrame, fields: StructType, decoder: ValueDecoder) 
             "", [f"source: fields {names} start with {c.PREFIX!r}, kept for the pipeline's own"]
         )
     fields = cast("StructType", nullable(fields))
+    if own is not None:
+        fields = StructType([*fields.fields, *own.fields])
     schema = StructType(
         [
             *raw.schema.fields,

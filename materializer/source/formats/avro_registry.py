@@ -55,7 +55,8 @@ _writers: dict[tuple[str, int], Any] = {}
 """(url, writer id) → parsed writer schema, per process."""
 
 
-def _parse(text: str) -> Any:
+def parse_avro(text: str) -> Any:
+    """A schema's text parsed by fastavro."""
     import fastavro
 
     return fastavro.parse_schema(orjson.loads(text))
@@ -84,7 +85,7 @@ class AvroRegistryDecoder(ValueDecoder):
         key = (self.url, reader.schema_id)
         found = _readers.get(key)
         if found is None:
-            parsed = _parse(reader.text)
+            parsed = parse_avro(reader.text)
             found = (parsed, converter(parsed))
             _readers[key] = found
         return found
@@ -94,7 +95,7 @@ class AvroRegistryDecoder(ValueDecoder):
         same = self._by_id.get(schema_id)
         if same is not None:
             return same, None
-        writer = self._writer(schema_id)
+        writer = self.writer(schema_id)
         if None in self._by_type:
             return self._by_type[None], writer
         name = writer.get("name") if isinstance(writer, dict) else None
@@ -107,7 +108,8 @@ class AvroRegistryDecoder(ValueDecoder):
             )
         return reader, writer
 
-    def _writer(self, schema_id: int) -> Any:
+    def writer(self, schema_id: int) -> Any:
+        """The parsed writer schema of ``schema_id``, fetched once per process."""
         key = (self.url, schema_id)
         found = _writers.get(key)
         if found is not None:
@@ -119,7 +121,7 @@ class AvroRegistryDecoder(ValueDecoder):
         if schema.schema_type != "AVRO":
             raise DecodeFailure(f"writer schema id {schema_id} is {schema.schema_type}, not AVRO")
         try:
-            found = _parse(schema.text)
+            found = parse_avro(schema.text)
         except Exception as exc:  # fastavro raises several types for a bad schema
             raise DecodeFailure(f"writer schema id {schema_id} does not parse: {exc}") from None
         _writers[key] = found
@@ -175,7 +177,7 @@ def _fields(readers: Sequence[Reader]) -> StructType:
     parts = []
     for reader in readers:
         try:
-            fields = spark_type(_parse(reader.text))
+            fields = spark_type(parse_avro(reader.text))
         except AvroSchemaError as exc:
             raise ConfigError(
                 "", [f"source.schema_registry_url: reader schema id {reader.schema_id}: {exc}"]

@@ -17,6 +17,16 @@ entity from a schema file as from a registry:
   bare value, so the branch is told by the value's Python type (the first
   branch that takes it wins).
 
+Kafka Connect's and Debezium's types, as their Avro converters name them in
+``connect.name`` (so a change event's row, or a row Debezium's unwrap transform sent,
+reads as the table's types): ``io.debezium.time.Date`` DATE;
+``io.debezium.time.Timestamp``/``MicroTimestamp``/``NanoTimestamp`` (a timestamp
+without a time zone) TIMESTAMP_NTZ; ``io.debezium.time.ZonedTimestamp`` (ISO-8601 text)
+TIMESTAMP; ``io.debezium.data.VariableScaleDecimal`` (a numeric without a precision)
+DECIMAL(38, 10); Connect's ``Decimal`` without Avro's logical type DECIMAL by its
+parameters. Times of day stay the numbers they are, as Avro's own do; JSON, UUID and
+XML are text.
+
 Recursive records have no Spark type and are refused.
 """
 
@@ -25,6 +35,7 @@ from __future__ import annotations
 import datetime
 import uuid
 from collections.abc import Callable
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -86,12 +97,77 @@ def spark_type(schema: Any) -> StructType:
     return dtype
 
 
+DATE = "io.debezium.time.Date"
+MILLIS = ("io.debezium.time.Timestamp", "org.apache.kafka.connect.data.Timestamp")
+MICROS = "io.debezium.time.MicroTimestamp"
+NANOS = "io.debezium.time.NanoTimestamp"
+ZONED = "io.debezium.time.ZonedTimestamp"
+VARIABLE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+VARIABLE_DECIMAL_TYPE = (38, 10)
+"""The DECIMAL a numeric without a precision reads as: 28 digits before the point, 10 after;
+a value past them is a decode error, not a rounded number."""
+CONNECT_DECIMAL = "org.apache.kafka.connect.data.Decimal"
+EPOCH = datetime.datetime(1970, 1, 1)
+
+
+def _connect(schema: Any) -> str | None:
+    return schema.get("connect.name") if isinstance(schema, dict) else None
+
+
+def _connect_spark(schema: Any) -> DataType | None:
+    """The Spark type of a Connect or Debezium type (``connect.name``); None: not one."""
+    from pyspark.sql import types as T
+
+    name, kind = _connect(schema), _type_name(schema)
+    if name == DATE and kind == "int":
+        return T.DateType()
+    if name in (*MILLIS, MICROS, NANOS) and kind == "long" and _logical(schema) is None:
+        return T.TimestampNTZType()
+    if name == ZONED and kind == "string":
+        return T.TimestampType()
+    if name == VARIABLE_DECIMAL and kind == "record":
+        return T.DecimalType(*VARIABLE_DECIMAL_TYPE)
+    if name == CONNECT_DECIMAL and kind == "bytes" and _logical(schema) is None:
+        parameters = schema.get("connect.parameters") or {}
+        precision = int(parameters.get("connect.decimal.precision", 38))
+        return T.DecimalType(min(precision, 38), int(parameters.get("scale", 0)))
+    return None
+
+
+def _connect_convert(schema: Any) -> Convert | None:
+    """How a Connect or Debezium type's value becomes its Spark type's (``_connect_spark``)."""
+    name, kind = _connect(schema), _type_name(schema)
+    if _connect_spark(schema) is None:
+        return None
+    if name == DATE:
+        return lambda v: v if v is None else (EPOCH + datetime.timedelta(days=v)).date()
+    if name in MILLIS:
+        return lambda v: v if v is None else EPOCH + datetime.timedelta(milliseconds=v)
+    if name == MICROS:
+        return lambda v: v if v is None else EPOCH + datetime.timedelta(microseconds=v)
+    if name == NANOS:
+        return lambda v: v if v is None else EPOCH + datetime.timedelta(microseconds=v // 1000)
+    if name == ZONED:
+        return lambda v: v if v is None else datetime.datetime.fromisoformat(v)
+    if kind == "record":
+        return lambda v: v if v is None else _scaled(v["value"], v["scale"])
+    scale = int((schema.get("connect.parameters") or {}).get("scale", 0))
+    return lambda v: _scaled(v, scale) if isinstance(v, bytes) else v
+
+
+def _scaled(unscaled: bytes, scale: int) -> Decimal:
+    return Decimal(int.from_bytes(unscaled, "big", signed=True)).scaleb(-scale)
+
+
 def _spark(schema: Any, walk: _Walk) -> tuple[DataType, bool]:
     """(Spark type, nullable) of one resolved schema node."""
     from pyspark.sql import types as T
 
     if isinstance(schema, list):
         return _union(schema, walk)
+    connect = _connect_spark(schema)
+    if connect is not None:
+        return connect, False
     kind = _type_name(schema)
     logical = _logical(schema)
     if logical == "decimal" and kind in ("bytes", "fixed"):
@@ -188,6 +264,9 @@ def _uuid_text(value: Any) -> Any:
 def _convert(schema: Any, walk: _Walk) -> Convert | None:
     if isinstance(schema, list):
         return _convert_union(schema, walk)
+    connect = _connect_convert(schema)
+    if connect is not None:
+        return connect
     kind = _type_name(schema)
     logical = _logical(schema)
     if logical == "uuid":
@@ -232,8 +311,6 @@ def _python_check(schema: Any) -> Callable[[Any], bool]:
     kind = _type_name(schema)
     logical = _logical(schema)
     if logical == "decimal":
-        from decimal import Decimal
-
         return lambda v: isinstance(v, Decimal)
     if logical == "date":
         return lambda v: isinstance(v, datetime.date) and not isinstance(v, datetime.datetime)

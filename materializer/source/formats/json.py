@@ -12,7 +12,7 @@ from materializer.source.formats.parsed import PARSED, spread_parsed
 from materializer.source.record_errors import with_error, without_errors
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import Column, DataFrame
     from pyspark.sql.types import StructType
 
 CORRUPT = "__corrupt_record"
@@ -45,32 +45,7 @@ def decode_json(raw: DataFrame, schema: StructType, wire_format: bool = False) -
     from pyspark.sql import functions as F
     from pyspark.sql.types import StringType, StructField, StructType
 
-    df = without_errors(raw)
-    text = F.col(c.VALUE)
-    if wire_format:
-        magic = F.substring(text, 1, 1)
-        short = F.length(text) < WIRE_HEADER_BYTES
-        framed = ~short & (magic == F.unhex(F.lit("00")))
-        df = with_error(
-            df,
-            "decode",
-            text.isNotNull() & ~framed,
-            F.when(
-                short,
-                F.concat(
-                    F.lit("not in Confluent's wire format: "),
-                    F.length(text).cast("string"),
-                    F.lit(" bytes, fewer than its 5-byte header"),
-                ),
-            ).otherwise(
-                F.concat(
-                    F.lit("not in Confluent's wire format: magic byte 0x"),
-                    F.lower(F.hex(magic)),
-                    F.lit(", expected 0x00"),
-                )
-            ),
-        )
-        text = F.when(framed, F.expr(f"substring(`{c.VALUE}`, {WIRE_HEADER_BYTES + 1})"))
+    df, text = json_text(without_errors(raw), wire_format)
     with_corrupt = StructType([*schema.fields, StructField(CORRUPT, StringType())])
     parsed = F.from_json(
         text.cast("string"),
@@ -83,3 +58,37 @@ def decode_json(raw: DataFrame, schema: StructType, wire_format: bool = False) -
     )
     df = spread_parsed(df, bad, "value is not JSON matching the declared schema")
     return df.drop(CORRUPT)
+
+
+def json_text(df: DataFrame, wire_format: bool) -> tuple[DataFrame, Column]:
+    """The JSON text of each value: the value itself, or with ``wire_format`` what follows
+    the header, a value without one marked as a decode error of its own."""
+    from pyspark.sql import functions as F
+
+    text = F.col(c.VALUE)
+    if not wire_format:
+        return df, text
+    magic = F.substring(text, 1, 1)
+    short = F.length(text) < WIRE_HEADER_BYTES
+    framed = ~short & (magic == F.unhex(F.lit("00")))
+    df = with_error(
+        df,
+        "decode",
+        text.isNotNull() & ~framed,
+        F.when(
+            short,
+            F.concat(
+                F.lit("not in Confluent's wire format: "),
+                F.length(text).cast("string"),
+                F.lit(" bytes, fewer than its 5-byte header"),
+            ),
+        ).otherwise(
+            F.concat(
+                F.lit("not in Confluent's wire format: magic byte 0x"),
+                F.lower(F.hex(magic)),
+                F.lit(", expected 0x00"),
+            )
+        ),
+    )
+    text = F.when(framed, F.expr(f"substring(`{c.VALUE}`, {WIRE_HEADER_BYTES + 1})"))
+    return df, text

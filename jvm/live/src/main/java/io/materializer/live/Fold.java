@@ -62,8 +62,20 @@ final class Fold {
       Effects effects = new Effects(spec.maps.get(e.getKey()));
       List<Record> mine = e.getValue();
       int chunk = effects.map.fold.isEmpty() ? CHUNK : FOLD_CHUNK;
-      for (int from = 0; from < mine.size(); from += chunk) {
-        call(e.getKey(), effects, mine.subList(from, Math.min(mine.size(), from + chunk)));
+      // A truncate applies after the records before it and before those after it.
+      int start = 0;
+      for (int i = 0; i <= mine.size(); i++) {
+        boolean truncate = i < mine.size() && truncates(effects.map, mine.get(i));
+        if (i < mine.size() && !truncate) {
+          continue;
+        }
+        for (int from = start; from < i; from += chunk) {
+          call(e.getKey(), effects, mine.subList(from, Math.min(i, from + chunk)));
+        }
+        if (truncate) {
+          truncate(effects, mine.get(i));
+        }
+        start = i + 1;
       }
       out.add(effects);
     }
@@ -121,7 +133,7 @@ final class Fold {
       }
       if (answer instanceof Long code) {
         if (code == 1L) {
-          effects.states.put(r.key, changed(map, r, r.value));
+          effects.states.put(r.key, changed(map, r.key, r.value));
         } else if (map.deadLetters != null) {
           // New (0), or applied before (-1) and read again after a crash: the transaction
           // that sent its dead letter then never committed (the query starts after the last).
@@ -130,8 +142,50 @@ final class Fold {
         }
       } else {
         // The state as it stands: the record was applied before, or a newer one was.
-        effects.states.put(r.key, changed(map, r, (byte[]) answer));
+        effects.states.put(r.key, changed(map, r.key, (byte[]) answer));
       }
+    }
+  }
+
+  private static boolean truncates(Spec.MapSpec map, Record r) {
+    return !r.failed() && map.truncate.key.equals(r.key);
+  }
+
+  /**
+   * A truncate's record: every entity of the map deleted at its order in one call, each
+   * one's value after it owed to the changelog ({@code materializer.redis.truncate}).
+   */
+  private void truncate(Effects effects, Record r) {
+    Spec.MapSpec map = effects.map;
+    List<byte[]> args = new ArrayList<>();
+    for (int i = 0; i < map.fixed.size(); i++) {
+      args.add(i == 2 ? batch : map.fixed.get(i).getBytes(StandardCharsets.UTF_8));
+    }
+    args.add(map.meta.getBytes(StandardCharsets.UTF_8));
+    args.add(spec.appId.getBytes(StandardCharsets.UTF_8));
+    args.add(map.fold.getBytes(StandardCharsets.UTF_8));
+    args.add(r.topic.getBytes(StandardCharsets.UTF_8));
+    args.add(Integer.toString(r.partition).getBytes(StandardCharsets.UTF_8));
+    args.add(Long.toString(r.offset).getBytes(StandardCharsets.UTF_8));
+    byte[] now = map.batchInOrder
+        ? String.format(Locale.ROOT, "%020d", clock()).getBytes(StandardCharsets.UTF_8)
+        : null;
+    args.add(now == null ? r.order : timed(r.order, now));
+    args.add(map.truncate.map.getBytes(StandardCharsets.UTF_8));
+    for (String name : map.truncate.reserved) {
+      args.add(name.getBytes(StandardCharsets.UTF_8));
+    }
+    List<?> answers;
+    try {
+      answers = (List<?>) redis.fcall(map.truncate.function.getBytes(StandardCharsets.UTF_8),
+          List.of(map.meta.getBytes(StandardCharsets.UTF_8)), args);
+    } catch (RuntimeException e) {
+      throw new MapFailure(map.name, e);
+    }
+    effects.passed(r);
+    for (int i = 0; i + 1 < answers.size(); i += 2) {
+      String key = new String((byte[]) answers.get(i), StandardCharsets.UTF_8);
+      effects.states.put(key, changed(map, key, (byte[]) answers.get(i + 1)));
     }
   }
 
@@ -159,11 +213,11 @@ final class Fold {
     return out;
   }
 
-  private ProducerRecord<byte[], byte[]> changed(Spec.MapSpec map, Record r, byte[] state) {
+  private ProducerRecord<byte[], byte[]> changed(Spec.MapSpec map, String key, byte[] state) {
     RecordHeaders headers = new RecordHeaders();
     headers.add(BATCH_HEADER, batch);
     headers.add(APP_HEADER, spec.appId.getBytes(StandardCharsets.UTF_8));
-    return new ProducerRecord<>(map.changelog, null, r.key.getBytes(StandardCharsets.UTF_8),
+    return new ProducerRecord<>(map.changelog, null, key.getBytes(StandardCharsets.UTF_8),
         state, headers);
   }
 

@@ -56,6 +56,19 @@ final class Spec implements Serializable {
     /** Whether the order has the time of the record's fold in it, before the position, as
      * the micro-batch path puts the batch's time in ({@code fold.base.with_batch_time}). */
     boolean batchInOrder;
+    /** How a truncate (Debezium's {@code op: t}) deletes every entity of the map. */
+    TruncateSpec truncate;
+  }
+
+  /** A map's truncate ({@code materializer.redis.truncate}): the function, the key that
+   * marks a truncate's record, the map's name in Redis and the names under it that are not
+   * entities. */
+  static final class TruncateSpec implements Serializable {
+    private static final long serialVersionUID = 1L;
+    String function;
+    String key;
+    String map;
+    List<String> reserved;
   }
 
   static Spec parse(String json) {
@@ -69,9 +82,11 @@ final class Spec implements Serializable {
     for (MapSpec m : spec.maps) {
       if (m.fixed == null || m.fixed.size() != 10 || m.function == null || m.meta == null
           || m.group == null || m.transactionalId == null || m.changelog == null
-          || m.freshness == null || m.fold == null) {
+          || m.freshness == null || m.fold == null || m.truncate == null
+          || m.truncate.function == null || m.truncate.key == null || m.truncate.map == null
+          || m.truncate.reserved == null) {
         throw new IllegalArgumentException("map " + m.name + ": function, meta, changelog, "
-            + "group, transactionalId, freshness, fold and 10 fixed arguments");
+            + "group, transactionalId, freshness, fold, truncate and 10 fixed arguments");
       }
     }
     return spec;
