@@ -318,6 +318,30 @@ class MapConfig(_Model):
         return self
 
     @model_validator(mode="after")
+    def _change_events_fold(self) -> MapConfig:
+        """A Debezium map folds rows: its entity is the row (``latest``) or the row's fields
+        (``merge``), and its events are ordered by position or by the envelope's times; a
+        row's own column cannot order deletes and truncates, which carry none."""
+        if self.source.envelope != "debezium":
+            return self
+        if self.fold.mode == "aggregate":
+            raise ValueError(
+                "fold.mode: aggregate does not fold change events (a change is the row "
+                "after it, not an increment): use latest or merge"
+            )
+        if self.fold.event_time not in (None, "ts_ms", "source.ts_ms"):
+            raise ValueError(
+                f"fold.event_time: {self.fold.event_time} is a column of the row, which a "
+                "delete or a truncate does not carry: use source.ts_ms (or ts_ms)"
+            )
+        if any(isinstance(t, ValueToKeyTransform) for t in self.transforms):
+            raise ValueError(
+                "transforms: value_to_key re-keys rows, which Debezium's deletes (keyed by "
+                "the primary key) would then miss"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _record_key_used(self) -> MapConfig:
         """``value_to_key`` sets the record key, which only ``key: $kafka_key`` reads."""
         for i, t in enumerate(self.transforms):

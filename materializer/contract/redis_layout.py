@@ -203,6 +203,15 @@ def _beside(map_name: str, mark: bytes, key: str) -> bytes:
     return map_name.encode() + mark + rest
 
 
+def state_key_name(map_name: str, key: bytes) -> str:
+    """The entity key's name of a state key of the map (``state_key``'s inverse)."""
+    rest = key[len(map_name.encode() + STATE_MARK) :]
+    entity = entity_key(map_name, "").encode()
+    if rest.startswith(b"{" + entity) and rest.endswith(b"}"):
+        return rest[len(entity) + 1 : -1].decode()
+    return rest.decode()
+
+
 def state_keys_pattern(map_name: str) -> bytes:
     """A ``SCAN`` pattern for a map's state keys (map names hold no glob characters)."""
     return map_name.encode() + STATE_MARK + b"*"

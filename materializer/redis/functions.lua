@@ -219,14 +219,34 @@ local function truncate(keys, args)
   local topic, partition, offset, order, map = args[14], args[15], args[16], args[17], args[18]
   local parts = offsets[topic] or {}
   offsets[topic] = parts
+  local out = {}
   local next_offset = parts[partition]
-  if next_offset ~= nil and tonumber(offset) < tonumber(next_offset) then return {} end
+  if next_offset ~= nil and tonumber(offset) < tonumber(next_offset) then
+    -- Applied before: each key whose state stays after its delete, with its value now,
+    -- for the changelog records a crash may have kept from Kafka.
+    local mark = map .. '\0o:'
+    local cursor = '0'
+    repeat
+      local page = redis.call('SCAN', cursor, 'MATCH', mark .. '*', 'COUNT', 1000)
+      cursor = page[1]
+      for _, state_key in ipairs(page[2]) do
+        local rest = string.sub(state_key, #mark + 1)
+        local key = rest
+        local whole = '{' .. map .. ':'
+        if string.sub(rest, 1, #whole) == whole and string.sub(rest, -1) == '}' then
+          key = string.sub(rest, #whole + 1, -2)
+        end
+        out[#out + 1] = key
+        out[#out + 1] = redis.call('GET', map .. ':' .. key)
+      end
+    until cursor == '0'
+    return out
+  end
   local reserved = {}
   for i = 19, #args do reserved[map .. ':' .. args[i]] = true end
   local fold = fold_of(args[13])
   local ix = indexes_of(args[6])
   local place = topic .. ':' .. partition
-  local out = {}
   local cursor = '0'
   repeat
     local page = redis.call('SCAN', cursor, 'MATCH', map .. ':*', 'COUNT', 1000)

@@ -256,7 +256,7 @@ class RedisFold:
             again = apply_batches(
                 self.target, batch_id, app_id, batch, self._producer, batch_time_ms
             )
-            total = replace(total, keys=total.keys + again.keys)
+            total = total + again
         return total
 
 

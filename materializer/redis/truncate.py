@@ -2,18 +2,24 @@
 
 The truncate comes as one record keyed ``record_columns.TRUNCATE_KEY``, with an order as
 any record has. It is taken out of its batch, the batch applied without it, then every
-entity Redis holds (``map_keys.entity_keys``: those the batch just wrote too) gets a
-delete at the truncate's order, through the mode's own delete: a record ordered after the
-truncate (later in its partition, or a later ``source.ts_ms`` as the event time) is newer
-than the delete and stays, one before it goes. The deletes' states go to the changelog as
-any change's, so the table deletes the rows in the batch's MERGE and the change stream
-shows each delete. Several truncates in a batch act as the last one.
+entity Redis holds (``map_keys.entity_keys``: those the batch just wrote too), and every
+key whose fold state stays after its delete, gets a delete at the truncate's order,
+through the mode's own delete: a record ordered after the truncate (later in its
+partition, or a later ``source.ts_ms`` as the event time) is newer than the delete and
+stays, one before it goes. The deletes' states go to the changelog as any change's, so
+the table deletes the rows in the batch's MERGE and the change stream shows each delete.
+Several truncates in a batch act as the last one.
 
-Applying a delete twice at one order changes nothing, in every mode (``latest`` keeps the
-greater order, ``merge`` the latest delete, ``aggregate`` skips a source position it has
-folded). So a replayed batch deletes again harmlessly, and a large batch, applied by
-several tasks at once, deletes once more on the driver after them all
-(``RedisFold._apply``): a task's own pass may miss keys another task had not written yet.
+Applying a delete twice at one order changes nothing (``latest`` keeps the greater order,
+``merge`` the latest delete), so a replayed batch deletes again harmlessly and sends the
+deletes to the changelog again (the keys deleted already are found by their states); and
+a large batch, applied by several tasks at once, deletes once more on the driver after
+them all (``RedisFold._apply``): a task's own pass may miss keys another task had not
+written yet.
+
+Orders compare positions within one partition only: on a topic of several partitions, a
+truncate is in order with the other partitions' records with ``fold.event_time:
+source.ts_ms`` (docs/change-data-capture.md).
 """
 
 from __future__ import annotations
@@ -22,8 +28,9 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from materializer import record_columns as c
+from materializer.contract.redis_layout import state_key_name, state_keys_pattern
 from materializer.fold.base import with_batch_time
-from materializer.redis.map_keys import KEYS_PER_READ, chunked, entity_keys
+from materializer.redis.map_keys import KEYS_PER_READ, SCAN_COUNT, entity_keys
 from materializer.redis.prepare import ORDER, arrow_schema
 
 if TYPE_CHECKING:
@@ -36,14 +43,14 @@ def split(table: pa.Table) -> tuple[pa.Table, str | None]:
     """The batch without its truncates, and the order of its last one (None: none)."""
     import pyarrow.compute as pc
 
-    marked = pc.fill_null(pc.equal(table[c.KEY], c.TRUNCATE_KEY), False)
+    # A record of the key that failed a stage (no order) stays: a dead letter, not a truncate.
+    marked = pc.and_(
+        pc.fill_null(pc.equal(table[c.KEY], c.TRUNCATE_KEY), False), pc.is_valid(table[ORDER])
+    )
     if not pc.any(marked).as_py():
         return table, None
-    orders = table.filter(marked)[ORDER].drop_null()
-    rest = table.filter(pc.invert(marked))
-    if len(orders) == 0:  # a truncate that failed a stage: a dead letter, not a truncate
-        return rest, None
-    return rest, str(pc.max(orders).as_py())
+    orders = table.filter(marked)[ORDER]
+    return table.filter(pc.invert(marked)), str(pc.max(orders).as_py())
 
 
 def alone(order: str) -> pa.Table:
@@ -65,13 +72,18 @@ def delete_all(
 
     if batch_time_ms is not None:
         order = str(with_batch_time(pa.chunked_array([[order]]), batch_time_ms)[0].as_py())
-    prefix = len(writer.target.map_name) + 1
-    pages = entity_keys(writer.client, writer.target.map_name)
-    for page in pages:
-        for keys in chunked(page, KEYS_PER_READ):
-            names = [k.decode()[prefix:] for k in keys]
-            folder = writer.target.folder
-            if folder is None:
-                yield from writer.latest([(name, (order, None)) for name in names])
-            else:
-                yield from writer.fold(folder, [(name, [(order, None, None)]) for name in names])
+    name = writer.target.map_name
+    prefix = len(name) + 1
+    keys = {k.decode()[prefix:] for page in entity_keys(writer.client, name) for k in page}
+    # And the keys deleted already, whose states stay a while: a replay of the batch (after
+    # a crash before its changelog records went out) sends their deletes again.
+    states = writer.client.scan_iter(match=state_keys_pattern(name), count=SCAN_COUNT)
+    keys.update(state_key_name(name, k) for k in states if isinstance(k, bytes))
+    folder = writer.target.folder
+    ordered = sorted(keys)
+    for start in range(0, len(ordered), KEYS_PER_READ):
+        chunk = ordered[start : start + KEYS_PER_READ]
+        if folder is None:
+            yield from writer.latest([(key, (order, None)) for key in chunk])
+        else:
+            yield from writer.fold(folder, [(key, [(order, None, None)]) for key in chunk])

@@ -2,9 +2,9 @@
 
 Every transform is a Spark expression over the record's top-level fields, so
 the JVM runs them inside the same stage as the decoder: no Python per record.
-They touch *live* records only — decoded, not a tombstone, not already failed,
-not a Debezium delete or truncate — so a tombstone or a delete still deletes its
-entity and a failed record reaches the dead-letter topic as it was read.
+They touch *live* records only — decoded, not a tombstone, not already failed
+— so a tombstone still deletes its entity and a failed record reaches the
+dead-letter topic as it was read; a ``filter`` passes Debezium's deletes too.
 
 Field names are checked against the schema when the map starts: a missing
 field, a bad SQL expression or an unknown type is a ConfigError naming the
@@ -60,15 +60,10 @@ def apply_transforms(records: DataFrame, transforms: Sequence[Transform]) -> Dat
 
 
 def _live(records: DataFrame) -> Column:
-    """Records a transform applies to: decoded, not a tombstone, not failed earlier, and not
-    a delete their decoder marked (Debezium's ``d`` and ``t``, whose fields are ``before``'s
-    or none: a ``filter`` on the row's columns must not keep the entity from its delete)."""
+    """Records a transform applies to: decoded, not a tombstone, not failed earlier."""
     from pyspark.sql import functions as F
 
-    live = F.col(c.ERROR_STAGE).isNull() & F.col(c.VALUE).isNotNull()
-    if c.DELETED in records.columns:
-        live = live & ~F.coalesce(F.col(c.DELETED), F.lit(False))
-    return live
+    return F.col(c.ERROR_STAGE).isNull() & F.col(c.VALUE).isNotNull()
 
 
 def _field(name: str) -> Column:
@@ -95,7 +90,8 @@ def _check_new_names(records: DataFrame, names: Sequence[str], path: str) -> Non
 
 
 def _filter(records: DataFrame, t: FilterTransform, path: str) -> DataFrame:
-    """Tombstones and failed records pass: a filter never loses a delete or a dead letter."""
+    """Tombstones, deletes and failed records pass: a filter never loses a delete or a dead
+    letter."""
     from pyspark.sql import functions as F
     from pyspark.sql import types as T
 
@@ -105,7 +101,12 @@ def _filter(records: DataFrame, t: FilterTransform, path: str) -> DataFrame:
         raise ConfigError(
             "", [f"{path}.condition: must be a condition (true/false), not {dtype.simpleString()}"]
         )
-    return records.where(~_live(records) | F.coalesce(condition, F.lit(False)))
+    keep = ~_live(records) | F.coalesce(condition, F.lit(False))
+    if c.DELETED in records.columns:
+        # A delete the decoder marked (Debezium's d and t) carries the primary key at most:
+        # a condition on the row's other columns must not keep the entity from its delete.
+        keep = keep | F.coalesce(F.col(c.DELETED), F.lit(False))
+    return records.where(keep)
 
 
 def _rename(records: DataFrame, t: RenameTransform, path: str) -> DataFrame:

@@ -359,3 +359,10 @@ def test_history_samples_are_the_contract():
         "catch_up_rate": "0",
         "eta_seconds": "0",
     }
+
+
+def test_a_state_keys_name_is_its_entitys() -> None:
+    from materializer.contract.redis_layout import state_key, state_key_name
+
+    for key in ["k", "user:1", "{tag}rest", "a{b}c", "{}", "x}", "ü nicode"]:
+        assert state_key_name("m", state_key("m", key)) == key

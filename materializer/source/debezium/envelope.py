@@ -1,10 +1,9 @@
 """What a Debezium change event means to the fold.
 
 - ``op`` ``c``, ``r`` (a snapshot's read) and ``u``: the entity is ``after``;
-- ``op`` ``d``: the key is deleted, through the fold's delete path (``latest`` removes the
-  entity, ``merge`` and ``aggregate`` do what their delete means; the changelog, the table
-  and the change stream record it); the record's fields are ``before``'s, so a ``key:``
-  naming a primary-key column finds the key there;
+- ``op`` ``d``: the key is deleted, through the fold's delete path (``latest`` and
+  ``merge``; the changelog, the table and the change stream record it); the record's
+  fields are ``before``'s, so a ``key:`` naming a primary-key column finds the key there;
 - ``op`` ``t`` (a truncate): every entity the map holds is deleted (``redis.truncate``);
 - the tombstone Debezium sends after a delete (the key, no value) is neither a second
   delete nor a dead letter: it is left out;

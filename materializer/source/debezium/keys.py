@@ -29,8 +29,12 @@ def with_json_key(records: DataFrame) -> DataFrame:
     is not a JSON object)."""
     from pyspark.sql import functions as F
 
-    # One parse of a key without the wrapper, two of one with it.
-    top = F.from_json(F.col(c.KAFKA_KEY).cast("string"), "map<string, string>")
+    # One parse of a key without the wrapper, two of one with it; a key in Confluent's
+    # wire format (the JSON Schema converter's) after its 5-byte header.
+    key = F.col(c.KAFKA_KEY)
+    framed = F.substring(key, 1, 1) == F.unhex(F.lit("00"))
+    text = F.when(framed, F.expr(f"substring(`{c.KAFKA_KEY}`, 6)")).otherwise(key)
+    top = F.from_json(text.cast("string"), "map<string, string>")
     records = records.withColumn(KEY_FIELDS, top)
     payload = F.col(KEY_FIELDS).getItem("payload")
     wrapped = F.col(KEY_FIELDS).getItem("schema").isNotNull() & payload.isNotNull()

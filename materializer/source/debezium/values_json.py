@@ -224,12 +224,3 @@ def _placeholder(wire: WireField) -> Column | None:
     if isinstance(wire.wire, T.BinaryType):
         return F.lit(UNAVAILABLE_VALUE.encode())
     return None
-
-
-def _typed(value: Column, wire: WireField, encoding: Column | None) -> Column:
-    """The field's declared value from what the JSON reader parsed."""
-    from pyspark.sql import functions as F
-
-    if encoding is None:
-        return value
-    return F.when(value.isNotNull(), read(value, wire, encoding))

@@ -156,7 +156,8 @@ def _connect_convert(schema: Any) -> Convert | None:
 
 
 def _scaled(unscaled: bytes, scale: int) -> Decimal:
-    return Decimal(int.from_bytes(unscaled, "big", signed=True)).scaleb(-scale)
+    """Exact: ``scaleb`` would round to the context's 28 digits."""
+    return Decimal(f"{int.from_bytes(unscaled, 'big', signed=True)}E-{scale}")
 
 
 def _spark(schema: Any, walk: _Walk) -> tuple[DataType, bool]:
