@@ -94,8 +94,54 @@ def _dotted(config: MapConfig, path: str) -> Any:
 
 
 def state_bound_changes(old: MapConfig, new: MapConfig) -> list[str]:
-    """The state-bound settings (``STATE_BOUND``) ``new`` changes."""
-    return [path for path in STATE_BOUND if _dotted(old, path) != _dotted(new, path)]
+    """The state-bound settings (``STATE_BOUND``) ``new`` changes. A JSON ``schema`` that
+    only adds nullable fields is not one: the entities folded before read them as null,
+    the table gains the columns with the first batch that has them, and the map's queries
+    start again on the new definition, folding nothing again."""
+    bound = [path for path in STATE_BOUND if _dotted(old, path) != _dotted(new, path)]
+    if "source.schema" in bound and adds_nullable_fields(old.source.schema_, new.source.schema_):
+        bound.remove("source.schema")
+    return bound
+
+
+def adds_nullable_fields(old: str | None, new: str | None) -> bool:
+    """Whether DDL ``new`` has every field of ``old`` with the same type, and more fields,
+    none ``NOT NULL``. Read without Spark (the query service checks changes too): a field
+    is its name and its type's text up to the next comma outside brackets."""
+    if old is None or new is None:
+        return False
+    before, after = _ddl_fields(old), _ddl_fields(new)
+    if before is None or after is None or not set(before) < set(after):
+        return False
+    if any(before[name] != after[name] for name in before):
+        return False
+    return not any("NOT NULL" in after[name] for name in set(after) - set(before))
+
+
+def _ddl_fields(ddl: str) -> dict[str, str] | None:
+    """Field name (unquoted, lower case as Spark resolves it) to its type's text (upper
+    case, spaces collapsed); None for DDL this reading does not follow."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(ddl):
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(ddl[start:i])
+            start = i + 1
+    parts.append(ddl[start:])
+    fields: dict[str, str] = {}
+    for part in parts:
+        words = part.strip().split(None, 1)
+        if len(words) != 2 or depth != 0:
+            return None
+        name = words[0].strip("`").rstrip(":").lower()
+        kind = " ".join(words[1].lstrip(":").upper().split())
+        if name in fields:
+            return None
+        fields[name] = kind
+    return fields
 
 
 def check_definition(maps: Maps, name: str, config: Any) -> MapConfig:

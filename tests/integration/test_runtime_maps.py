@@ -408,3 +408,69 @@ def test_a_run_folds_the_maps_its_catalog_holds_and_follows_changes_over_grpc_an
     # The file's map started with the run and never again.
     assert log.count(f"map {filed} running") == 1, log[-3000:]
     assert "Traceback" not in log, log[-3000:]
+
+
+def test_an_added_nullable_field_applies_without_a_rebuild(
+    kafka_bootstrap, redis_url, redis_client: redis.Redis, new_topic, tmp_path: Path
+):
+    """``PUT .../config`` adding a field to a JSON map's schema, without ``?rebuild=true``:
+    the map's queries start again on it, nothing is folded again (one copy, the same
+    definition's generation), the entities folded before read the field as null (it is
+    not in them), later ones carry it, in Redis and as a new column of the table."""
+    topic = new_topic(1)
+    name = f"add{uuid.uuid4().hex[:6]}"
+    config_file, cfg = catalog_config(
+        tmp_path, kafka_bootstrap, redis_url, new_topic(1), "o" + name
+    )
+    before = positions_of(kafka_bootstrap, topic, events("a", 30, 5, 1))
+    proc = start_run(config_file)
+    try:
+
+        async def body() -> None:
+            async with front(cfg) as f:
+                await f.json(
+                    "POST", "/v1/maps", status=201, json={"name": name, "config": section(topic)}
+                )
+                reference = fold_latest(before, "id", FIELDS)
+                await asyncio.to_thread(
+                    wait_until,
+                    "the map to fold",
+                    lambda: redis_map(redis_client, name) == reference,
+                    alive=proc.alive,
+                )
+                wider = section(topic)
+                wider["source"]["schema"] = SCHEMA + ", note STRING"
+                answer = await f.json("PUT", f"/v1/maps/{name}/config", json=wider)
+                assert answer["rebuilding"] is False
+                later = [
+                    (b"b1", orjson.dumps({"id": "b1", "name": "b", "age": 1, "note": "new"})),
+                    (b"a0", orjson.dumps({"id": "a0", "name": "a", "age": 2, "note": "also"})),
+                ]
+                after = positions_of(kafka_bootstrap, topic, later)
+                expected = fold_latest(before + after, "id", [*FIELDS, "note"])
+                await asyncio.to_thread(
+                    wait_until,
+                    "the new field in the entities",
+                    lambda: redis_map(redis_client, name) == expected,
+                    alive=proc.alive,
+                )
+                assert "note" not in expected["a1"] and expected["b1"]["note"] == "new"
+                table = tmp_path / "warehouse" / name
+                await asyncio.to_thread(
+                    wait_until,
+                    "the new column in the table",
+                    lambda: delta_map_rs(table) == expected,
+                    alive=proc.alive,
+                    retry_errors=True,
+                )
+
+        asyncio.run(body())
+        proc.proc.send_signal(signal.SIGTERM)
+        proc.proc.wait(150)
+    finally:
+        proc.stop()
+    log = proc.log_path.read_text()
+    assert proc.proc.returncode == 0, log[-3000:]
+    assert f"map {name} changed by" in log and "restarting its queries" in log
+    assert "rebuilding definition" not in log
+    assert not redis_client.exists(f"{name}~1:__meta__")

@@ -147,6 +147,18 @@ def test_the_api_cannot_change_or_delete_a_map_of_the_file() -> None:
         ({"transforms": [{"type": "drop", "fields": ["n"]}]}, ["transforms"]),
         ({"history": True, "ttl": {"redis": "1h"}, "on_error": "skip"}, []),
         ({"source": {"topics": ["orders", "more"], "schema": "id STRING, n INT"}}, []),
+        # Fields added, nullable: the entities read them as null, nothing is folded again.
+        ({"source": {"topics": ["orders"], "schema": "id STRING, n INT, note STRING"}}, []),
+        ({"source": {"topics": ["orders"], "schema": "n int, tags ARRAY<STRING>, id string"}}, []),
+        ({"source": {"topics": ["orders"], "schema": "id STRING"}}, ["source.schema"]),
+        (
+            {"source": {"topics": ["orders"], "schema": "id STRING, n INT, x INT NOT NULL"}},
+            ["source.schema"],
+        ),
+        (
+            {"source": {"topics": ["orders"], "schema": "id STRING, m INT, x INT"}},
+            ["source.schema"],
+        ),
     ],
 )
 def test_a_change_the_state_cannot_follow_is_refused_unless_rebuilt(
