@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import uuid
+from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,28 @@ def start_run(config_file: Path) -> ManagedProcess:
     """``materializer run`` on ``config_file``, its log beside it."""
     args = [sys.executable, "-m", "materializer", "run", "-c", str(config_file)]
     return ManagedProcess(args, config_file.parent / "run.log")
+
+
+def run_with_front(
+    config_file: Path, cfg: AppConfig, body: Callable[[Front, ManagedProcess], Awaitable[None]]
+) -> str:
+    """``materializer run`` on ``config_file`` while ``body`` talks to a query service's HTTP
+    front, then stopped with SIGTERM, which it must end cleanly; its log."""
+    proc = start_run(config_file)
+    try:
+
+        async def main() -> None:
+            async with front(cfg) as f:
+                await body(f, proc)
+
+        asyncio.run(main())
+        proc.proc.send_signal(signal.SIGTERM)
+        proc.proc.wait(150)
+    finally:
+        proc.stop()
+    log = proc.log_path.read_text()
+    assert proc.proc.returncode == 0, log[-3000:]
+    return log
 
 
 def positions_of(
@@ -268,50 +291,38 @@ def test_a_change_the_state_cannot_follow_is_rebuilt_while_lookups_go_on(
     ]
     stamped = positions_of(kafka_bootstrap, topic, records)
 
-    proc = start_run(config_file)
-    try:
+    async def body(f: Front, proc: ManagedProcess) -> None:
+        await f.json("POST", "/v1/maps", status=201, json={"name": name, "config": section(topic)})
+        latest = fold_latest(stamped, "id", FIELDS)
+        await asyncio.to_thread(
+            wait_until,
+            "the map to fold as latest",
+            lambda: redis_map(redis_client, name) == latest,
+            alive=proc.alive,
+        )
+        merged = section(topic, fold={"mode": "merge"})
+        refused = await f.json("PUT", f"/v1/maps/{name}/config", status=400, json=merged)
+        assert "fold.mode" in refused["error"]["message"]
+        answer = await f.json("PUT", f"/v1/maps/{name}/config?rebuild=true", json=merged)
+        assert answer["rebuilding"] is True
+        reference = fold_merge(stamped, "id", FIELDS)
+        answers: list[dict[str, Any]] = []
+        while True:  # lookups answer throughout: the old copy until the switch
+            got = await f.json("GET", f"/v1/maps/{name}/entities/k1")
+            answers.append(got["entity"])
+            if got["entity"] == reference["k1"]:
+                break
+            assert got["entity"] == latest["k1"], got
+            assert proc.alive()
+            await asyncio.sleep(0.2)
+        await asyncio.to_thread(
+            wait_until,
+            "the rebuilt copy to hold the merged state",
+            lambda: redis_map(redis_client, f"{name}~1") == reference,
+        )
+        assert answers[0] == latest["k1"]
 
-        async def body() -> None:
-            async with front(cfg) as f:
-                await f.json(
-                    "POST", "/v1/maps", status=201, json={"name": name, "config": section(topic)}
-                )
-                latest = fold_latest(stamped, "id", FIELDS)
-                await asyncio.to_thread(
-                    wait_until,
-                    "the map to fold as latest",
-                    lambda: redis_map(redis_client, name) == latest,
-                    alive=proc.alive,
-                )
-                merged = section(topic, fold={"mode": "merge"})
-                refused = await f.json("PUT", f"/v1/maps/{name}/config", status=400, json=merged)
-                assert "fold.mode" in refused["error"]["message"]
-                answer = await f.json("PUT", f"/v1/maps/{name}/config?rebuild=true", json=merged)
-                assert answer["rebuilding"] is True
-                reference = fold_merge(stamped, "id", FIELDS)
-                answers: list[dict[str, Any]] = []
-                while True:  # lookups answer throughout: the old copy until the switch
-                    got = await f.json("GET", f"/v1/maps/{name}/entities/k1")
-                    answers.append(got["entity"])
-                    if got["entity"] == reference["k1"]:
-                        break
-                    assert got["entity"] == latest["k1"], got
-                    assert proc.alive()
-                    await asyncio.sleep(0.2)
-                await asyncio.to_thread(
-                    wait_until,
-                    "the rebuilt copy to hold the merged state",
-                    lambda: redis_map(redis_client, f"{name}~1") == reference,
-                )
-                assert answers[0] == latest["k1"]
-
-        asyncio.run(body())
-        proc.proc.send_signal(signal.SIGTERM)
-        proc.proc.wait(150)
-    finally:
-        proc.stop()
-    log = proc.log_path.read_text()
-    assert proc.proc.returncode == 0, log[-3000:]
+    log = run_with_front(config_file, cfg, body)
     assert f"map {name}: rebuilding definition 2 into generation 1" in log
     assert f"map {name}: readers moved to definition 2" in log
     assert redis_client.get(f"{name}:__definition__") == b"2"
@@ -423,54 +434,43 @@ def test_an_added_nullable_field_applies_without_a_rebuild(
         tmp_path, kafka_bootstrap, redis_url, new_topic(1), "o" + name
     )
     before = positions_of(kafka_bootstrap, topic, events("a", 30, 5, 1))
-    proc = start_run(config_file)
-    try:
 
-        async def body() -> None:
-            async with front(cfg) as f:
-                await f.json(
-                    "POST", "/v1/maps", status=201, json={"name": name, "config": section(topic)}
-                )
-                reference = fold_latest(before, "id", FIELDS)
-                await asyncio.to_thread(
-                    wait_until,
-                    "the map to fold",
-                    lambda: redis_map(redis_client, name) == reference,
-                    alive=proc.alive,
-                )
-                wider = section(topic)
-                wider["source"]["schema"] = SCHEMA + ", note STRING"
-                answer = await f.json("PUT", f"/v1/maps/{name}/config", json=wider)
-                assert answer["rebuilding"] is False
-                later = [
-                    (b"b1", orjson.dumps({"id": "b1", "name": "b", "age": 1, "note": "new"})),
-                    (b"a0", orjson.dumps({"id": "a0", "name": "a", "age": 2, "note": "also"})),
-                ]
-                after = positions_of(kafka_bootstrap, topic, later)
-                expected = fold_latest(before + after, "id", [*FIELDS, "note"])
-                await asyncio.to_thread(
-                    wait_until,
-                    "the new field in the entities",
-                    lambda: redis_map(redis_client, name) == expected,
-                    alive=proc.alive,
-                )
-                assert "note" not in expected["a1"] and expected["b1"]["note"] == "new"
-                table = tmp_path / "warehouse" / name
-                await asyncio.to_thread(
-                    wait_until,
-                    "the new column in the table",
-                    lambda: delta_map_rs(table) == expected,
-                    alive=proc.alive,
-                    retry_errors=True,
-                )
+    async def body(f: Front, proc: ManagedProcess) -> None:
+        await f.json("POST", "/v1/maps", status=201, json={"name": name, "config": section(topic)})
+        reference = fold_latest(before, "id", FIELDS)
+        await asyncio.to_thread(
+            wait_until,
+            "the map to fold",
+            lambda: redis_map(redis_client, name) == reference,
+            alive=proc.alive,
+        )
+        wider = section(topic)
+        wider["source"]["schema"] = SCHEMA + ", note STRING"
+        answer = await f.json("PUT", f"/v1/maps/{name}/config", json=wider)
+        assert answer["rebuilding"] is False
+        later = [
+            (b"b1", orjson.dumps({"id": "b1", "name": "b", "age": 1, "note": "new"})),
+            (b"a0", orjson.dumps({"id": "a0", "name": "a", "age": 2, "note": "also"})),
+        ]
+        after = positions_of(kafka_bootstrap, topic, later)
+        expected = fold_latest(before + after, "id", [*FIELDS, "note"])
+        await asyncio.to_thread(
+            wait_until,
+            "the new field in the entities",
+            lambda: redis_map(redis_client, name) == expected,
+            alive=proc.alive,
+        )
+        assert "note" not in expected["a1"] and expected["b1"]["note"] == "new"
+        table = tmp_path / "warehouse" / name
+        await asyncio.to_thread(
+            wait_until,
+            "the new column in the table",
+            lambda: delta_map_rs(table) == expected,
+            alive=proc.alive,
+            retry_errors=True,
+        )
 
-        asyncio.run(body())
-        proc.proc.send_signal(signal.SIGTERM)
-        proc.proc.wait(150)
-    finally:
-        proc.stop()
-    log = proc.log_path.read_text()
-    assert proc.proc.returncode == 0, log[-3000:]
+    log = run_with_front(config_file, cfg, body)
     assert f"map {name} changed by" in log and "restarting its queries" in log
     assert "rebuilding definition" not in log
     assert not redis_client.exists(f"{name}~1:__meta__")
