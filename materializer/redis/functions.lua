@@ -135,6 +135,20 @@ local function folded(args, ix, fold, place, offset, entity, state_key, order, v
   return built or false
 end
 
+-- The real-time path's positions in the map's watermark hash: per topic, per partition,
+-- the next offset to apply.
+local function positions(meta)
+  local raw = redis.call('HGET', meta, 'offsets')
+  if raw then return cjson.decode(raw) end
+  return {}
+end
+
+-- The positions written back, with the batch and the writer that moved them.
+local function move(args, meta, offsets)
+  redis.call('HSET', meta, 'offsets', cjson.encode(offsets), 'batch_id', args[3],
+    'app_id', args[12], 'updated_at_ms', now_ms())
+end
+
 -- The real-time path's call (``materializer.live``): ARGV after the ten are the map's
 -- watermark hash, the writer's app id and the map's fold ('' for ``latest``, else the
 -- mode's spec as JSON: {"merge": fields} or {"aggregate": aggregates}), then per record
@@ -154,9 +168,7 @@ local function live(keys, args)
   local refusal = refused(args)
   if refusal then return refusal end
   local meta = args[11]
-  local raw = redis.call('HGET', meta, 'offsets')
-  local offsets = {}
-  if raw then offsets = cjson.decode(raw) end
+  local offsets = positions(meta)
   local fold = fold_of(args[13])
   local ix = indexes_of(args[6])
   local moved = false
@@ -186,10 +198,7 @@ local function live(keys, args)
       end
     end
   end
-  if moved then
-    redis.call('HSET', meta, 'offsets', cjson.encode(offsets), 'batch_id', args[3],
-      'app_id', args[12], 'updated_at_ms', now_ms())
-  end
+  if moved then move(args, meta, offsets) end
   return out
 end
 
@@ -213,9 +222,7 @@ local function truncate(keys, args)
   local refusal = refused(args)
   if refusal then return refusal end
   local meta = args[11]
-  local raw = redis.call('HGET', meta, 'offsets')
-  local offsets = {}
-  if raw then offsets = cjson.decode(raw) end
+  local offsets = positions(meta)
   local topic, partition, offset, order, map = args[14], args[15], args[16], args[17], args[18]
   local parts = offsets[topic] or {}
   offsets[topic] = parts
@@ -266,8 +273,7 @@ local function truncate(keys, args)
     end
   until cursor == '0'
   parts[partition] = tonumber(offset) + 1
-  redis.call('HSET', meta, 'offsets', cjson.encode(offsets), 'batch_id', args[3],
-    'app_id', args[12], 'updated_at_ms', now_ms())
+  move(args, meta, offsets)
   return out
 end
 

@@ -277,6 +277,13 @@ def map_doc(
     }
 
 
+def source_of(converter: str, registry: str) -> dict[str, Any]:
+    """The map's source section for the topic ``converter`` wrote (the envelope aside)."""
+    if converter == "avro":
+        return {"format": "avro", "schema_registry_url": registry}
+    return {"format": "json", "schema": ROW}
+
+
 def folded(spark, doc: dict, redis_client) -> tuple[dict, dict]:
     """The map of ``doc`` folded from its topic's start to its end: (Redis, Delta)."""
     app = config(doc)
@@ -305,9 +312,7 @@ def test_a_merge_map_equals_the_table(
     tmp_path,
 ):
     topics, expected = captured["changes"].topics, captured["changes"].rows
-    source: dict[str, Any] = {"format": "json", "schema": ROW}
-    if converter == "avro":
-        source = {"format": "avro", "schema_registry_url": schema_registry_url}
+    source = source_of(converter, schema_registry_url)
     name = f"merged_{converter.replace('-', '_')}"
     doc = map_doc(
         name,
@@ -335,9 +340,7 @@ def test_a_truncate_deletes_every_entity_before_it(
     tmp_path,
 ):
     truncated = captured["truncated"]
-    source: dict[str, Any] = {"format": "json", "schema": ROW}
-    if converter == "avro":
-        source = {"format": "avro", "schema_registry_url": schema_registry_url}
+    source = source_of(converter, schema_registry_url)
     # ``latest``, the TOASTed columns left out (it has no value to keep for them), and
     # batches of a few records: the truncate meets entities Redis holds from batches before
     # and ones its own batch writes before and after it. json orders by the database's time.
