@@ -11,7 +11,7 @@ Secret either way) and reads, in YAML or JSON::
 
 Verbs group the RPCs by what they let a caller do, so a grant survives new
 methods of the same kind: ``get`` (Get, BatchGet), ``query`` (Query,
-GetAsOf, SQL), ``watch``, ``enrich``, ``status`` (ListMaps, GetStatus, GetMapConfig,
+GetAsOf, GetSchema, SQL), ``watch``, ``enrich``, ``status`` (ListMaps, GetStatus, GetMapConfig,
 ValidateConfig, GetOperation), ``control`` (Pause, Resume, Restart, StartOperation: a
 verify, rehydrate or rebuild) and ``manage`` (CreateMap,
 PutMapConfig, DeleteMap: what maps exist, and their definitions). Health checks and
@@ -42,6 +42,7 @@ METHOD_VERBS = {
     "/materializer.v1.MapService/BatchGet": "get",
     "/materializer.v1.MapService/Query": "query",
     "/materializer.v1.MapService/GetAsOf": "query",
+    "/materializer.v1.MapService/GetSchema": "query",
     "/materializer.v1.SqlService/Execute": "query",
     "/materializer.v1.MapService/Watch": "watch",
     "/materializer.v1.EnrichService/Enrich": "enrich",

@@ -276,6 +276,16 @@ class MaterializerClient:
         response = await self._unary(self.maps.GetAsOf, request, timeout)
         return _entity(response.found, response.entity), response.table_version
 
+    async def get_schema(
+        self, map_name: str, *, timeout: float | None = None
+    ) -> map_pb.GetSchemaResponse:
+        """The map's fields as its Delta table holds them, and when each came."""
+        request = map_pb.GetSchemaRequest(map=map_name)
+        response: map_pb.GetSchemaResponse = await self._unary(
+            self.maps.GetSchema, request, timeout
+        )
+        return response
+
     async def query(
         self,
         map_name: str,

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Literal
 
 from materializer import record_columns as c
 from materializer.batch import Batch, Sink
+from materializer.contract.table_layout import COMMENT, AddedColumn
 from materializer.errors import MaterializerError
 from materializer.record_columns import quote
 
@@ -126,18 +127,33 @@ class DeltaSink(Sink):
                 self._columns = set(DeltaTable.forPath(spark, self.path).toDF().columns)
         missing = [f for f in [*own[1:], *entity.fields] if f.name not in self._columns]
         if missing:
-            rs_missing = self._rs_schema(StructType(missing))
-            if rs_missing is not None:
-                from deltalake import DeltaTable as RsTable
-                from deltalake import Schema
-
-                uri, options = self.location
-                fields = Schema.from_arrow(rs_missing).fields
-                RsTable(uri, storage_options=options).alter.add_columns(fields)
-            else:
-                columns = ", ".join(f"{quote(f.name)} {f.dataType.simpleString()}" for f in missing)
-                spark.sql(f"ALTER TABLE delta.{quote(self.path)} ADD COLUMNS ({columns})")
+            self._add_columns(spark, StructType(missing))
             self._columns.update(f.name for f in missing)
+
+    def _add_columns(self, spark: SparkSession, missing: StructType) -> None:
+        """ADD COLUMNS, each column's comment saying which commit added it and when (the
+        map's sink is the table's one writer, so that commit is the next version)."""
+        from delta.tables import DeltaTable
+        from deltalake import DeltaTable as RsTable
+        from deltalake import Field, Schema
+
+        uri, options = self.location
+        rs_missing = self._rs_schema(missing)
+        if rs_missing is not None:
+            table = RsTable(uri, storage_options=options)
+            note = {COMMENT: AddedColumn.now(table.version() + 1).comment()}
+            fields = [
+                Field(f.name, f.type, nullable=f.nullable, metadata=note)
+                for f in Schema.from_arrow(rs_missing).fields
+            ]
+            table.alter.add_columns(fields)
+            return
+        (last,) = DeltaTable.forPath(spark, self.path).history(1).select("version").collect()
+        comment = AddedColumn.now(int(last[0]) + 1).comment()
+        columns = ", ".join(
+            f"{quote(f.name)} {f.dataType.simpleString()} COMMENT '{comment}'" for f in missing
+        )
+        spark.sql(f"ALTER TABLE delta.{quote(self.path)} ADD COLUMNS ({columns})")
 
     def _rs_schema(self, schema: StructType) -> pa.Schema | None:
         """The Arrow schema delta-rs makes the table's DDL from, or None: Spark makes it

@@ -1,5 +1,6 @@
 """A map's lifecycle in the run: started (with its opening), stopped, paused, failed,
-fenced, and restored when Redis lost its copy.
+fenced, restored when Redis lost its copy, and started again when its registry subject
+gained fields.
 
 A map opens with one small batch of its fold alone (``job.start_map``'s ``opening``);
 the run's pacing then starts its queries as usual, or at a pace while it catches up
@@ -11,6 +12,7 @@ folded twice. A map whose query fails is reported and the others keep running.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,6 +40,7 @@ from materializer.run.supervised import InForce, SupervisedMap
 from materializer.runtime.metrics import BatchMetrics
 from materializer.runtime.pacing import CatchUpPace
 from materializer.runtime.progress import BatchLog
+from materializer.source.formats.arrow_decode import SchemaMoved
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -51,13 +54,16 @@ copy (``MapLifecycle.restore``): a server that restarted, empty or not, or a clu
 was down for a while. Anything else fails the map."""
 FENCED_ERROR = f"{Fenced.__module__}.{Fenced.__name__}"
 """A query that failed on this: another worker of the group may own its map now."""
+SCHEMA_MOVED = re.compile(re.escape(f"{SchemaMoved.__module__}.{SchemaMoved.__name__}: ") + "(.*)")
+"""A query that stopped on this: the map's registry subject gained fields, which a start
+reads (``schema_moves``)."""
 
 
 @dataclass(frozen=True)
 class Trouble:
     """What ails a running map, and what mends it."""
 
-    kind: Literal["fenced", "restore", "fail"]
+    kind: Literal["fenced", "restore", "moved", "fail"]
     why: str
 
 
@@ -229,6 +235,13 @@ class MapLifecycle:
             m.queries = None
         m.state, m.error = "failed", error
 
+    def moved(self, m: SupervisedMap, why: str) -> None:
+        """The map's registry subject gained fields: its queries start again on them, from
+        their checkpoints, so the batch that met them is read again with them."""
+        log.info("map %s: %s", m.name, why)
+        self.stop(m, "stopped")
+        self.start(m, opening=False)
+
     def fenced(self, m: SupervisedMap, why: str) -> None:
         """Another worker owns the map now: stop its queries without a drain (they could
         write nothing more), and leave the map to the group."""
@@ -312,6 +325,9 @@ class MapLifecycle:
         )
         if FENCED_ERROR in error:
             return Trouble("fenced", error)
+        moved = SCHEMA_MOVED.search(error)
+        if moved:
+            return Trouble("moved", moved.group(1))
         if any(name in error for name in RECOVERABLE):
             return Trouble("restore", "Redis failed its query")
         return Trouble("fail", error)

@@ -123,6 +123,9 @@ class Supervisor:
         if trouble is not None and trouble.kind == "restore":
             self.lifecycle.restore(m, trouble.why)
             return
+        if trouble is not None and trouble.kind == "moved":
+            self.lifecycle.moved(m, trouble.why)
+            return
         if trouble is not None:
             self.lifecycle.fail(m, trouble.why)
         self.lifecycle.obey(m, request)

@@ -265,3 +265,31 @@ class WatchResponse(_message.Message):
     CHANGES_FIELD_NUMBER: _ClassVar[int]
     changes: _containers.RepeatedCompositeFieldContainer[Change]
     def __init__(self, changes: _Optional[_Iterable[_Union[Change, _Mapping]]] = ...) -> None: ...
+
+class GetSchemaRequest(_message.Message):
+    __slots__ = ("map",)
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    def __init__(self, map: _Optional[str] = ...) -> None: ...
+
+class Column(_message.Message):
+    __slots__ = ("name", "type", "added_in_version", "added_at")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TYPE_FIELD_NUMBER: _ClassVar[int]
+    ADDED_IN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    ADDED_AT_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    type: str
+    added_in_version: int
+    added_at: _timestamp_pb2.Timestamp
+    def __init__(self, name: _Optional[str] = ..., type: _Optional[str] = ..., added_in_version: _Optional[int] = ..., added_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetSchemaResponse(_message.Message):
+    __slots__ = ("map", "table_version", "columns")
+    MAP_FIELD_NUMBER: _ClassVar[int]
+    TABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    COLUMNS_FIELD_NUMBER: _ClassVar[int]
+    map: str
+    table_version: int
+    columns: _containers.RepeatedCompositeFieldContainer[Column]
+    def __init__(self, map: _Optional[str] = ..., table_version: _Optional[int] = ..., columns: _Optional[_Iterable[_Union[Column, _Mapping]]] = ...) -> None: ...

@@ -69,6 +69,11 @@ class MapServiceStub:
                 request_serializer=materializer_dot_v1_dot_map__service__pb2.WatchRequest.SerializeToString,
                 response_deserializer=materializer_dot_v1_dot_map__service__pb2.WatchResponse.FromString,
                 _registered_method=True)
+        self.GetSchema = channel.unary_unary(
+                '/materializer.v1.MapService/GetSchema',
+                request_serializer=materializer_dot_v1_dot_map__service__pb2.GetSchemaRequest.SerializeToString,
+                response_deserializer=materializer_dot_v1_dot_map__service__pb2.GetSchemaResponse.FromString,
+                _registered_method=True)
 
 
 class MapServiceServicer:
@@ -122,6 +127,15 @@ class MapServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSchema(self, request, context):
+        """The map's fields as its Delta table holds them now (what Query, GetAsOf
+        and SQL read), with the table version and time each field came in when
+        the map gained it while it ran. NOT_FOUND until the table exists.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MapServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -149,6 +163,11 @@ def add_MapServiceServicer_to_server(servicer, server):
                     servicer.Watch,
                     request_deserializer=materializer_dot_v1_dot_map__service__pb2.WatchRequest.FromString,
                     response_serializer=materializer_dot_v1_dot_map__service__pb2.WatchResponse.SerializeToString,
+            ),
+            'GetSchema': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSchema,
+                    request_deserializer=materializer_dot_v1_dot_map__service__pb2.GetSchemaRequest.FromString,
+                    response_serializer=materializer_dot_v1_dot_map__service__pb2.GetSchemaResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -296,6 +315,33 @@ class MapService:
             '/materializer.v1.MapService/Watch',
             materializer_dot_v1_dot_map__service__pb2.WatchRequest.SerializeToString,
             materializer_dot_v1_dot_map__service__pb2.WatchResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSchema(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/materializer.v1.MapService/GetSchema',
+            materializer_dot_v1_dot_map__service__pb2.GetSchemaRequest.SerializeToString,
+            materializer_dot_v1_dot_map__service__pb2.GetSchemaResponse.FromString,
             options,
             channel_credentials,
             insecure,

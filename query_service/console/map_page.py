@@ -21,6 +21,7 @@ from aiohttp import web
 from jinja2 import Environment
 
 from materializer.catalog.live import LiveMaps
+from materializer.contract.table_layout import COMMENT, AddedColumn
 from materializer.v1 import admin_service_pb2 as admin_pb
 from query_service.console.calls import ConsoleCalls
 from query_service.console.dead_letters import DeadLetter, last_dead_letters
@@ -51,6 +52,9 @@ DEAD_LETTERS_KEPT_S = 5.0
 """How long a map's dead letters, once read, serve its page again."""
 VERSIONS_SHOWN = 15
 """Delta versions listed on a map's page."""
+COMMENT_KEY = COMMENT.encode()
+Column = tuple[str, str, AddedColumn | None]
+"""A column of the map's table: its name, Arrow type and, if it came later, when."""
 
 
 class MapPage(Page):
@@ -132,8 +136,9 @@ class MapPage(Page):
             "operation": await self._history.operation(name),
         }
 
-    def _table_facts(self, name: str) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
-        """The Delta table's last versions and its columns (blocking: delta-rs)."""
+    def _table_facts(self, name: str) -> tuple[list[dict[str, Any]], list[Column]]:
+        """The Delta table's last versions and its columns, each with the commit that added
+        it after the table's creation (blocking: delta-rs)."""
         try:
             table = self._tables.open(name)
         except Exception as exc:  # no table yet, or storage unreachable: the page still shows
@@ -149,7 +154,10 @@ class MapPage(Page):
             }
             for entry in table.history(VERSIONS_SHOWN)
         ]
-        schema = [(f.name, str(f.type)) for f in pa.schema(table.schema().to_arrow())]
+        schema = [
+            (f.name, str(f.type), AddedColumn.of((f.metadata or {}).get(COMMENT_KEY, b"").decode()))
+            for f in pa.schema(table.schema().to_arrow())
+        ]
         return versions, schema
 
     async def history_json(self, request: web.Request) -> web.Response:

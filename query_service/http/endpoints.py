@@ -16,6 +16,7 @@ from google.protobuf.message import Message
 
 from materializer.config import MAP_NAME
 from materializer.v1 import admin_service_pb2 as admin_pb
+from materializer.v1 import map_service_pb2 as map_pb
 from query_service.http import shapes
 from query_service.tables.query_plan import DEFAULT_PAGE_SIZE, MAX_PAGE_SIZE
 
@@ -245,6 +246,10 @@ ENDPOINTS: tuple[Endpoint, ...] = (
                {"type": "string", "enum": [JSON, NDJSON, ARROW_STREAM]}),),
         shapes.SqlBody, (shapes.SqlAnswer, NDJSON, ARROW_STREAM),
     ),
+    Endpoint("GET", "/v1/maps/{map}/schema", "get_schema",
+             "The map's fields as its Delta table holds them, with the table version and time "
+             "each field came in when the map gained it while it ran",
+             MAPS_RPC + "GetSchema", (MAP,), answer=map_pb.GetSchemaResponse),
     Endpoint("GET", "/v1/maps/{map}/status", "status", "The map's state, lag and rates",
              ADMIN_RPC + "GetStatus", (MAP,), answer=admin_pb.MapStatus),
     Endpoint("PUT", "/v1/maps/{map}/pause", "pause", "Stop folding after the batch in flight",

@@ -99,6 +99,7 @@ class HttpFront:
         self._batch_get = call(MAPS_RPC + "BatchGet", maps.BatchGet)
         self._query = call(MAPS_RPC + "Query", maps.Query)
         self._watch = call(MAPS_RPC + "Watch", maps.Watch)
+        self._get_schema = call(MAPS_RPC + "GetSchema", maps.GetSchema)
         self._enrich = call("/materializer.v1.EnrichService/Enrich", enrich.Enrich, True)
         self._list_maps = call(ADMIN_RPC + "ListMaps", admin.ListMaps)
         self._status = call(ADMIN_RPC + "GetStatus", admin.GetStatus)
@@ -258,6 +259,11 @@ class HttpFront:
         kind = answer_format(request.headers.get("Accept"))
         answer = await self._sql(call, HttpContext(request, timeout))
         return await write_answer(request, answer, kind)
+
+    async def get_schema(self, request: web.Request) -> web.Response:
+        """``GetSchema``."""
+        call = map_pb.GetSchemaRequest(map=request.match_info["map"])
+        return message_response(await self._get_schema(call, HttpContext(request)))
 
     async def status(self, request: web.Request) -> web.Response:
         """``GetStatus`` of one map."""

@@ -199,6 +199,13 @@ class MapServicer(pb_grpc.MapServiceServicer):
         _check_key(request.key)
         return await self._tables.get_as_of(request, context)
 
+    async def GetSchema(
+        self, request: pb.GetSchemaRequest, context: grpc.aio.ServicerContext
+    ) -> pb.GetSchemaResponse:
+        """The map's fields as its Delta table holds them, and when each came."""
+        self._check_map(request.map)
+        return await self._tables.schema(request)
+
     async def _from_table(
         self,
         restoring: MapRestoring,

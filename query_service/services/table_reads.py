@@ -1,4 +1,5 @@
-"""``Query`` and ``GetAsOf``: reads of a map's Delta table through delta-rs (no JVM).
+"""``Query``, ``GetAsOf`` and ``GetSchema``: reads of a map's Delta table through delta-rs
+(no JVM).
 
 Every delta-rs call blocks (log replay, Parquet reads, DataFusion), so each
 runs on a worker thread and the event loop keeps serving other calls. A
@@ -12,12 +13,13 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
+import pyarrow as pa
 from deltalake import DeltaTable
 
 from materializer.catalog.live import LiveMaps
 from materializer.config import AppConfig
 from materializer.contract.entity_json import encode_rows
-from materializer.contract.table_layout import TABLE_KEY
+from materializer.contract.table_layout import COMMENT, TABLE_KEY, AddedColumn
 from materializer.v1 import map_service_pb2 as pb
 from query_service.errors import InvalidArgument
 from query_service.filters import render_filter
@@ -150,6 +152,24 @@ class TableReads:
         watermark = await self._snapshots.watermark_of(request.map, generation, as_of.snapshot)
         if watermark is not None:
             response.watermark.CopyFrom(watermark_to_proto(watermark))
+        return response
+
+    async def schema(self, request: pb.GetSchemaRequest) -> pb.GetSchemaResponse:
+        """The map's fields in its table's newest version, each with the commit that added
+        it when the map gained it while it ran (``AddedColumn``)."""
+        generation = await self._generation(request.map) if self._generation else 0
+        snapshot = await self._snapshots.latest(request.map, generation)
+        own = set(self._tables.meta_columns(request.map))
+        response = pb.GetSchemaResponse(map=request.map, table_version=snapshot.version)
+        table_schema = pa.schema(snapshot.table.schema().to_arrow())
+        for field in table_schema:
+            if field.name in own:
+                continue
+            column = response.columns.add(name=field.name, type=str(field.type))
+            added = AddedColumn.of((field.metadata or {}).get(COMMENT.encode(), b"").decode())
+            if added is not None:
+                column.added_in_version = added.version
+                column.added_at.FromJsonString(added.at)
         return response
 
     def _plan(

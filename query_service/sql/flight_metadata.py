@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import pyarrow as pa
 
 from materializer import __version__
-from materializer.contract.table_layout import TABLE_KEY
+from materializer.contract.table_layout import COMMENT, TABLE_KEY
 from query_service.sql.flightsql import FlightSql_pb2 as fsql
 from query_service.sql.statement import MAX_SQL_CHARS
 
@@ -249,6 +249,22 @@ def listed_tables(command: fsql.CommandGetTables, maps: Iterable[str]) -> list[s
         name = like(command.table_name_filter_pattern)
         maps = [m for m in maps if name.fullmatch(m)]
     return sorted(maps)
+
+
+REMARKS = b"ARROW:FLIGHT:SQL:REMARKS"
+"""The column metadata key Flight SQL gives a column's description under."""
+
+
+def described(schema: pa.Schema) -> pa.Schema:
+    """A table's schema as ``CommandGetTables`` gives it: a column with a comment (one the
+    map gained while it ran says which table version added it, and when) has it as its
+    remarks, as JDBC's ``getColumns`` shows them."""
+    fields = []
+    for field in schema:
+        meta = field.metadata or {}
+        comment = meta.get(COMMENT.encode())
+        fields.append(field.with_metadata({**meta, REMARKS: comment}) if comment else field)
+    return pa.schema(fields, schema.metadata)
 
 
 def tables(names: Sequence[str], schemas: Mapping[str, pa.Schema] | None) -> pa.Table:

@@ -261,7 +261,7 @@ class FlightSqlServer(fl.FlightServerBase):  # type: ignore[misc]
                 snapshot = await self._snapshots.latest(name, await self._generation(name))
             except TableNotFound:
                 continue
-            found[name] = pa.schema(snapshot.table.schema().to_arrow())
+            found[name] = metadata.described(pa.schema(snapshot.table.schema().to_arrow()))
         return found
 
     def _on_loop(self, context: CallContext, coro: Coroutine[Any, Any, T]) -> T:

@@ -146,10 +146,18 @@ def lookups(map_name: str, result: str) -> float:
 
 
 class Front:
-    """A served query service: an HTTP session on its front and a gRPC channel beside it."""
+    """A served query service: an HTTP session on its front and a gRPC channel beside it
+    (and the port of its Flight SQL, when it has one)."""
 
-    def __init__(self, http: aiohttp.ClientSession, base: str, channel: grpc.aio.Channel) -> None:
+    def __init__(
+        self,
+        http: aiohttp.ClientSession,
+        base: str,
+        channel: grpc.aio.Channel,
+        flight_port: int | None = None,
+    ) -> None:
         self.http, self.base, self.channel = http, base, channel
+        self.flight_port = flight_port
 
     async def json(
         self, method: str, path: str, *, status: int = 200, **kwargs: Any
@@ -162,12 +170,17 @@ class Front:
 
 
 @asynccontextmanager
-async def started(config: AppConfig) -> AsyncIterator[Servers]:
-    """A started query service with its HTTP front on, stopped on the way out."""
+async def started(config: AppConfig, flight: bool = False) -> AsyncIterator[Servers]:
+    """A started query service with its HTTP front on (and with ``flight``, its Flight SQL
+    port), stopped on the way out."""
     store = RedisMapStore.from_config(config.redis)
     near_caches = NearCaches(store, config.query.near_cache)
     servers = await create_servers(
-        config, store=store, near_caches=near_caches, http=("127.0.0.1", 0)
+        config,
+        store=store,
+        near_caches=near_caches,
+        http=("127.0.0.1", 0),
+        flight="127.0.0.1:0" if flight else None,
     )
     await servers.start()
     try:
@@ -179,14 +192,15 @@ async def started(config: AppConfig) -> AsyncIterator[Servers]:
 
 
 @asynccontextmanager
-async def front(config: AppConfig) -> AsyncIterator[Front]:
+async def front(config: AppConfig, flight: bool = False) -> AsyncIterator[Front]:
     """A started query service with its HTTP front on, an HTTP session and a gRPC channel."""
     async with (
-        started(config) as servers,
+        started(config, flight) as servers,
         aiohttp.ClientSession() as http,
         grpc.aio.insecure_channel(f"127.0.0.1:{servers.port}") as channel,
     ):
-        yield Front(http, f"http://127.0.0.1:{servers.http_port}", channel)
+        port = servers.flight.port if servers.flight is not None else None
+        yield Front(http, f"http://127.0.0.1:{servers.http_port}", channel, port)
 
 
 HANG_SECONDS = 300.0
@@ -194,12 +208,12 @@ HANG_SECONDS = 300.0
 test's need, well within pytest's timeout, whose report a CI log may not show whole."""
 
 
-def serve_http(config: AppConfig, body: Callable[[Front], Awaitable[T]]) -> T:
+def serve_http(config: AppConfig, body: Callable[[Front], Awaitable[T]], flight: bool = False) -> T:
     loops: list[asyncio.AbstractEventLoop] = []
 
     async def main() -> T:
         loops.append(asyncio.get_running_loop())
-        async with front(config) as f:
+        async with front(config, flight) as f:
             return await body(f)
 
     with hang_report(HANG_SECONDS, loops):

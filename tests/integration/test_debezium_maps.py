@@ -32,6 +32,7 @@ from materializer.contract.watermark import Watermark
 from materializer.job import start_map
 from materializer.testing.debezium import Converter, DebeziumCapture
 from materializer.testing.postgres import Postgres
+from materializer.testing.process import ManagedProcess
 from materializer.testing.waiting import wait_until
 from tests.helpers.runs import config_file, materializer_run
 from tests.helpers.slices import config, delta_map_rs, read_topic, redis_map
@@ -386,10 +387,7 @@ def test_the_real_time_path_through_materializer_run(
     caught up: changes with TOASTed values, then a truncate and changes after it, which the
     real-time writer applies in one Redis call; the map equals the table at the end."""
     rng = random.Random(52)
-    table = f"cdc_{uuid.uuid4().hex[:8]}"
-    keys = set(range(1, 21))
-    postgres.execute(TABLE.format(table=table))
-    postgres.execute(f"INSERT INTO {table} VALUES {', '.join(values(rng, k) for k in keys)};")
+    table, keys = new_table(postgres, rng)
     name = "live_rows"
     capture = DebeziumCapture(postgres, kafka_bootstrap, tables=[f"public.{table}"])
     try:
@@ -418,19 +416,8 @@ def test_the_real_time_path_through_materializer_run(
             keys.clear()
             postgres.execute(changes(rng, table, keys, 20))
             postgres.execute(f"INSERT INTO {table} (id) VALUES ({SENTINEL});")
-            wait_until(
-                "the last change on the topic", lambda: sentinel_on(kafka_bootstrap, topic), 60
-            )
-            end = end_offset(kafka_bootstrap, topic)
-            wait_until(
-                "every change folded",
-                lambda: folded_past(redis_client, name, topic, end),
-                120,
-                run.alive,
-            )
+            in_redis = every_change_folded(kafka_bootstrap, redis_client, name, topic, run)
             expected = table_rows(postgres, table)
-            in_redis = {k: canonical(v) for k, v in redis_map(redis_client, name).items()}
-            in_redis.pop(str(SENTINEL), None)
             assert in_redis == expected
             # The table follows from the changelog the real-time writer sent.
             warehouse = tmp_path / "warehouse" / name
@@ -444,6 +431,27 @@ def test_the_real_time_path_through_materializer_run(
     finally:
         capture.stop()
     postgres.execute(f"DROP TABLE {table}")
+
+
+def new_table(postgres: Postgres, rng: random.Random) -> tuple[str, set[int]]:
+    """A table of its own with rows 1 to 20: its name and keys."""
+    table, keys = f"cdc_{uuid.uuid4().hex[:8]}", set(range(1, 21))
+    postgres.execute(TABLE.format(table=table))
+    postgres.execute(f"INSERT INTO {table} VALUES {', '.join(values(rng, k) for k in keys)};")
+    return table, keys
+
+
+def every_change_folded(
+    kafka: str, client: Any, name: str, topic: str, run: ManagedProcess
+) -> dict[str, dict[str, Any]]:
+    """Once the sentinel row's create is on the topic and the run's fold is past it: the
+    map in Redis, without the sentinel."""
+    wait_until("the last change on the topic", lambda: sentinel_on(kafka, topic), 60)
+    end = end_offset(kafka, topic)
+    wait_until("every change folded", lambda: folded_past(client, name, topic, end), 120, run.alive)
+    rows = {k: canonical(v) for k, v in redis_map(client, name).items()}
+    rows.pop(str(SENTINEL), None)
+    return rows
 
 
 def table_without_sentinel(path: Path) -> dict[str, dict[str, Any]]:
@@ -463,3 +471,69 @@ def end_offset(bootstrap: str, topic: str) -> int:
 def folded_past(client, name: str, topic: str, end: int) -> bool:
     watermark = Watermark.from_hash(client.hgetall(meta_key(name)))
     return watermark is not None and watermark.offsets.get(topic, {}).get(0, 0) >= end
+
+
+def test_a_column_added_to_the_table_reaches_the_running_map(
+    postgres, kafka_bootstrap, redis_url, redis_client, schema_registry_url, tmp_path
+):
+    """``ALTER TABLE ... ADD COLUMN`` under ``materializer run``: Debezium's Avro converter
+    registers the wider envelope with the first change after it, the map takes that version
+    without a restart of the run or a rebuild, and its entities and table end equal to the
+    table, the new column in the rows that have it."""
+    rng = random.Random(53)
+    table, keys = new_table(postgres, rng)
+    name = "added_column"
+    capture = DebeziumCapture(
+        postgres,
+        kafka_bootstrap,
+        tables=[f"public.{table}"],
+        converter="avro",
+        registry_url=schema_registry_url,
+    )
+    try:
+        capture.launch().wait_streaming()
+        topic = capture.topic(f"public.{table}")
+        source = source_of("avro", schema_registry_url)
+        doc = map_doc(
+            name, tmp_path, kafka_bootstrap, redis_url, topic, source, fold={"mode": "merge"}
+        )
+        doc["spark"]["path"] = "microbatch"
+        doc["metrics"] = {"port": 0}
+        with materializer_run(config_file(doc, tmp_path)) as run:
+            snapshot = table_rows(postgres, table)
+            wait_until(
+                "the snapshot folded and the map past its opening",
+                lambda: (
+                    f"map {name} running" in run.log()
+                    and {k: canonical(v) for k, v in redis_map(redis_client, name).items()}
+                    == snapshot
+                ),
+                180,
+                run.alive,
+            )
+            postgres.execute(
+                f"ALTER TABLE {table} ADD COLUMN extra text;\n"
+                + changes(rng, table, keys, 20)
+                + f"\nUPDATE {table} SET extra = 'extra ' || id WHERE id % 2 = 0;\n"
+                + f"INSERT INTO {table} (id, extra) VALUES ({max(keys) + 1}, 'a new row');\n"
+                + f"INSERT INTO {table} (id) VALUES ({SENTINEL});"
+            )
+            in_redis = every_change_folded(kafka_bootstrap, redis_client, name, topic, run)
+            expected = table_rows(postgres, table)
+            assert any("extra" in row for row in expected.values())
+            assert any("extra" not in row for row in expected.values())
+            assert in_redis == expected
+            wait_until(
+                "the table holding the same rows",
+                lambda: table_without_sentinel(tmp_path / "warehouse" / name) == expected,
+                120,
+                run.alive,
+                retry_errors=True,
+            )
+            log = run.log()
+    finally:
+        capture.stop()
+    postgres.execute(f"DROP TABLE {table}")
+    assert f"map {name}: subject {topic}-value moved from schema id" in log
+    assert "after.extra" in log
+    assert f"map {name} failed" not in log

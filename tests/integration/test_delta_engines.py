@@ -9,6 +9,7 @@ from pathlib import Path
 
 from materializer import record_columns as c
 from materializer.batch import Batch
+from materializer.contract.table_layout import COMMENT, AddedColumn
 from materializer.delta.sink import DeltaSink
 
 ENTITY = (
@@ -198,12 +199,20 @@ def test_delta_rs_creates_and_widens_the_table_spark_would(spark, warehouse: Pat
         ]
     )
     wider = T.StructType([*strict.fields, *T._parse_datatype_string("n BIGINT, o STRUCT<p: DATE>")])
-    ddl = {}
+    ddl, added = {}, {}
     for engine in ("spark", "delta_rs"):
         sink = DeltaSink(str(warehouse / engine), engine=engine, updated_at=True)
         sink.ensure_table(spark, strict)
         sink.ensure_table(spark, wider)
-        ddl[engine] = _ddl(spark, str(warehouse / engine))
+        schema, *rest = _ddl(spark, str(warehouse / engine))
+        # Each added column's comment names the commit that added it (the table's second).
+        added[engine] = {
+            f.name: AddedColumn.of(f.metadata.get(COMMENT)) for f in schema if f.metadata
+        }
+        plain = T.StructType([T.StructField(f.name, f.dataType, f.nullable) for f in schema])
+        ddl[engine] = (plain, *rest)
+    assert {n: a.version for n, a in added["spark"].items() if a} == {"n": 1, "o": 1}
+    assert {n: a.version for n, a in added["delta_rs"].items() if a} == {"n": 1, "o": 1}
     assert ddl["delta_rs"][:3] == ddl["spark"][:3]
     assert ddl["spark"][0].names == [c.TABLE_KEY, c.TABLE_UPDATED_AT, *wider.names]
     assert ddl["spark"][0][c.TABLE_KEY].nullable is False

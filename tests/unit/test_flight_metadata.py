@@ -6,6 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
+from materializer.contract.table_layout import AddedColumn
 from query_service.sql import flight_metadata as metadata
 from query_service.sql.flightsql import FlightSql_pb2 as fsql
 
@@ -95,3 +96,20 @@ def test_the_primary_key_is_the_key_column():
     ]
     assert keys(table="secret") == []  # not among the maps granted
     assert keys(table="users", db_schema="other") == []
+
+
+def test_a_columns_comment_is_its_remarks():
+    added = AddedColumn(12, "2026-12-01T06:00:00.123Z")
+    schema = pa.schema(
+        [
+            pa.field("_key", pa.string(), nullable=False),
+            pa.field("note", pa.string(), metadata={b"comment": added.comment().encode()}),
+        ]
+    )
+
+    key, note = metadata.described(schema)
+
+    assert key.metadata is None
+    assert note.metadata[metadata.REMARKS] == b"added at table version 12, 2026-12-01T06:00:00.123Z"
+    assert AddedColumn.of(note.metadata[metadata.REMARKS].decode()) == added
+    assert AddedColumn.of("a comment of the team's own") is None

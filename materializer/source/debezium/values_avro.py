@@ -25,7 +25,12 @@ from materializer.source.formats.arrow_decode import (
 )
 from materializer.source.formats.avro_registry import AvroRegistryDecoder, Reader, parse_avro
 from materializer.source.formats.avro_types import AvroSchemaError, spark_type
-from materializer.source.formats.registry import WireFormatError, reader_schema, split_header
+from materializer.source.formats.registry import (
+    WireFormatError,
+    reader_schema,
+    split_header,
+    value_subject,
+)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -94,7 +99,7 @@ def decode_debezium_avro(raw: DataFrame, map_config: MapConfig) -> DataFrame:
     src = map_config.source
     url = src.schema_registry_url or ""
     latest = reader_schema(url, src.topics[0], "AVRO")
-    reader = Reader(None, latest.id, latest.text)
+    reader = Reader(None, latest.id, latest.text, value_subject(src.topics[0]))
     try:
         envelope = spark_type(parse_avro(latest.text))
     except (AvroSchemaError, ValueError) as exc:

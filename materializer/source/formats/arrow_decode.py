@@ -6,7 +6,8 @@ unchanged and gains the entity's fields and the two error columns: a
 :class:`ValueDecoder` turns one value into a dict of the fields, and the batch
 of dicts becomes Arrow columns in one conversion. A value the decoder rejects,
 or whose fields do not fit the map's schema, becomes a decode error with a
-message; it never fails the batch. A null value (a tombstone) decodes to null
+message; it never fails the batch, save for a record that shows the map's
+registry subject moved on (:class:`SchemaMoved`). A null value (a tombstone) decodes to null
 fields and no error.
 
 What runs on the executors must pickle: decoders hold plain data (schema text,
@@ -32,6 +33,12 @@ STAGE = "decode"
 
 class DecodeFailure(ValueError):
     """A value that does not decode; the message goes to the dead-letter headers."""
+
+
+class SchemaMoved(Exception):  # noqa: N818 - it names what happened, as Fenced does
+    """The map's registry subject has a version with the fields a record carries and its
+    reader lacks (``schema_moves``): the map's queries must start again on it. Never a dead
+    letter: the batch fails, so that nothing of it is written without them."""
 
 
 class ValueDecoder(ABC):
@@ -98,6 +105,8 @@ class ArrowDecode:
                 if value is not None:
                     try:
                         row = decode(key, value)
+                    except SchemaMoved:  # not the record's fault: the batch waits for a reader
+                        raise
                     except Exception as exc:  # bad bytes are data, whatever the decoder raised
                         message = _describe(exc)
                 rows.append(row)

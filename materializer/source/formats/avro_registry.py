@@ -5,10 +5,10 @@ map starts; its fields are the map's fields. Each record names its writer
 schema by id; the writer schema is fetched once per id and process, and Avro
 schema resolution reads the record into the reader's shape: a field the
 writer lacks takes the reader's default, a field only the writer has is
-skipped. So records of a version registered after the map started decode
-with no restart; their new fields reach the map when it starts again with the
-newer latest version as its reader (a ``latest`` fold keeps the entity's
-typed fields in its state, so there a changed reader needs a new checkpoint).
+skipped. A record of a newer writer with fields the reader lacks, once the
+subject's latest version adds them, stops the batch so that the map's queries
+start again on that version (``schema_moves``): the new fields reach the
+entities and the table with no record read without them.
 
 With ``subject_name_strategy`` ``record`` or ``topic_record`` a topic carries
 several record types (``record_types``), each with its own subject and so its
@@ -44,6 +44,7 @@ from materializer.source.formats.registry import (
     subject_name,
     union_fields,
 )
+from materializer.source.formats.schema_moves import check_writer
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -70,6 +71,7 @@ class Reader:
     record_type: str | None
     schema_id: int
     text: str
+    subject: str
 
 
 class AvroRegistryDecoder(ValueDecoder):
@@ -127,6 +129,20 @@ class AvroRegistryDecoder(ValueDecoder):
         _writers[key] = found
         return found
 
+    def _check(self, reader: Reader, writer_id: int, writer: Any) -> None:
+        """A writer with fields the reader lacks: the map takes the subject's wider latest
+        version first, if it has one (``schema_moves``)."""
+        try:
+            check_writer(
+                self.url,
+                reader.subject,
+                (reader.schema_id, _typed(reader.text)),
+                (writer_id, lambda: _spark_type(writer)),
+                lambda latest: _typed(latest.text),
+            )
+        except RegistryError as exc:
+            raise DecodeFailure(f"writer schema id {writer_id}: {exc}") from None
+
     def decode(self, value: bytes) -> dict[str, Any]:
         """One wire-format value as the reader schema's fields."""
         import fastavro
@@ -136,6 +152,8 @@ class AvroRegistryDecoder(ValueDecoder):
         except WireFormatError as exc:
             raise DecodeFailure(str(exc)) from None
         chosen, writer = self._pick(schema_id)
+        if writer is not None:
+            self._check(chosen, schema_id, writer)
         reader, convert = self._reader(chosen)
         buffer = io.BytesIO(payload)
         try:
@@ -168,7 +186,7 @@ def decode_avro_registry(raw: DataFrame, map_config: MapConfig) -> DataFrame:
     for record_type in types:
         subject = subject_name(src.subject_name_strategy, topic, record_type)
         latest = reader_schema(url, topic, "AVRO", subject=subject)
-        readers.append(Reader(record_type, latest.id, latest.text))
+        readers.append(Reader(record_type, latest.id, latest.text, subject))
     return decode_in_python(raw, _fields(readers), AvroRegistryDecoder(url, readers))
 
 
@@ -192,3 +210,30 @@ def _fields(readers: Sequence[Reader]) -> StructType:
             ) from None
         parts.append((reader.record_type or f"schema id {reader.schema_id}", fields))
     return union_fields(parts)
+
+
+def _spark_type(parsed: Any) -> StructType:
+    """A parsed schema's fields; none for one they cannot type (it adds nothing known)."""
+    from pyspark.sql.types import StructType
+
+    try:
+        return spark_type(parsed)
+    except AvroSchemaError:
+        return StructType([])
+
+
+_typed_texts: dict[str, StructType] = {}
+
+
+def _typed(text: str) -> StructType:
+    """A registered schema's fields, kept per process."""
+    from pyspark.sql.types import StructType
+
+    found = _typed_texts.get(text)
+    if found is None:
+        try:
+            found = _spark_type(parse_avro(text))
+        except Exception:  # noqa: BLE001 - fastavro raises several types for a bad schema
+            found = StructType([])
+        _typed_texts[text] = found
+    return found

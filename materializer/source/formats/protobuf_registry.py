@@ -13,9 +13,10 @@ the latest schema of its own subject, and its fields are all of theirs (a
 message without a field leaves it null). A record's writer schema (fetched
 once per id and process) tells which message the record holds: a record of a
 message the map does not read is a decode error; one the map reads parses
-with that message's reader descriptor, so fields a newer writer added are
-skipped and fields it dropped take their defaults, as protobuf itself reads
-them.
+with that message's reader descriptor, so fields it dropped take their
+defaults, as protobuf itself reads them. Fields a newer writer added are
+skipped only while the subject's latest version lacks them; once it has them
+the batch stops and the map's queries start again on it (``schema_moves``).
 
 Schemas come as a FileDescriptorProto when the registry serves
 ``?format=serialized`` (Confluent's registry does, and it is what
@@ -58,6 +59,7 @@ from materializer.source.formats.registry import (
     union_fields,
     value_subject,
 )
+from materializer.source.formats.schema_moves import check_writer
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -196,6 +198,7 @@ class MessageReader:
     schema_id: int
     files: bytes
     """A serialized FileDescriptorSet: the schema's imports, then its own file."""
+    subject: str
 
 
 class ProtobufRegistryDecoder(ValueDecoder):
@@ -238,6 +241,28 @@ class ProtobufRegistryDecoder(ValueDecoder):
         _writer_files[key] = found
         return found
 
+    def _check(self, reader: MessageReader, writer_id: int) -> None:
+        """A writer whose message has fields the reader's lacks: the map takes the subject's
+        wider latest version first, if it has one (``schema_moves``)."""
+        client = client_for(self.url)
+
+        def fields(schema: RegisteredSchema) -> StructType:
+            files = schema_files(client, schema, _file_name(schema.id))
+            found = descriptor_pb2.FileDescriptorSet(file=files).SerializeToString()
+            return _message_fields(found, reader.message)
+
+        try:
+            check_writer(
+                self.url,
+                reader.subject,
+                (reader.schema_id, _message_fields(reader.files, reader.message)),
+                (writer_id, lambda: fields(client.by_id(writer_id, fmt="serialized"))),
+                fields,
+                fmt="serialized",
+            )
+        except (RegistryError, ProtobufSchemaError) as exc:
+            raise DecodeFailure(f"writer schema id {writer_id}: {exc}") from None
+
     def decode(self, value: bytes) -> dict[str, Any]:
         """One wire-format value as its reader message's fields."""
         try:
@@ -252,9 +277,29 @@ class ProtobufRegistryDecoder(ValueDecoder):
             raise DecodeFailure(
                 f"record holds message {written} (schema id {schema_id}); the map reads {reads}"
             )
+        if schema_id != reader.schema_id:
+            self._check(reader, schema_id)
         cls, convert = prepared(reader.files, reader.message)
         result: dict[str, Any] = convert(parse_message(cls, payload[start:]))
         return result
+
+
+_typed_messages: dict[tuple[bytes, str], StructType] = {}
+
+
+def _message_fields(files: bytes, message: str) -> StructType:
+    """A message's fields in a serialized FileDescriptorSet (none when it lacks the
+    message), kept per process."""
+    from pyspark.sql.types import StructType
+
+    found = _typed_messages.get((files, message))
+    if found is None:
+        try:
+            found = spark_type(find_message(files, message))
+        except KeyError:
+            found = StructType([])
+        _typed_messages[(files, message)] = found
+    return found
 
 
 def _message_reader(
@@ -294,7 +339,7 @@ def _message_reader(
         ) from None
     except ProtobufSchemaError as exc:
         raise ConfigError("", [f"source.{key}: message {message}: {exc}"]) from None
-    return MessageReader(message, latest.id, reader_set), fields
+    return MessageReader(message, latest.id, reader_set, subject), fields
 
 
 def decode_protobuf_registry(raw: DataFrame, map_config: MapConfig) -> DataFrame:
