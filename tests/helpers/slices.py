@@ -6,7 +6,7 @@ import random
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import redis
@@ -15,6 +15,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from materializer.config import AppConfig, parse_config
 from materializer.contract.redis_layout import RESERVED_KEYS, meta_key
 from materializer.contract.watermark import Watermark
+
+if TYPE_CHECKING:
+    from materializer.testing import Producing
 
 SCHEMA = "id STRING, name STRING, age INT, tags ARRAY<STRING>"
 FIELDS = ["id", "name", "age", "tags"]
@@ -276,17 +279,21 @@ class Produced:
         self.bootstrap, self.topic, self.client, self.keys = bootstrap, topic, client, keys
         self.records: list[tuple[bytes | None, bytes | None]] = []
         self.positions: list[tuple[int, int]] = []
+        self.producer: Producing | None = None
 
     def produce(self, n: int) -> None:
         """``n`` more records over the same keys, ``u<i % keys>``, each with a name and an age."""
-        from materializer.testing import produce
+        from materializer.testing import Producing
 
         start = len(self.records)
         records: list[tuple[bytes | None, bytes | None]] = []
         for i in range(start, start + n):
             key = f"u{i % self.keys}"
             records.append((key.encode(), orjson.dumps({"id": key, "name": f"n{i}", "age": i})))
-        self.positions += produce(self.bootstrap, self.topic, records)
+        # One producer for every call: one of its own per call takes half a second to start.
+        if self.producer is None:
+            self.producer = Producing(self.bootstrap)
+        self.positions += self.producer.send(self.topic, records)
         self.records += records
 
     def folded(self, physical: str) -> bool:

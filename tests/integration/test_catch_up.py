@@ -40,7 +40,9 @@ from materializer.v1 import map_service_pb2_grpc as map_grpc
 from tests.helpers.query_redis import Front, front, serve_http, write_batch
 from tests.helpers.slices import end_offsets, slice_config
 
-EVENTS = 120_000
+EVENTS = 30_000
+"""Sixty batches of ``PER_BATCH``: every viewer has seen the map catch up after its first
+few batches, well before the last."""
 KEYS = 50
 """Few keys: each batch sends at most this many changelog records, so the Delta table
 keeps up and the run's stop drains little."""

@@ -125,9 +125,9 @@ def test_a_backlog_alone_is_not_paced(
             m.queries.stop()
 
 
-BACKLOG = 30_000
+BACKLOG = 20_000
 """Records waiting for the backlog map when it starts: its opening batch takes
-``OPENING_RECORDS``, the rest folds ``BOUND`` a batch, twenty batches."""
+``OPENING_RECORDS``, the rest folds ``BOUND`` a batch, ten batches."""
 BURST = 20
 """Records fed to the live map at a time, each a key of its own."""
 

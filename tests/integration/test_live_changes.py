@@ -157,6 +157,7 @@ def test_a_map_rebuilt_and_another_deleted_while_the_others_fold_in_real_time(
         print(proc.tail(150), file=sys.stderr)
         raise
     finally:
+        streams.stop()
         proc.stop()
 
     text = log.read_text(errors="replace")

@@ -22,7 +22,7 @@ from materializer.config.names import LIVE_GROUP, changelog_topic, dead_letter_t
 from materializer.contract.redis_layout import entity_key, meta_key
 from materializer.contract.watermark import Watermark
 from materializer.live.positions import committed
-from materializer.testing import create_topic, produce
+from materializer.testing import Producing, create_topic
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import Event, fold_aggregate, fold_latest, fold_merge
 from materializer.testing.waiting import wait_until
@@ -175,12 +175,14 @@ def test_maps_sharing_a_live_query_equal_the_reference_across_a_kill(
     rng = random.Random(11)
     produced: dict[str, list[Event]] = {name: [] for name in names}
     ends: dict[str, dict[int, int]] = {name: {} for name in names}
+    # One producer for every round: one of its own per round takes half a second to start.
+    producer = Producing(kafka_bootstrap)
 
     def produce_round(n: int, first: int) -> None:
         for name, mode in zip(names, MODES, strict=True):
             batch = records(rng, n, first, mode)
             for (partition, offset), (key, value) in zip(
-                produce(kafka_bootstrap, topics[name], batch), batch, strict=True
+                producer.send(topics[name], batch), batch, strict=True
             ):
                 produced[name].append((partition, offset, key, value))
                 ends[name][partition] = max(ends[name].get(partition, 0), offset + 1)

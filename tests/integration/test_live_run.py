@@ -32,7 +32,7 @@ from materializer.contract.redis_layout import meta_key
 from materializer.contract.table_marks import table_watermark
 from materializer.contract.watermark import Watermark
 from materializer.live.positions import committed, live_group
-from materializer.testing import produce
+from materializer.testing import Producing
 from materializer.testing.process import ManagedProcess
 from materializer.testing.reference import Event
 from materializer.testing.waiting import wait_until
@@ -62,28 +62,65 @@ class Streams:
         self.produced: dict[str, list[Event]] = {name: [] for name in topics}
         self.ends: dict[str, dict[int, int]] = {name: {} for name in topics}
         self.next_seq = 0
+        # One producer for every round: a producer of its own per call takes half a second
+        # to start, which made a stream's rounds a second and a half apart.
+        self.producer = Producing(bootstrap)
+        self.lock = threading.Lock()
+        self.streaming: list[Streaming] = []
 
     def round(self, n: int) -> None:
-        for (name, topic), mode in zip(self.topics.items(), MODES, strict=True):
-            batch = records(self.rng, n, self.next_seq, mode)
-            for (partition, offset), (key, value) in zip(
-                produce(self.bootstrap, topic, batch), batch, strict=True
-            ):
-                self.produced[name].append((partition, offset, key, value))
-                self.ends[name][partition] = max(self.ends[name].get(partition, 0), offset + 1)
-        self.next_seq += n
+        with self.lock:
+            for (name, topic), mode in zip(self.topics.items(), MODES, strict=True):
+                batch = records(self.rng, n, self.next_seq, mode)
+                for (partition, offset), (key, value) in zip(
+                    self.producer.send(topic, batch), batch, strict=True
+                ):
+                    self.produced[name].append((partition, offset, key, value))
+                    self.ends[name][partition] = max(self.ends[name].get(partition, 0), offset + 1)
+            self.next_seq += n
 
-    def stream(self, rounds: int, n: int) -> threading.Thread:
-        """``rounds`` rounds of ``n`` records a map, one every 20 ms, on a thread."""
+    def stream(self, rounds: int, n: int) -> Streaming:
+        """Rounds of ``n`` records a map, one every 100 ms, on a thread: at least
+        ``rounds`` of them, and on until its ``join``, so that they stream in all the
+        while whatever the test does meanwhile takes."""
+        streaming = Streaming(self, rounds, n)
+        self.streaming.append(streaming)
+        return streaming
+
+    def stop(self) -> None:
+        """Every stream stopped (a test that failed midway leaves none running)."""
+        for streaming in self.streaming:
+            streaming.stopped.set()
+        for streaming in self.streaming:
+            streaming.thread.join()
+
+
+class Streaming:
+    """``Streams.stream``'s thread."""
+
+    def __init__(self, streams: Streams, rounds: int, n: int) -> None:
+        self.stopped = threading.Event()
+        self.error: BaseException | None = None
 
         def run() -> None:
-            for _ in range(rounds):
-                self.round(n)
-                time.sleep(0.02)
+            try:
+                done = 0
+                while done < rounds or not self.stopped.is_set():
+                    streams.round(n)
+                    done += 1
+                    time.sleep(0.1)
+            except BaseException as exc:
+                self.error = exc
 
-        thread = threading.Thread(target=run)
-        thread.start()
-        return thread
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        """Stopped after its rounds, once every record of it is in Kafka."""
+        self.stopped.set()
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
 
 
 def test_realtime_maps_sharing_a_query_through_materializer_run_equal_the_reference(
@@ -215,8 +252,8 @@ def realtime_maps_equal_the_reference(
             0,
             f"{names[0]}*",
         )
-        streaming.join()
         wait_until("the copy restored", lambda: "copy restored" in log.read_text(), 300, alive)
+        streaming.join()
         joins += 1
         wait_until("the map live again", lambda: live(names[0], joins), 300, alive)
         assert f"map {names[1]} left" not in log.read_text()
@@ -265,6 +302,7 @@ def realtime_maps_equal_the_reference(
             print(proc.tail(120), file=sys.stderr)
         raise
     finally:
+        streams.stop()
         if proc is not None:
             proc.stop()
 
