@@ -125,6 +125,7 @@ bench: setup ## run the benchmarks (JSON lines on stdout)
 	$(BIN)/python bench/index_freshness.py
 	$(BIN)/python bench/restore_lookups.py
 	$(BIN)/python bench/cdc_fold.py
+	$(BIN)/python bench/schema_moves.py
 
 clean: ## remove the venv, resolved jars and local data
 	rm -rf $(VENV) jvm/lib warehouse checkpoints site tests/interop/node_modules

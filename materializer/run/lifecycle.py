@@ -237,9 +237,13 @@ class MapLifecycle:
 
     def moved(self, m: SupervisedMap, why: str) -> None:
         """The map's registry subject gained fields: its queries start again on them, from
-        their checkpoints, so the batch that met them is read again with them."""
+        their checkpoints, so the batch that met them is read again with them. Stopped at
+        once, not after the Delta query's batch in flight: the fold waits meanwhile, and a
+        batch cut short is replayed and changes nothing."""
         log.info("map %s: %s", m.name, why)
-        self.stop(m, "stopped")
+        if m.queries is not None:
+            m.queries.stop()
+            m.queries = None
         self.start(m, opening=False)
 
     def fenced(self, m: SupervisedMap, why: str) -> None:
