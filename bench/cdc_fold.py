@@ -40,7 +40,7 @@ import orjson
 import redis
 import yaml
 from bulk_run import folded_to, topic_end
-from harness import PARTITIONS, bulk_producer, emit, services, setup_line
+from harness import PARTITIONS, bulk_producer, emit, run_doc, services, setup_line
 from live import wait_for
 
 from materializer.testing import create_topic
@@ -172,14 +172,7 @@ def write_config(work: Path, bootstrap: str, redis_url: str, topic: str, name: s
     source: dict[str, Any] = {"topics": [topic], "format": "json", "schema": ROW}
     if name == "debezium":
         source["envelope"] = "debezium"
-    doc = {
-        "kafka": {"bootstrap_servers": bootstrap},
-        "redis": {"url": redis_url},
-        "delta": {"root": str(work / "warehouse")},
-        "spark": {"checkpoint_root": str(work / "checkpoints")},
-        "metrics": {"port": 0},
-        "maps": {name: {"source": source, "key": "$kafka_key"}},
-    }
+    doc = run_doc(work, bootstrap, redis_url, {name: {"source": source, "key": "$kafka_key"}})
     path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path

@@ -187,10 +187,12 @@ def produce_at_rate(
     first_seq: int,
     on_sent: Any,
     rng: random.Random,
+    encode: Callable[[int, int, random.Random], tuple[bytes, bytes]] = event,
 ) -> int:
     """Events ``first_seq + 1 ...`` at a steady ``rate`` for ``seconds``, each handed to
     ``on_sent(key, seq, sent_at)``; the rate achieved. Over several topics, a key's events
-    all go to one of them (``topic_of``)."""
+    all go to one of them (``topic_of``). ``encode(seq, key index, rng)`` makes each one
+    (``harness.event``'s JSON by default)."""
     topics = [topic] if isinstance(topic, str) else list(topic)
     total = int(rate * seconds)
     started = time.perf_counter()
@@ -200,7 +202,7 @@ def produce_at_rate(
         while sent < due:
             seq = first_seq + sent + 1
             index = rng.randrange(keys)
-            k, v = event(seq, index, rng)
+            k, v = encode(seq, index, rng)
             while True:
                 try:
                     prod.produce(topics[topic_of(index, len(topics))], key=k, value=v)

@@ -294,6 +294,19 @@ def entities_in_redis(redis_url: str, map_name: str) -> int:
         client.close()
 
 
+def run_doc(work: Path, bootstrap: str, redis_url: str, maps: dict[str, Any]) -> dict[str, Any]:
+    """A ``materializer run`` configuration of ``maps`` with every cadence at its default, as
+    users run it: its warehouse and checkpoints in ``work``, no fixed metrics port."""
+    return {
+        "kafka": {"bootstrap_servers": bootstrap},
+        "redis": {"url": redis_url},
+        "delta": {"root": str(work / "warehouse")},
+        "spark": {"checkpoint_root": str(work / "checkpoints")},
+        "metrics": {"port": 0},
+        "maps": maps,
+    }
+
+
 @contextlib.contextmanager
 def services() -> Iterator[tuple[str, str]]:
     """(bootstrap servers, Redis URL): ``KAFKA_BOOTSTRAP_SERVERS`` / ``REDIS_URL`` or our own."""

@@ -36,8 +36,8 @@ import orjson
 import redis
 import yaml
 from confluent_kafka import Producer
-from freshness import Follower, latency_fields
-from harness import PARTITIONS, emit, event, services, setup_line
+from freshness import Follower, latency_fields, produce_at_rate
+from harness import PARTITIONS, emit, event, run_doc, services, setup_line
 from live import wait_for
 
 from materializer.contract.redis_layout import entity_key
@@ -77,39 +77,7 @@ def encoder(schema: dict[str, Any], schema_id: int) -> Any:
     return encode
 
 
-def feed(
-    prod: Producer,
-    topic: str,
-    encode: Any,
-    rate: int,
-    seconds: float,
-    keys: int,
-    seq0: int,
-    on_sent: Any,
-) -> int:
-    """``rate`` events/s for ``seconds`` from ``seq0 + 1``: the last seq sent."""
-    rng = random.Random(seq0)
-    total, sent, started = int(rate * seconds), 0, time.perf_counter()
-    while sent < total:
-        due = min(total, int(rate * (time.perf_counter() - started)))
-        while sent < due:
-            seq = seq0 + sent + 1
-            key, value = encode(seq, rng.randrange(keys), rng)
-            while True:
-                try:
-                    prod.produce(topic, key=key, value=value)
-                    break
-                except BufferError:
-                    prod.poll(0.01)
-            on_sent(key, seq, time.perf_counter())
-            sent += 1
-        prod.poll(0)
-        time.sleep(0.001)
-    prod.flush(30)
-    return seq0 + sent
-
-
-def restart_phases(log: str, produced: float) -> dict[str, float | None]:
+def restart_phases(log: str, produced: float) -> dict[str, Any]:
     """From the run's log: the seconds from the first wide record's produce to the run's
     line that the subject moved (the batch that met it failed), and from that line to the
     map running again."""
@@ -162,27 +130,9 @@ def main() -> None:
             prod.produce(topic, key=key, value=value)
         prod.flush(60)
         config = work / "run.yaml"
-        config.write_text(
-            yaml.safe_dump(
-                {
-                    "kafka": {"bootstrap_servers": bootstrap},
-                    "redis": {"url": redis_url},
-                    "delta": {"root": str(work / "warehouse")},
-                    "spark": {"checkpoint_root": str(work / "checkpoints")},
-                    "metrics": {"port": 0},
-                    "maps": {
-                        NAME: {
-                            "source": {
-                                "topics": [topic],
-                                "format": "avro",
-                                "schema_registry_url": registry.url,
-                            },
-                            "key": "id",
-                        }
-                    },
-                }
-            )
-        )
+        source = {"topics": [topic], "format": "avro", "schema_registry_url": registry.url}
+        maps = {NAME: {"source": source, "key": "id"}}
+        config.write_text(yaml.safe_dump(run_doc(work, bootstrap, redis_url, maps)))
         proc = ManagedProcess(
             [sys.executable, "-m", "materializer", "run", "-c", str(config)], work / "run.log"
         )
@@ -206,7 +156,11 @@ def main() -> None:
                     follower.samples.put((key, seq, at))
                     sent_at[seq] = at
 
-            seq = feed(prod, topic, first, args.rate, args.before, args.keys, args.keys, sampled)
+            rng = random.Random(5)
+            produce_at_rate(
+                prod, topic, args.rate, args.before, args.keys, args.keys, sampled, rng, first
+            )
+            seq = args.keys + int(args.rate * args.before)
             second = encoder(V2, register(registry.url, subject, orjson.dumps(V2).decode()))
             first_wide: list[tuple[bytes, float]] = []
             visible: list[float] = []
@@ -229,7 +183,9 @@ def main() -> None:
                     threading.Thread(target=watch, args=(key,), daemon=True).start()
                 sampled(key, s, at)
 
-            feed(prod, topic, second, args.rate, args.after, args.keys, seq, sampled_wide)
+            produce_at_rate(
+                prod, topic, args.rate, args.after, args.keys, seq, sampled_wide, rng, second
+            )
             unresolved = follower.finish(drain_seconds=120)
             wait_for("the new field", lambda: bool(visible), 300, proc)
             switch_at = first_wide[0][1]

@@ -38,7 +38,7 @@ import redis
 import yaml
 from confluent_kafka import Producer
 from deltalake import DeltaTable
-from harness import PARTITIONS, SCHEMA, emit, event, machine
+from harness import PARTITIONS, SCHEMA, emit, event, machine, run_doc
 from pipeline import AGGREGATES
 
 from materializer.contract.redis_layout import entity_key, meta_key
@@ -160,22 +160,16 @@ class Probe:
 
 
 def write_config(work: Path, bootstrap: str, redis_url: str, topics: dict[str, str]) -> Path:
-    doc = {
-        "kafka": {"bootstrap_servers": bootstrap},
-        "redis": {"url": redis_url},
-        "delta": {"root": str(work / "warehouse")},
-        "spark": {"checkpoint_root": str(work / "checkpoints")},
-        "metrics": {"port": 0},
-        "maps": {
-            name: {
-                "source": {"topics": [topics[name]], "format": "json", "schema": SCHEMA},
-                "key": "id",
-                "fold": fold,
-                "on_error": "dead_letter",
-            }
-            for name, fold in MAPS.items()
-        },
+    maps = {
+        name: {
+            "source": {"topics": [topics[name]], "format": "json", "schema": SCHEMA},
+            "key": "id",
+            "fold": fold,
+            "on_error": "dead_letter",
+        }
+        for name, fold in MAPS.items()
     }
+    doc = run_doc(work, bootstrap, redis_url, maps)
     path = work / "soak.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
