@@ -10,7 +10,7 @@ from pathlib import Path
 
 from materializer.jvm import session_jars
 from materializer.spark.class_archive import TRAINING_ENV, archive_path, java_options
-from materializer.spark.session import IDLE_HEAP
+from materializer.spark.session import HUGE_METHODS, IDLE_HEAP
 
 SESSION = """
 from materializer.config import SparkConfig
@@ -18,7 +18,8 @@ from materializer.spark.session import build_spark_session
 spark = build_spark_session(SparkConfig(conf={"spark.driver.extraJavaOptions": "-Xshare:on"}))
 args = list(spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
             .getInputArguments())
-print([a for a in args if a.startswith(("-XX:SharedArchiveFile", "-Xshare", "-XX:G1", "-XX:M"))])
+ours = ("-XX:SharedArchiveFile", "-Xshare", "-XX:G1", "-XX:M", "-XX:-")
+print([a for a in args if a.startswith(ours)])
 print(spark.range(10).count())
 spark.stop()
 """
@@ -40,7 +41,7 @@ def test_a_session_maps_the_archive_and_gives_idle_heap_back():
     assert done.returncode == 0, done.stderr[-3000:]
     flags, count = done.stdout.strip().splitlines()[-2:]
     assert "SharedArchiveFile" in flags and "-Xshare:on" in flags
-    assert all(f"'{option}'" in flags for option in IDLE_HEAP), flags
+    assert all(f"'{option}'" in flags for option in [*IDLE_HEAP, HUGE_METHODS]), flags
     assert count == "10"
 
 
