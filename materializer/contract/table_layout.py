@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from materializer.config import AppConfig, MapConfig
@@ -42,7 +43,7 @@ def table_meta(map_config: MapConfig) -> tuple[str, ...]:
 
 COMMENT = "comment"
 """A column's comment in the table's schema (Delta's field metadata, Spark's ``COMMENT``)."""
-_ADDED = re.compile(r"added at table version (\d+), (\S+)")
+_ADDED = re.compile(r"added at table version (\d+), (\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?Z)")
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,11 @@ class AddedColumn:
         """Added by the commit ``version`` about to be made."""
         at = datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
         return cls(version, at.replace("+00:00", "Z"))
+
+    @classmethod
+    def of_field(cls, metadata: Mapping[bytes, bytes] | None) -> AddedColumn | None:
+        """What a column's Arrow field metadata (its comment) records, or None."""
+        return cls.of((metadata or {}).get(COMMENT.encode(), b"").decode())
 
     @classmethod
     def of(cls, comment: str | None) -> AddedColumn | None:

@@ -241,10 +241,11 @@ class MapLifecycle:
         once, not after the Delta query's batch in flight: the fold waits meanwhile, and a
         batch cut short is replayed and changes nothing."""
         log.info("map %s: %s", m.name, why)
+        pace = m.pace  # a map catching up at a pace goes on at it
         if m.queries is not None:
             m.queries.stop()
             m.queries = None
-        self.start(m, opening=False)
+        self.start(m, opening=False, pace=pace)
 
     def fenced(self, m: SupervisedMap, why: str) -> None:
         """Another worker owns the map now: stop its queries without a drain (they could

@@ -21,7 +21,7 @@ from aiohttp import web
 from jinja2 import Environment
 
 from materializer.catalog.live import LiveMaps
-from materializer.contract.table_layout import COMMENT, AddedColumn
+from materializer.contract.table_layout import AddedColumn
 from materializer.v1 import admin_service_pb2 as admin_pb
 from query_service.console.calls import ConsoleCalls
 from query_service.console.dead_letters import DeadLetter, last_dead_letters
@@ -52,7 +52,6 @@ DEAD_LETTERS_KEPT_S = 5.0
 """How long a map's dead letters, once read, serve its page again."""
 VERSIONS_SHOWN = 15
 """Delta versions listed on a map's page."""
-COMMENT_KEY = COMMENT.encode()
 Column = tuple[str, str, AddedColumn | None]
 """A column of the map's table: its name, Arrow type and, if it came later, when."""
 
@@ -155,7 +154,7 @@ class MapPage(Page):
             for entry in table.history(VERSIONS_SHOWN)
         ]
         schema = [
-            (f.name, str(f.type), AddedColumn.of((f.metadata or {}).get(COMMENT_KEY, b"").decode()))
+            (f.name, str(f.type), AddedColumn.of_field(f.metadata))
             for f in pa.schema(table.schema().to_arrow())
         ]
         return versions, schema

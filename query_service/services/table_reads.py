@@ -19,7 +19,7 @@ from deltalake import DeltaTable
 from materializer.catalog.live import LiveMaps
 from materializer.config import AppConfig
 from materializer.contract.entity_json import encode_rows
-from materializer.contract.table_layout import COMMENT, TABLE_KEY, AddedColumn
+from materializer.contract.table_layout import TABLE_KEY, AddedColumn
 from materializer.v1 import map_service_pb2 as pb
 from query_service.errors import InvalidArgument
 from query_service.filters import render_filter
@@ -166,7 +166,7 @@ class TableReads:
             if field.name in own:
                 continue
             column = response.columns.add(name=field.name, type=str(field.type))
-            added = AddedColumn.of((field.metadata or {}).get(COMMENT.encode(), b"").decode())
+            added = AddedColumn.of_field(field.metadata)
             if added is not None:
                 column.added_in_version = added.version
                 column.added_at.FromJsonString(added.at)

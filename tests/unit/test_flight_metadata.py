@@ -113,3 +113,4 @@ def test_a_columns_comment_is_its_remarks():
     assert note.metadata[metadata.REMARKS] == b"added at table version 12, 2026-12-01T06:00:00.123Z"
     assert AddedColumn.of(note.metadata[metadata.REMARKS].decode()) == added
     assert AddedColumn.of("a comment of the team's own") is None
+    assert AddedColumn.of("added at table version 3, yesterday") is None

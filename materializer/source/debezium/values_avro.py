@@ -99,7 +99,7 @@ def decode_debezium_avro(raw: DataFrame, map_config: MapConfig) -> DataFrame:
     src = map_config.source
     url = src.schema_registry_url or ""
     latest = reader_schema(url, src.topics[0], "AVRO")
-    reader = Reader(None, latest.id, latest.text, value_subject(src.topics[0]))
+    reader = Reader(None, latest.id, latest.text, value_subject(src.topics[0]), row="after")
     try:
         envelope = spark_type(parse_avro(latest.text))
     except (AvroSchemaError, ValueError) as exc:

@@ -72,6 +72,9 @@ class Reader:
     schema_id: int
     text: str
     subject: str
+    row: str | None = None
+    """The field of the record that holds the map's fields (Debezium's ``after``); None:
+    the record's own fields are."""
 
 
 class AvroRegistryDecoder(ValueDecoder):
@@ -132,13 +135,14 @@ class AvroRegistryDecoder(ValueDecoder):
     def _check(self, reader: Reader, writer_id: int, writer: Any) -> None:
         """A writer with fields the reader lacks: the map takes the subject's wider latest
         version first, if it has one (``schema_moves``)."""
+        row = reader.row
         try:
             check_writer(
                 self.url,
                 reader.subject,
-                (reader.schema_id, _typed(reader.text)),
-                (writer_id, lambda: _spark_type(writer)),
-                lambda latest: _typed(latest.text),
+                (reader.schema_id, _row(_typed(reader.text), row)),
+                (writer_id, lambda: _row(_spark_type(writer), row)),
+                lambda latest: _row(_typed(latest.text), row),
             )
         except RegistryError as exc:
             raise DecodeFailure(f"writer schema id {writer_id}: {exc}") from None
@@ -237,3 +241,13 @@ def _typed(text: str) -> StructType:
             found = StructType([])
         _typed_texts[text] = found
     return found
+
+
+def _row(fields: StructType, row: str | None) -> StructType:
+    """The map's fields among a record's: ``row``'s, or the record's own."""
+    from pyspark.sql.types import StructType
+
+    if row is None:
+        return fields
+    found = fields[row].dataType if row in fields.names else None
+    return found if isinstance(found, StructType) else StructType([])

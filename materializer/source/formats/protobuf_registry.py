@@ -244,12 +244,19 @@ class ProtobufRegistryDecoder(ValueDecoder):
     def _check(self, reader: MessageReader, writer_id: int) -> None:
         """A writer whose message has fields the reader's lacks: the map takes the subject's
         wider latest version first, if it has one (``schema_moves``)."""
+        from pyspark.sql.types import StructType
+
         client = client_for(self.url)
 
         def fields(schema: RegisteredSchema) -> StructType:
-            files = schema_files(client, schema, _file_name(schema.id))
-            found = descriptor_pb2.FileDescriptorSet(file=files).SerializeToString()
-            return _message_fields(found, reader.message)
+            """The message's fields in a registered schema; none in one that does not
+            compile or type (it adds nothing known)."""
+            try:
+                files = schema_files(client, schema, _file_name(schema.id))
+                found = descriptor_pb2.FileDescriptorSet(file=files).SerializeToString()
+                return _message_fields(found, reader.message)
+            except (ProtobufSchemaError, TypeError):
+                return StructType([])
 
         try:
             check_writer(
@@ -260,7 +267,7 @@ class ProtobufRegistryDecoder(ValueDecoder):
                 fields,
                 fmt="serialized",
             )
-        except (RegistryError, ProtobufSchemaError) as exc:
+        except RegistryError as exc:
             raise DecodeFailure(f"writer schema id {writer_id}: {exc}") from None
 
     def decode(self, value: bytes) -> dict[str, Any]:
@@ -289,14 +296,14 @@ _typed_messages: dict[tuple[bytes, str], StructType] = {}
 
 def _message_fields(files: bytes, message: str) -> StructType:
     """A message's fields in a serialized FileDescriptorSet (none when it lacks the
-    message), kept per process."""
+    message or they do not type), kept per process."""
     from pyspark.sql.types import StructType
 
     found = _typed_messages.get((files, message))
     if found is None:
         try:
             found = spark_type(find_message(files, message))
-        except KeyError:
+        except (KeyError, ProtobufSchemaError, TypeError):
             found = StructType([])
         _typed_messages[(files, message)] = found
     return found

@@ -139,16 +139,17 @@ class SchemaRegistryClient:
         return self._cached(path, lambda doc: _schema(doc, int(doc["id"])))
 
     def latest(self, subject: str, fmt: str | None = None) -> RegisteredSchema:
-        """``GET /subjects/{subject}/versions/latest``: never cached, it moves."""
+        """``GET /subjects/{subject}/versions/latest``: never cached, it moves (a failure is
+        remembered as any other)."""
         path = f"/subjects/{urllib.parse.quote(subject, safe='')}/versions/latest"
         if fmt:
             path += f"?format={urllib.parse.quote(fmt)}"
-        doc = self._get(path)
-        return _schema(doc, int(doc["id"]))
+        return self._cached(path, lambda doc: _schema(doc, int(doc["id"])), keep=False)
 
     def _cached(
-        self, path: str, parse: Callable[[dict[str, Any]], RegisteredSchema]
+        self, path: str, parse: Callable[[dict[str, Any]], RegisteredSchema], keep: bool = True
     ) -> RegisteredSchema:
+        """``path``'s schema, kept when ``keep``; a failure remembered for ``RETRY_AFTER_S``."""
         with self._lock:
             hit = self._cache.get(path)
             failed = self._failed.get(path)
@@ -163,7 +164,8 @@ class SchemaRegistryClient:
                 self._failed[path] = (time.monotonic(), exc)
             raise
         with self._lock:
-            self._cache[path] = schema
+            if keep:
+                self._cache[path] = schema
             self._failed.pop(path, None)
         return schema
 

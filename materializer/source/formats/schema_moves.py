@@ -6,24 +6,26 @@ protobuf skip the fields the reader lacks), but then the new fields would be
 lost for those records. So an executor that meets a writer schema id it has
 not seen compares the writer's fields with the reader's. When the writer has
 more, it asks the registry for the subject's latest version; if that is not
-the reader and only adds fields (every field of the reader kept with its
-type), the record raises ``arrow_decode.SchemaMoved``. That fails the batch before
+the reader and only adds fields at the top (every field of the reader kept with
+its type), the record raises ``arrow_decode.SchemaMoved``. That fails the batch before
 anything of it is written; the run restarts the map's queries, which read
 the latest version as their reader, and the batch is read again from the
 checkpoint with the new fields (``run.lifecycle``). This is Auto Loader's
 ``addNewColumns``: stop on the first record that carries a new column, take
 the wider schema, go on.
 
-A latest version that removes or retypes a field is not taken while the map
-runs (the fold's entities and the table would change shape under it): records
-go on decoding with the reader they started with, and a rebuild takes the
-new version. The verdict for each (reader, writer) pair is kept per process,
-so the registry is asked once per new writer id.
+A latest version that removes or retypes a field, or adds one inside a struct, is
+not taken while the map runs (the fold's entities and the table would change
+shape under it): records go on decoding with the reader they started with, and
+a rebuild takes the new version. A "read it as it is" verdict for a (reader,
+writer) pair is kept per process for a while, so the registry is asked about a
+new writer id once in that while.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -59,25 +61,31 @@ def added_fields(old: StructType, new: StructType, prefix: str = "") -> list[str
 
 
 def only_adds(old: StructType, new: StructType) -> bool:
-    """Whether ``new`` keeps every field of ``old`` with its type, nested structs only
-    gaining fields (nullability aside: every decoded field is nullable)."""
-    return _widens(old, new)
+    """Whether ``new`` keeps every field of ``old`` with its type and adds fields only at the
+    top, where a map's table can gain them as columns (nullability aside: every decoded
+    field is nullable). A field added inside a struct changes a column's type: not this."""
+    after = {f.name: f.dataType for f in new.fields}
+    return all(f.name in after and _same(f.dataType, after[f.name]) for f in old.fields)
 
 
-def _widens(old: DataType, new: DataType) -> bool:
+def _same(old: DataType, new: DataType) -> bool:
     from pyspark.sql.types import ArrayType, MapType, StructType
 
     if isinstance(old, StructType) and isinstance(new, StructType):
-        after = {f.name: f.dataType for f in new.fields}
-        return all(f.name in after and _widens(f.dataType, after[f.name]) for f in old.fields)
+        return old.names == new.names and all(
+            _same(a.dataType, b.dataType) for a, b in zip(old.fields, new.fields, strict=True)
+        )
     if isinstance(old, ArrayType) and isinstance(new, ArrayType):
-        return _widens(old.elementType, new.elementType)
+        return _same(old.elementType, new.elementType)
     if isinstance(old, MapType) and isinstance(new, MapType):
-        return old.keyType == new.keyType and _widens(old.valueType, new.valueType)
+        return old.keyType == new.keyType and _same(old.valueType, new.valueType)
     return bool(old == new)
 
 
-_verdicts: dict[tuple[str, str, int, int], bool] = {}
+VERDICT_TTL_S = 30.0
+"""How long a "read it as it is" verdict stands before the registry is asked again: a
+registry that answered with an older latest version (a follower behind) is asked again."""
+_fine: dict[tuple[str, str, int, int], float] = {}
 _lock = threading.Lock()
 
 
@@ -90,38 +98,29 @@ def check_writer(
     fmt: str | None = None,
 ) -> None:
     """Raise :class:`SchemaMoved` when the writer carries fields the reader lacks and the
-    subject's latest version is a wider reader; return when the record may be read as
-    it is. ``reader`` and ``writer`` are (schema id, fields); ``fields_of`` types the
-    latest version. A registry that does not answer is a RegistryError (a decode error
-    naming it), asked again on the next record."""
+    subject's latest version adds fields to the reader's and changes none; return when the
+    record may be read as it is. ``reader`` and ``writer`` are (schema id, the map's fields
+    as each types them); ``fields_of`` types the latest version so. A registry that does
+    not answer is a RegistryError (a decode error naming it; the client remembers it for a
+    few seconds). Only "read it as it is" is remembered, for ``VERDICT_TTL_S``: after a
+    move the reader is another, and a subject rolled back is asked again."""
     reader_id, reader_fields = reader
     writer_id, writer_fields = writer
     key = (url, subject, reader_id, writer_id)
+    now = time.monotonic()
     with _lock:
-        known = _verdicts.get(key)
-    if known is not None:
-        return _verdict(known, subject, reader_id, writer_id)
-    moved = ""
+        if now - _fine.get(key, -VERDICT_TTL_S) < VERDICT_TTL_S:
+            return
     if added_fields(reader_fields, writer_fields()):
         latest = client_for(url).latest(subject, fmt)
         if latest.id != reader_id:
             wider = fields_of(latest)
-            added = added_fields(reader_fields, wider)
+            added = [f for f in wider.names if f not in reader_fields.names]
             if added and only_adds(reader_fields, wider):
-                moved = f"schema id {latest.id}, which adds {', '.join(added)}"
+                raise SchemaMoved(
+                    f"subject {subject} moved from schema id {reader_id} to schema id "
+                    f"{latest.id}, which adds {', '.join(added)} (first met in a record of "
+                    f"writer schema id {writer_id}): the map's queries start again on it"
+                )
     with _lock:
-        _verdicts[key] = not moved
-    if moved:
-        raise SchemaMoved(
-            f"subject {subject} moved from schema id {reader_id} to {moved} (first met in "
-            f"a record of writer schema id {writer_id}): the map's queries start again on it"
-        )
-    return None
-
-
-def _verdict(fine: bool, subject: str, reader_id: int, writer_id: int) -> None:
-    if not fine:
-        raise SchemaMoved(
-            f"subject {subject} moved past schema id {reader_id} (records of writer schema "
-            f"id {writer_id} carry fields it lacks): the map's queries start again on it"
-        )
+        _fine[key] = now
