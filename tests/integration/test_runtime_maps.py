@@ -119,6 +119,24 @@ def run_with_front(
     return log
 
 
+async def created_and_folded(
+    f: Front,
+    proc: ManagedProcess,
+    client: redis.Redis,
+    name: str,
+    config: dict[str, Any],
+    reference: dict[str, Any],
+) -> None:
+    """``POST /v1/maps`` of ``name``, then until the run folded it to ``reference``."""
+    await f.json("POST", "/v1/maps", status=201, json={"name": name, "config": config})
+    await asyncio.to_thread(
+        wait_until,
+        f"map {name} to fold",
+        lambda: redis_map(client, name) == reference,
+        alive=proc.alive,
+    )
+
+
 def positions_of(
     bootstrap: str, topic: str, records: list[tuple[bytes, bytes | None]]
 ) -> list[Any]:
@@ -292,14 +310,8 @@ def test_a_change_the_state_cannot_follow_is_rebuilt_while_lookups_go_on(
     stamped = positions_of(kafka_bootstrap, topic, records)
 
     async def body(f: Front, proc: ManagedProcess) -> None:
-        await f.json("POST", "/v1/maps", status=201, json={"name": name, "config": section(topic)})
         latest = fold_latest(stamped, "id", FIELDS)
-        await asyncio.to_thread(
-            wait_until,
-            "the map to fold as latest",
-            lambda: redis_map(redis_client, name) == latest,
-            alive=proc.alive,
-        )
+        await created_and_folded(f, proc, redis_client, name, section(topic), latest)
         merged = section(topic, fold={"mode": "merge"})
         refused = await f.json("PUT", f"/v1/maps/{name}/config", status=400, json=merged)
         assert "fold.mode" in refused["error"]["message"]
@@ -436,14 +448,8 @@ def test_an_added_nullable_field_applies_without_a_rebuild(
     before = positions_of(kafka_bootstrap, topic, events("a", 30, 5, 1))
 
     async def body(f: Front, proc: ManagedProcess) -> None:
-        await f.json("POST", "/v1/maps", status=201, json={"name": name, "config": section(topic)})
         reference = fold_latest(before, "id", FIELDS)
-        await asyncio.to_thread(
-            wait_until,
-            "the map to fold",
-            lambda: redis_map(redis_client, name) == reference,
-            alive=proc.alive,
-        )
+        await created_and_folded(f, proc, redis_client, name, section(topic), reference)
         wider = section(topic)
         wider["source"]["schema"] = SCHEMA + ", note STRING"
         answer = await f.json("PUT", f"/v1/maps/{name}/config", json=wider)
